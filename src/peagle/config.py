@@ -1,0 +1,209 @@
+"""Run settings: one typed schema, the single source of truth.
+
+YAML files, CLI flags and (later) KFP component parameters all derive from the pydantic models
+here, so they cannot drift apart. Unknown keys are errors that name the key.
+
+Precedence: explicit CLI flag > ``--set section.key=value`` override > YAML file > default.
+"""
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the offending key (and file, when there is one) in the message."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class TargetSettings(StrictModel):
+    """The model being accelerated."""
+
+    path: str = Field("", description="local Hugging Face directory or .gguf file of the target")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="dtype of the normalised target directory"
+    )
+    trust_remote_code: bool = Field(
+        False, description="allow custom modelling code shipped with the target (off: only built-in architectures)"
+    )
+
+
+class DraftSettings(StrictModel):
+    """Shape of the P-EAGLE draft; everything vLLM needs is derived from this plus the target config."""
+
+    arch: Literal["qwen3", "llama"] = Field("qwen3", description="decoder layer type of the draft")
+    num_layers: int = Field(1, ge=1, le=64, description="number of draft decoder layers")
+    num_depths: int = Field(4, ge=1, le=16, description="K: parallel draft positions trained and served")
+    draft_vocab_size: int | None = Field(
+        None, ge=1, description="rows of the draft lm_head (pruned vocabulary); default: the target vocabulary"
+    )
+    mask_token_id: int | None = Field(
+        None, ge=0, description="token id placed in every depth>=1 slot; default: resolved from the tokenizer"
+    )
+    aux_layer_ids: list[int] | None = Field(
+        None, description="target layers feeding fc (exactly 3); default [2, n//2, n-3]"
+    )
+    norm_before_residual: bool = Field(
+        False, description="layer 0 takes its residual from the normed feature half"
+    )
+    norm_before_fc: bool = Field(False, description="RMSNorm over the concatenated aux features before fc")
+    sliding_window: int | None = Field(
+        None, ge=1, description="sliding-window size for draft layers not listed in full_attention_layers"
+    )
+    full_attention_layers: list[int] = Field(
+        default_factory=list, description="draft layers that use full attention when sliding_window is set"
+    )
+    hidden_act: Literal["silu"] = Field("silu", description="MLP activation")
+    init_seed: int = Field(0, description="seed for the random parts of the initial weights")
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _three_aux_layers(cls, v: list[int] | None) -> list[int] | None:
+        # vLLM's Llama P-EAGLE path assumes 3 aux layers unless told otherwise; we always use 3.
+        if v is not None:
+            if len(v) != 3:
+                raise ValueError(f"exactly 3 aux layer ids are required, got {len(v)}: {v}")
+            if any(i < 0 for i in v) or sorted(set(v)) != list(v):
+                raise ValueError(f"aux layer ids must be distinct, non-negative and ascending, got {v}")
+        return v
+
+
+class RunConfig(StrictModel):
+    """Everything one run of the system needs. Sections are added as stages land."""
+
+    target: TargetSettings = Field(default_factory=TargetSettings)
+    draft: DraftSettings = Field(default_factory=DraftSettings)
+    work_dir: str = Field("runs/local", description="where local outputs go")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading and overriding
+
+
+def _format_validation_error(err: ValidationError, source: str | None) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key '{key}'"
+        else:
+            msg = f"invalid value for '{key}': {e['msg']} (got {e.get('input')!r})"
+        lines.append(msg)
+    where = f" in {source}" if source else ""
+    return f"configuration error{where}: " + "; ".join(lines)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    cur = data
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"cannot set '{dotted}': '{p}' is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``section.key=value`` -> (dotted key, YAML-typed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override '{text}': value is not valid YAML: {exc}") from exc
+    return key, value
+
+
+def build_config(
+    model: type[StrictModel] = RunConfig,
+    yaml_path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    values: dict[str, Any] | None = None,
+) -> StrictModel:
+    """Merge YAML file, ``key=value`` overrides and already-typed ``values`` (dotted keys) and validate."""
+    data: dict[str, Any] = {}
+    source = None
+    if yaml_path is not None:
+        source = str(yaml_path)
+        try:
+            loaded = yaml.safe_load(Path(yaml_path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {yaml_path}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{yaml_path}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{yaml_path}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded
+    for ov in overrides or []:
+        k, v = parse_override(ov)
+        _set_dotted(data, k, v)
+        source = source or "overrides"
+    for k, v in (values or {}).items():
+        _set_dotted(data, k, v)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# CLI flags derived from the schema
+
+
+def _flag_type(annotation: Any) -> tuple[Any, bool, Any]:
+    """(argparse type, is_list, choices) for a field annotation."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:
+            return _flag_type(non_none[0])
+    if origin is list:
+        inner, _, _ = _flag_type(args[0])
+        return inner, True, None
+    if origin is Literal:
+        return type(args[0]), False, list(args)
+    return annotation, False, None
+
+
+def add_flags(parser: argparse.ArgumentParser, model: type[StrictModel], section: str) -> None:
+    """Add one ``--flag`` per scalar field of ``model``; values land in ``section.field``."""
+    group = parser.add_argument_group(f"{section} settings")
+    for name, field in model.model_fields.items():
+        typ, is_list, choices = _flag_type(field.annotation)
+        flag = "--" + name.replace("_", "-")
+        dest = f"cfg__{section}__{name}"
+        help_text = field.description or ""
+        if typ is bool:
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif is_list:
+            group.add_argument(flag, dest=dest, type=typ, nargs="+", default=None, metavar=name.upper(), help=help_text)
+        else:
+            group.add_argument(flag, dest=dest, type=typ, choices=choices, default=None,
+                               metavar=None if choices else name.upper(), help=help_text)
+
+
+def flag_values(ns: argparse.Namespace) -> dict[str, Any]:
+    """Dotted-key values of the flags the user actually gave (see :func:`add_flags`)."""
+    out = {}
+    for k, v in vars(ns).items():
+        if k.startswith("cfg__") and v is not None:
+            _, section, name = k.split("__", 2)
+            out[f"{section}.{name}"] = v
+    return out

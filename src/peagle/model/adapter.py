@@ -1,0 +1,278 @@
+"""Checkpoint adapter: PEagleDraftModel <-> speculators-format ``config.json`` + ``model.safetensors``.
+
+This module is the only place that knows the on-disk format vLLM reads (speculators-peagle.md §1
+and its "Must match for vLLM compatibility" list). It has
+
+* an explicit name map (:func:`checkpoint_tensors`): every tensor the checkpoint must hold, with
+  the model parameter it comes from and its exact shape;
+* a required-key check on write *and* read: a missing, unexpected or mis-shaped tensor, or a
+  missing/invalid config field, is an error naming it — an incomplete checkpoint is never written;
+* atomic publication: tensors first, ``config.json`` last, in a temporary directory renamed into
+  place, so a reader never sees a half-written checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .draft import PEagleDraftModel
+from .spec import SUPPORTED_DRAFT_ARCHS, DraftSpec
+
+FORMAT_VERSION = "0.9.0"  # the speculators release whose format we write
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+READ_ALIASES = {"midlayer.": "layers.0."}  # older EAGLE-3 checkpoints name layer 0 "midlayer"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is incomplete or inconsistent; the message names the field or tensor."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The name map
+
+
+def checkpoint_tensors(spec: DraftSpec) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """checkpoint tensor name -> (model state-dict name, shape). Names coincide by design."""
+    h, v, vd, a = spec.hidden_size, spec.vocab_size, spec.draft_vocab_size, spec.num_aux
+    lc = spec.layer_config
+    nh, nkv, inter = lc["num_attention_heads"], lc["num_key_value_heads"], lc["intermediate_size"]
+    d = lc.get("head_dim") or h // nh
+    names: dict[str, tuple[int, ...]] = {
+        "embed_tokens.weight": (v, h),
+        "fc.weight": (h, a * h),
+        "norm.weight": (h,),
+        "lm_head.weight": (vd, h),
+        "mask_hidden": (1, 1, a * h),
+    }
+    if spec.norm_before_fc:
+        names["input_norm.weight"] = (a * h,)
+    for i in range(spec.num_layers):
+        w = 2 * h if i == 0 else h
+        p = f"layers.{i}."
+        names.update({
+            p + "self_attn.q_proj.weight": (nh * d, w),
+            p + "self_attn.k_proj.weight": (nkv * d, w),
+            p + "self_attn.v_proj.weight": (nkv * d, w),
+            p + "self_attn.o_proj.weight": (h, nh * d),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        })
+        if i == 0:
+            names[p + "hidden_norm.weight"] = (h,)
+        if spec.arch == "qwen3":
+            names[p + "self_attn.q_norm.weight"] = (d,)
+            names[p + "self_attn.k_norm.weight"] = (d,)
+    if vd < v:  # vLLM reads d2t; t2d is ignored by vLLM but kept for training tools
+        names["d2t"] = (vd,)
+        names["t2d"] = (v,)
+    return {k: (k, shape) for k, shape in names.items()}
+
+
+INTEGER_TENSORS = {"d2t": torch.int64, "t2d": torch.bool}
+
+
+# ----------------------------------------------------------------------------------------------
+# config.json
+
+
+def spec_to_config(spec: DraftSpec, dtype: torch.dtype) -> dict[str, Any]:
+    import transformers
+
+    return {
+        "architectures": ["PEagleDraftModel"],
+        "draft_vocab_size": spec.draft_vocab_size,
+        "dtype": str(dtype).removeprefix("torch."),
+        "eagle_aux_hidden_state_layer_ids": list(spec.aux_layer_ids),
+        "embed_requires_grad": True,
+        "fc_norm": False,  # vLLM's peagle hook does not forward fc_norm: never train with it
+        "mask_token_id": spec.mask_token_id,
+        "norm_before_fc": spec.norm_before_fc,
+        "norm_before_residual": spec.norm_before_residual,  # always explicit: defaults differ per tool
+        "norm_output": False,
+        "speculators_config": {
+            "algorithm": "peagle",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": spec.num_depths,
+                 "verifier_accept_k": 1, "accept_tolerance": 0.0}
+            ],
+            "verifier": {"name_or_path": spec.verifier_name_or_path,
+                         "architectures": list(spec.verifier_architectures)},
+        },
+        "speculators_model_type": "peagle",
+        "speculators_version": FORMAT_VERSION,
+        "target_hidden_size": None,
+        "tie_word_embeddings": False,
+        "transformer_layer_config": spec.layer_config,
+        "transformers_version": transformers.__version__,
+    }
+
+
+def _require(d: dict, dotted: str, typ, where: str):
+    cur: Any = d
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            raise CheckpointError(f"{where}: required field '{dotted}' is missing")
+        cur = cur[part]
+    if typ is int and (isinstance(cur, bool) or not isinstance(cur, int)):
+        raise CheckpointError(f"{where}: field '{dotted}' must be an integer, got {cur!r}")
+    if typ is not int and not isinstance(cur, typ):
+        raise CheckpointError(f"{where}: field '{dotted}' must be {typ.__name__}, got {cur!r}")
+    return cur
+
+
+def config_to_spec(cfg: dict[str, Any], where: str = CONFIG_FILE) -> DraftSpec:
+    """Validate a speculators P-EAGLE config against the must-match list and build its DraftSpec."""
+    mt = _require(cfg, "speculators_model_type", str, where)
+    if mt != "peagle":
+        raise CheckpointError(f"{where}: field 'speculators_model_type' must be 'peagle', got {mt!r}")
+    layer = _require(cfg, "transformer_layer_config", dict, where)
+    arch = _require(cfg, "transformer_layer_config.model_type", str, where)
+    if arch not in SUPPORTED_DRAFT_ARCHS:
+        raise CheckpointError(
+            f"{where}: field 'transformer_layer_config.model_type' must be one of {SUPPORTED_DRAFT_ARCHS}, got {arch!r}"
+        )
+    mask = _require(cfg, "mask_token_id", int, where)
+    aux = _require(cfg, "eagle_aux_hidden_state_layer_ids", list, where)
+    vd = _require(cfg, "draft_vocab_size", int, where)
+    nbr = _require(cfg, "norm_before_residual", bool, where)
+    sc = _require(cfg, "speculators_config", dict, where)
+    _require(cfg, "speculators_config.algorithm", str, where)
+    methods = _require(cfg, "speculators_config.proposal_methods", list, where)
+    if not methods:
+        raise CheckpointError(f"{where}: field 'speculators_config.proposal_methods' is empty")
+    default = _require(cfg, "speculators_config.default_proposal_method", str, where)
+    chosen = next((m for m in methods if isinstance(m, dict) and m.get("proposal_type") == default), None)
+    if chosen is None:
+        raise CheckpointError(
+            f"{where}: 'speculators_config.default_proposal_method' {default!r} names no entry of proposal_methods"
+        )
+    k = chosen.get("speculative_tokens")
+    if not isinstance(k, int) or k < 1:
+        raise CheckpointError(f"{where}: proposal method {default!r} needs a positive integer 'speculative_tokens'")
+    verifier = _require(cfg, "speculators_config.verifier.name_or_path", str, where)
+    archs = sc["verifier"].get("architectures") or []
+    if cfg.get("fc_norm"):
+        raise CheckpointError(f"{where}: field 'fc_norm' is true; vLLM's P-EAGLE path ignores it, so it must be false")
+    if cfg.get("target_hidden_size") not in (None, layer.get("hidden_size")):
+        raise CheckpointError(
+            f"{where}: field 'target_hidden_size' {cfg['target_hidden_size']} differs from the draft hidden size "
+            f"{layer.get('hidden_size')}; drafts with a different hidden size are not supported"
+        )
+    try:
+        return DraftSpec(
+            arch=arch, layer_config=layer, draft_vocab_size=vd, mask_token_id=mask, aux_layer_ids=aux,
+            norm_before_residual=nbr, norm_before_fc=bool(cfg.get("norm_before_fc", False)), num_depths=k,
+            verifier_name_or_path=verifier, verifier_architectures=list(archs),
+        )
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Write / read
+
+
+def _check_tensors(spec: DraftSpec, tensors: dict[str, torch.Tensor], where: str) -> None:
+    expected = checkpoint_tensors(spec)
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing:
+        raise CheckpointError(f"{where}: missing tensors: {', '.join(missing)}")
+    if extra:
+        raise CheckpointError(f"{where}: unexpected tensors: {', '.join(extra)}")
+    for name, (_, shape) in expected.items():
+        got = tuple(tensors[name].shape)
+        if got != shape:
+            raise CheckpointError(f"{where}: tensor {name} has shape {got}, expected {shape}")
+
+
+def export_tensors(model: PEagleDraftModel, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    sd = model.state_dict()
+    out = {}
+    for ckpt_name, (model_name, _) in checkpoint_tensors(model.spec).items():
+        if model_name not in sd:
+            raise CheckpointError(f"model has no parameter {model_name} (checkpoint tensor {ckpt_name})")
+        t = sd[model_name].detach().to("cpu")
+        t = t.to(INTEGER_TENSORS.get(ckpt_name, dtype))
+        out[ckpt_name] = t.contiguous()
+    return out
+
+
+def save_draft(model: PEagleDraftModel, out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
+               extra_files: dict[str, str] | None = None) -> Path:
+    """Write a vLLM-servable checkpoint atomically. Refuses incomplete checkpoints."""
+    out = Path(out_dir)
+    tensors = export_tensors(model, dtype)
+    _check_tensors(model.spec, tensors, str(out))
+    cfg = spec_to_config(model.spec, dtype)
+    config_to_spec(json.loads(json.dumps(cfg)), str(out / CONFIG_FILE))  # what we write must read back
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        (tmp / CONFIG_FILE).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")  # last
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_spec(ckpt_dir: str | os.PathLike) -> DraftSpec:
+    f = Path(ckpt_dir) / CONFIG_FILE
+    if not f.is_file():
+        raise CheckpointError(f"{ckpt_dir}: no {CONFIG_FILE} (not a checkpoint, or an unfinished write)")
+    try:
+        cfg = json.loads(f.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{f}: not valid JSON: {exc}") from exc
+    return config_to_spec(cfg, str(f))
+
+
+def load_draft(ckpt_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) -> PEagleDraftModel:
+    """Read a speculators P-EAGLE checkpoint into a model (float params in ``dtype``)."""
+    d = Path(ckpt_dir)
+    spec = read_spec(d)
+    wf = d / WEIGHTS_FILE
+    if not wf.is_file():
+        raise CheckpointError(f"{d}: no {WEIGHTS_FILE}")
+    tensors = {}
+    with safe_open(str(wf), "pt") as fh:
+        for name in fh.keys():
+            target = name
+            for old, new in READ_ALIASES.items():
+                if target.startswith(old):
+                    target = new + target[len(old):]
+            tensors[target] = fh.get_tensor(name)
+    _check_tensors(spec, tensors, str(wf))
+    model = PEagleDraftModel(spec)
+    state = {}
+    for ckpt_name, (model_name, _) in checkpoint_tensors(spec).items():
+        t = tensors[ckpt_name]
+        state[model_name] = t if ckpt_name in INTEGER_TENSORS else t.to(dtype)
+    if spec.draft_vocab_size == spec.vocab_size:  # identity maps are not stored
+        state["d2t"] = torch.zeros(spec.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(spec.vocab_size, dtype=torch.bool)
+    model.load_state_dict(state, strict=True)
+    return model.to(dtype)
