@@ -81,7 +81,19 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         "spec_decode": spec_decode_counts(llm.get_metrics()),
         "speculative_config": _spec_config_of(llm),
     }
+    _shutdown(llm)
     return result
+
+
+def _shutdown(llm) -> None:
+    # Free the engine (and its worker processes) before the next job in the same interpreter.
+    import gc
+
+    engine_core = getattr(llm.llm_engine, "engine_core", None)
+    if engine_core is not None and hasattr(engine_core, "shutdown"):
+        engine_core.shutdown()
+    del llm
+    gc.collect()
 
 
 def _spec_config_of(llm) -> dict[str, Any] | None:
@@ -92,8 +104,9 @@ def _spec_config_of(llm) -> dict[str, Any] | None:
             "parallel_drafting": bool(getattr(sc, "parallel_drafting", False)), "model": sc.model}
 
 
-def run_in_subprocess(job: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
-    """Run one vLLM job in a fresh interpreter; raise with vLLM's own error text on failure."""
+def run_in_subprocess(job: dict[str, Any] | list[dict[str, Any]], timeout: float = 1200):
+    """Run one vLLM job (or a list, sequentially, sharing the interpreter's start-up) in a fresh
+    interpreter; returns the result (or list of results). Raises with vLLM's own error text on failure."""
     proc = subprocess.run(
         [sys.executable, "-m", "peagle.vllm_run"], input=json.dumps(job), capture_output=True, text=True,
         timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
@@ -108,7 +121,7 @@ def run_in_subprocess(job: dict[str, Any], timeout: float = 900) -> dict[str, An
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
-    result = _run(job)
+    result = [_run(j) for j in job] if isinstance(job, list) else _run(job)
     print("PEAGLE_RESULT " + json.dumps(result), flush=True)
 
 

@@ -211,6 +211,13 @@ def export_tensors(model: PEagleDraftModel, dtype: torch.dtype = torch.bfloat16)
     return out
 
 
+def _make_readable(d: Path) -> None:
+    # mkdtemp/safetensors create owner-only modes; serving containers run under arbitrary UIDs.
+    os.chmod(d, 0o755)
+    for f in d.iterdir():
+        os.chmod(f, 0o644)
+
+
 def save_draft(model: PEagleDraftModel, out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
                extra_files: dict[str, str] | None = None) -> Path:
     """Write a vLLM-servable checkpoint atomically. Refuses incomplete checkpoints."""
@@ -226,6 +233,7 @@ def save_draft(model: PEagleDraftModel, out_dir: str | os.PathLike, dtype: torch
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         (tmp / CONFIG_FILE).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")  # last
+        _make_readable(tmp)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.replace(out, old)

@@ -253,6 +253,11 @@ def _atomic_dir(out: Path) -> Path:
 
 
 def _publish_dir(tmp: Path, out: Path) -> None:
+    # mkdtemp creates 0700; serving containers read these files under arbitrary UIDs.
+    os.chmod(tmp, 0o755)
+    for f in tmp.iterdir():
+        if f.is_file():
+            os.chmod(f, 0o644)
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)
