@@ -1,0 +1,44 @@
+"""Errors raised by :mod:`peagle.storage`.
+
+Every message names the object (as a URI) and, for S3, the endpoint -- never a credential.
+Callers can catch :class:`StorageError` for "anything storage", or the subclasses below.
+"""
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """A storage operation failed; the message names the object URI (and S3 endpoint)."""
+
+
+class StorageConfigError(StorageError, ValueError):
+    """A storage URI or the storage environment is invalid (e.g. no bucket anywhere)."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """The object does not exist. Also a :class:`FileNotFoundError`, like a missing local file."""
+
+
+class ChecksumMismatchError(StorageError):
+    """An object's bytes do not hash to the sha256 recorded for it (corrupt or overwritten).
+
+    ``uri`` names the object (shard), ``expected``/``actual`` are hex digests.
+    """
+
+    def __init__(self, uri: str, expected: str, actual: str, size: int | None = None):
+        self.uri, self.expected, self.actual, self.size = uri, expected, actual, size
+        got = f"{actual} ({size} bytes)" if size is not None else actual
+        super().__init__(
+            f"sha256 mismatch for {uri}: expected {expected}, got {got}; "
+            "the object is corrupt or was overwritten after its manifest was written"
+        )
+
+    def __reduce__(self):  # keep picklable across processes (DataLoader workers, KFP)
+        return (type(self), (self.uri, self.expected, self.actual, self.size))
+
+
+class IncompletePrefixError(StorageError):
+    """A prefix is not a complete publication (no ``_SUCCESS``, bad manifest, missing/short objects)."""
+
+
+class PrefixExistsError(StorageError):
+    """Refusing to publish over an already complete prefix without ``overwrite=True``."""

@@ -1,0 +1,269 @@
+"""Atomic publication of a dataset/checkpoint prefix, and the checks readers rely on.
+
+Write order (:class:`PrefixWriter`, :func:`publish`, :func:`publish_dir`):
+
+1. data objects, each recorded with (relative key, size, sha256);
+2. ``manifest.json``: every object of step 1 plus caller metadata -- written only after all
+   objects are confirmed present with their recorded sizes;
+3. ``_SUCCESS`` last, holding the manifest's sha256 and size.
+
+A reader (:func:`open_published`, :func:`is_complete`, :func:`list_complete`) trusts a prefix
+only if ``_SUCCESS`` exists, the manifest matches the sha256 in ``_SUCCESS`` (so a manifest
+being rewritten concurrently is never mixed with an old ``_SUCCESS``), and every manifest
+object exists with its recorded size; ``deep=True`` also re-hashes every object. Reads through
+:class:`Published` verify each object's sha256 and name the object (shard) on mismatch.
+
+Republishing (``overwrite=True``) first deletes ``_SUCCESS`` then ``manifest.json``, so readers
+stop trusting the prefix before any of its objects change.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Mapping
+
+from .base import TMP_MARKER, ObjectInfo, Store, atomic_path, check_key, check_prefix, join_key, sha256_bytes
+from .errors import ChecksumMismatchError, IncompletePrefixError, PrefixExistsError, StorageError
+
+log = logging.getLogger("peagle.storage")
+MANIFEST = "manifest.json"
+SUCCESS = "_SUCCESS"
+FORMAT = "peagle.manifest/v1"
+_RESERVED = {MANIFEST, SUCCESS}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a published prefix holds: objects (keys relative to the prefix) and metadata."""
+
+    objects: tuple[ObjectInfo, ...]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    created_at: str = ""
+
+    @cached_property
+    def _by_key(self) -> dict[str, ObjectInfo]:
+        return {o.key: o for o in self.objects}
+
+    def __getitem__(self, key: str) -> ObjectInfo:
+        try:
+            return self._by_key[key]
+        except KeyError:
+            raise KeyError(f"{key!r} is not in the manifest") from None
+
+    @property
+    def keys(self) -> list[str]:
+        return [o.key for o in self.objects]
+
+    @property
+    def total_size(self) -> int:
+        return sum(o.size for o in self.objects)
+
+    def to_bytes(self) -> bytes:
+        doc = {"format": FORMAT, "created_at": self.created_at, "metadata": dict(self.metadata),
+               "objects": [{"key": o.key, "size": o.size, "sha256": o.sha256} for o in self.objects]}
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> "Manifest":
+        """Parse and validate; IncompletePrefixError naming ``where`` if malformed."""
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != FORMAT:
+                raise ValueError(f"unknown format {doc.get('format')!r}")
+            objects = tuple(ObjectInfo(check_key(o["key"]), int(o["size"]), str(o["sha256"]))
+                            for o in doc["objects"])
+            return cls(objects, dict(doc.get("metadata") or {}), str(doc.get("created_at", "")))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise IncompletePrefixError(f"{where}: invalid manifest: {e}") from None
+
+
+def _base(prefix: str) -> str:
+    check_prefix(prefix)
+    return prefix.strip("/")
+
+
+class PrefixWriter:
+    """Write the objects of one prefix, then :meth:`commit` publishes it.
+
+    Nothing is visible to readers until ``commit``; if the writer dies before, the prefix has
+    data objects but no ``_SUCCESS`` and readers ignore it (a retry simply overwrites them).
+    Raises :class:`PrefixExistsError` if the prefix is already published and not ``overwrite``.
+    """
+
+    def __init__(self, store: Store, prefix: str, *, overwrite: bool = False):
+        self.store, self.prefix = store, _base(prefix)
+        self._objects: dict[str, ObjectInfo] = {}
+        self.committed = False
+        if store.exists(self._key(SUCCESS)):
+            if not overwrite:
+                raise PrefixExistsError(f"{store.uri_for(self._key(''))} is already published; "
+                                        "pass overwrite=True to replace it")
+            store.delete(self._key(SUCCESS))  # un-publish first: readers stop trusting it now
+            store.delete(self._key(MANIFEST))
+
+    def _key(self, rel: str) -> str:
+        return join_key(self.prefix, rel) if rel else (self.prefix + "/" if self.prefix else "")
+
+    def _check(self, rel: str) -> str:
+        check_key(rel)
+        if rel in _RESERVED:
+            raise ValueError(f"{rel!r} is reserved for the publication protocol")
+        if self.committed:
+            raise StorageError(f"{self.store.uri_for(self._key(rel))}: prefix already committed")
+        return rel
+
+    def put_file(self, rel: str, path: str | os.PathLike) -> ObjectInfo:
+        info = self.store.put_file(self._key(self._check(rel)), path)
+        self._objects[rel] = ObjectInfo(rel, info.size, info.sha256)
+        return self._objects[rel]
+
+    def put_bytes(self, rel: str, data: bytes) -> ObjectInfo:
+        info = self.store.put_bytes(self._key(self._check(rel)), data)
+        self._objects[rel] = ObjectInfo(rel, info.size, info.sha256)
+        return self._objects[rel]
+
+    def commit(self, metadata: Mapping[str, Any] | None = None) -> Manifest:
+        """Confirm every object, then write ``manifest.json``, then ``_SUCCESS``."""
+        if self.committed:
+            raise StorageError(f"{self.store.uri_for(self._key(''))}: prefix already committed")
+        manifest = Manifest(tuple(sorted(self._objects.values(), key=lambda o: o.key)),
+                            dict(metadata or {}), datetime.now(timezone.utc).isoformat())
+        body = manifest.to_bytes()  # fails on non-JSON metadata before anything is published
+        # Never name an object we cannot see: a store may acknowledge a write and lose it
+        # (or someone deleted it meanwhile). One listing checks them all.
+        listing = self.store.list_sizes(self._key(""))
+        for obj in manifest.objects:
+            _check_listed(self.store, self._key(obj.key), obj.size, listing)
+        self.store.put_bytes(self._key(MANIFEST), body)
+        success = {"manifest_sha256": sha256_bytes(body), "manifest_size": len(body)}
+        self.store.put_bytes(self._key(SUCCESS), json.dumps(success).encode())
+        self.committed = True
+        log.info("published %s (%d objects, %d bytes)", self.store.uri_for(self._key("")),
+                 len(manifest.objects), manifest.total_size)
+        return manifest
+
+
+def _check_listed(store: Store, key: str, size: int, listing: Mapping[str, int]) -> None:
+    if key not in listing:
+        raise IncompletePrefixError(f"{store.uri_for(key)} is named in the manifest but missing")
+    if listing[key] != size:
+        raise IncompletePrefixError(f"{store.uri_for(key)} has {listing[key]} bytes, manifest says {size}")
+
+
+def publish(store: Store, prefix: str, items: Mapping[str, bytes | str | os.PathLike],
+            metadata: Mapping[str, Any] | None = None, *, overwrite: bool = False) -> Manifest:
+    """Publish ``{relative key: bytes or local file path}`` under ``prefix``."""
+    writer = PrefixWriter(store, prefix, overwrite=overwrite)
+    for rel, value in items.items():
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            writer.put_bytes(rel, bytes(value))
+        else:
+            writer.put_file(rel, value)
+    return writer.commit(metadata)
+
+
+def publish_dir(store: Store, prefix: str, local_dir: str | os.PathLike,
+                metadata: Mapping[str, Any] | None = None, *, overwrite: bool = False) -> Manifest:
+    """Publish every file under ``local_dir`` (recursively, relative paths as keys)."""
+    root = Path(local_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"cannot publish {root}: not a directory")
+    files = {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*"))
+             if p.is_file() and not p.name.startswith(TMP_MARKER)}
+    return publish(store, prefix, files, metadata, overwrite=overwrite)
+
+
+# -- reading ---------------------------------------------------------------------------------
+@dataclass
+class Published:
+    """A verified publication. Reads check each object's sha256 against the manifest."""
+
+    store: Store
+    prefix: str
+    manifest: Manifest
+
+    def uri_for(self, rel: str) -> str:
+        return self.store.uri_for(join_key(self.prefix, rel))
+
+    def get_bytes(self, rel: str) -> bytes:
+        obj = self.manifest[rel]
+        return self.store.get_bytes(join_key(self.prefix, rel), sha256=obj.sha256)
+
+    def get_file(self, rel: str, dest: str | os.PathLike) -> Path:
+        obj = self.manifest[rel]
+        return self.store.get_file(join_key(self.prefix, rel), dest, sha256=obj.sha256)
+
+    def download(self, dest_dir: str | os.PathLike) -> Path:
+        """Copy every object into ``dest_dir`` (verified), then the manifest last."""
+        dest = Path(dest_dir)
+        for obj in self.manifest.objects:
+            self.get_file(obj.key, dest.joinpath(*obj.key.split("/")))
+        with atomic_path(dest / MANIFEST) as tmp:
+            tmp.write_bytes(self.manifest.to_bytes())
+        return dest
+
+
+def open_published(store: Store, prefix: str, *, deep: bool = False,
+                   listing: Mapping[str, int] | None = None) -> Published:
+    """Check that ``prefix`` is completely published and return a reader for it.
+
+    Raises :class:`IncompletePrefixError` naming what is wrong (no ``_SUCCESS``, bad manifest,
+    missing or short object), or with ``deep`` a :class:`ChecksumMismatchError` naming the
+    first corrupt object. ``listing`` (from ``store.list_sizes``) saves a round trip.
+    """
+    base = _base(prefix)
+    key = lambda rel: join_key(base, rel)  # noqa: E731
+    if listing is None:
+        listing = store.list_sizes(base + "/" if base else "")
+    if key(SUCCESS) not in listing:
+        raise IncompletePrefixError(f"{store.uri_for(key(''))} is not published (no {SUCCESS})")
+    try:
+        success = json.loads(store.get_bytes(key(SUCCESS)))
+        body = store.get_bytes(key(MANIFEST), sha256=str(success["manifest_sha256"]))
+    except (ValueError, KeyError, TypeError, ChecksumMismatchError, FileNotFoundError) as e:
+        # FileNotFoundError covers ObjectNotFoundError: republished/deleted while we read.
+        raise IncompletePrefixError(f"{store.uri_for(key(''))}: {SUCCESS} and {MANIFEST} do not "
+                                    f"match (being republished?): {e}") from None
+    manifest = Manifest.from_bytes(body, store.uri_for(key(MANIFEST)))
+    for obj in manifest.objects:
+        _check_listed(store, key(obj.key), obj.size, listing)
+    if deep:
+        for obj in manifest.objects:
+            actual = store.hash_object(key(obj.key))
+            if actual.sha256 != obj.sha256:
+                raise ChecksumMismatchError(store.uri_for(key(obj.key)), obj.sha256, actual.sha256, actual.size)
+    return Published(store, base, manifest)
+
+
+def is_complete(store: Store, prefix: str, *, deep: bool = False) -> bool:
+    """True if ``prefix`` is completely (and with ``deep``, intactly) published.
+
+    A store that cannot be reached raises :class:`StorageError`: unknown is not "incomplete"."""
+    try:
+        open_published(store, prefix, deep=deep)
+    except (IncompletePrefixError, ChecksumMismatchError):
+        return False
+    return True
+
+
+def list_complete(store: Store, root: str = "", *, deep: bool = False) -> list[str]:
+    """Store-relative prefixes under ``root`` (at any depth, ``root`` itself included) that are
+    completely published, sorted. For resuming: work whose prefix is listed is done.
+    One listing of ``root``, then two small reads per ``_SUCCESS`` found."""
+    base = _base(root)
+    listing = store.list_sizes(base + "/" if base else "")
+    found = [k[: -len(SUCCESS)].rstrip("/") for k in listing
+             if k == join_key(base, SUCCESS) or k.endswith("/" + SUCCESS)]
+    done = []
+    for prefix in sorted(found):
+        try:
+            open_published(store, prefix, deep=deep, listing=listing)
+            done.append(prefix)
+        except (IncompletePrefixError, ChecksumMismatchError) as e:
+            log.info("not complete: %s", e)
+    return done

@@ -1,0 +1,155 @@
+"""``s3://`` backend over boto3, for any S3-compatible endpoint (AWS, MinIO, Ceph RGW, ODF,
+SeaweedFS).
+
+Every operation runs under :func:`call_with_retry`; failures end in a :class:`StorageError`
+whose message names the operation, the object URI and the endpoint, and has been passed through
+:meth:`S3Settings.redact`. Large files go through boto3's managed transfer (multipart above
+``TransferSettings.multipart_threshold``); an interrupted multipart upload is restarted as a
+whole on the next attempt, and S3 only makes an object visible once it is complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
+from .base import CHUNK, ObjectInfo, Store, join_key, sha256_file
+from .errors import ObjectNotFoundError, StorageConfigError, StorageError
+from .retry import call_with_retry, client_error_code
+from .settings import S3Settings
+
+T = TypeVar("T")
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+           "InvalidToken", "AllAccessDisabled"}
+
+
+class S3Store(Store):
+    """A :class:`Store` over ``s3://bucket/prefix``.
+
+    ``settings`` default to :meth:`S3Settings.from_env`. ``client`` may be injected (tests,
+    custom sessions); otherwise one is built from the settings.
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", settings: S3Settings | None = None,
+                 *, client: Any = None):
+        if not bucket:
+            raise StorageConfigError("S3Store needs a bucket name")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.settings = settings if settings is not None else S3Settings.from_env()
+        self._client = client if client is not None else self.settings.make_client()
+        self._transfer = self.settings.transfer.to_boto()
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    @property
+    def client(self):
+        """The underlying boto3 client (for advanced use; carries the credentials)."""
+        return self._client
+
+    @property
+    def endpoint(self) -> str:
+        return self.settings.describe_endpoint()
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.uri!r}, endpoint={self.endpoint!r})"
+
+    def _full(self, key: str) -> str:
+        return join_key(self.prefix, key)
+
+    # -- error handling -------------------------------------------------------------------
+    def _run(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        what = f"{op} {self.uri_for(key)} at {self.endpoint}"
+
+        def final(exc: BaseException, attempts: int, elapsed: float) -> BaseException:
+            code, status = client_error_code(exc)
+            detail = self.settings.redact(f"{type(exc).__name__}: {exc}")
+            if code in _NOT_FOUND:
+                return ObjectNotFoundError(f"no object at {self.uri_for(key)} (endpoint {self.endpoint})")
+            if code == "NoSuchBucket":
+                return StorageError(f"{op} {self.uri_for(key)}: bucket {self.bucket!r} does not exist "
+                                    f"at {self.endpoint}")
+            if code in _DENIED:
+                return StorageError(f"{op} {self.uri_for(key)}: access denied by {self.endpoint} ({code}); "
+                                    "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (values not shown)")
+            if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+                return StorageConfigError(f"{op} {self.uri_for(key)}: no S3 credentials found; set "
+                                          "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+            tries = f" after {attempts} attempts over {elapsed:.1f}s" if attempts > 1 else ""
+            return StorageError(f"{what} failed{tries}: {detail}")
+
+        return call_with_retry(fn, self.settings.retry, what, final, redact=self.settings.redact)
+
+    # -- backend hooks --------------------------------------------------------------------
+    def _put_bytes(self, key: str, data: bytes) -> None:
+        full = self._full(key)
+        if len(data) < self.settings.transfer.multipart_threshold:
+            fn = lambda: self._client.put_object(Bucket=self.bucket, Key=full, Body=data)  # noqa: E731
+        else:  # a fresh stream per attempt: a failed attempt may have consumed the old one
+            fn = lambda: self._client.upload_fileobj(io.BytesIO(data), self.bucket, full,  # noqa: E731
+                                                     Config=self._transfer)
+        self._run("put_bytes", key, fn)
+
+    def _put_file(self, key: str, path: Path) -> ObjectInfo:
+        size, digest = sha256_file(path)
+        self._run("put_file", key, lambda: self._client.upload_file(
+            str(path), self.bucket, self._full(key), Config=self._transfer))
+        return ObjectInfo(key, size, digest)
+
+    def _get_bytes(self, key: str) -> bytes:
+        # Body.read() is inside the retried call: a stream cut mid-way is retried too.
+        return self._run("get_bytes", key, lambda: self._client.get_object(
+            Bucket=self.bucket, Key=self._full(key))["Body"].read())
+
+    def _get_file(self, key: str, tmp: Path) -> None:
+        self._run("get_file", key, lambda: self._client.download_file(
+            self.bucket, self._full(key), str(tmp), Config=self._transfer))
+
+    def _hash_object(self, key: str) -> ObjectInfo:
+        def stream() -> ObjectInfo:
+            body = self._client.get_object(Bucket=self.bucket, Key=self._full(key))["Body"]
+            h, size = hashlib.sha256(), 0
+            for chunk in body.iter_chunks(CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+            return ObjectInfo(key, size, h.hexdigest())
+
+        return self._run("hash_object", key, stream)
+
+    def _head(self, op: str, key: str) -> dict:
+        return self._run(op, key, lambda: self._client.head_object(Bucket=self.bucket, Key=self._full(key)))
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self._head("exists", key)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    def _size(self, key: str) -> int:
+        return int(self._head("size", key)["ContentLength"])
+
+    def _delete(self, key: str) -> None:
+        self._run("delete", key, lambda: self._client.delete_object(Bucket=self.bucket, Key=self._full(key)))
+
+    def _list_sizes(self, prefix: str) -> dict[str, int]:
+        root = f"{self.prefix}/" if self.prefix else ""
+
+        def listing() -> dict[str, int]:
+            out: dict[str, int] = {}
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=root + prefix)
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    key = obj["Key"][len(root):]
+                    if key and not key.endswith("/"):  # skip "directory marker" objects
+                        out[key] = int(obj["Size"])
+            return out
+
+        return self._run("list", prefix, listing)
