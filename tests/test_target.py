@@ -92,3 +92,23 @@ def test_prepare_target_from_hf_dir(qwen3_target, tmp_path):
     # converting dtype rewrites weights, so the fingerprint changes
     out32 = prepare_target(str(qwen3_target), tmp_path / "prepared32", "float32")
     assert json.loads((out32 / MANIFEST).read_text())["fingerprint"] != manifest["fingerprint"]
+
+
+def test_draft_inherits_rope_and_sliding_window_from_target(qwen3_target, llama_target, tmp_path):
+    # RoPE parameters (incl. scaling) are copied from the target
+    d = _copy(llama_target, tmp_path, "rope")
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}
+    _edit(d, rope_parameters=rope, max_position_embeddings=8192)
+    spec = init_draft(str(d), DraftSettings(arch="llama", num_layers=2)).spec
+    assert spec.layer_config["rope_parameters"] == rope
+    assert spec.layer_config["max_position_embeddings"] == 8192
+    assert spec.layer_types == ["full_attention", "full_attention"] and spec.sliding_window is None
+    # a Qwen3 config carries a window but does not use it: no sliding layers
+    _edit(d, model_type="qwen3", sliding_window=64, use_sliding_window=False)
+    assert init_draft(str(d), DraftSettings(num_layers=2)).spec.sliding_window is None
+    # a target that uses a window passes it on; explicit settings win; listed layers stay full
+    _edit(d, use_sliding_window=True)
+    spec = init_draft(str(d), DraftSettings(num_layers=2, full_attention_layers=[1])).spec
+    assert spec.sliding_window == 64 and spec.layer_types == ["sliding_attention", "full_attention"]
+    assert init_draft(str(d), DraftSettings(num_layers=1, sliding_window=16)).spec.sliding_window == 16

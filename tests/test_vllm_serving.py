@@ -25,17 +25,21 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("arch, k, vocab", [("qwen3", 4, 256), ("llama", 3, None)])
-def test_vllm_serves_draft_long_and_short_form(arch, k, vocab, qwen3_target, llama_target, tmp_path):
+@pytest.mark.parametrize("arch, k, vocab, window", [("qwen3", 4, 256, None), ("llama", 3, None, 16)],
+                         ids=["qwen3-pruned-vocab", "llama-sliding-window"])
+def test_vllm_serves_draft_long_and_short_form(arch, k, vocab, window, qwen3_target, llama_target, tmp_path):
     target = qwen3_target if arch == "qwen3" else llama_target
     draft = tmp_path / f"draft-{arch}"
     cmd = [sys.executable, "-m", "peagle.cli", "draft", "init", "--target", str(target), "--out", str(draft),
            "--arch", arch, "--num-layers", "1", "--num-depths", str(k)]
     if vocab:
         cmd += ["--draft-vocab-size", str(vocab)]
+    if window:
+        cmd += ["--sliding-window", str(window)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert read_spec(draft).num_depths == k
+    spec = read_spec(draft)
+    assert spec.num_depths == k and spec.sliding_window == window
 
     common = {"prompts": PROMPTS, "max_tokens": 24, "dtype": "float32", "ignore_eos": True}
     base, long_form, short_form = run_in_subprocess([

@@ -86,13 +86,32 @@ class DraftSpec(BaseModel):
         return cls(**d)
 
 
+def target_sliding_window(target_config) -> int | None:
+    """The target's sliding window, if the target really uses one (Qwen configs carry a window but
+    switch it off with ``use_sliding_window: false``; others list ``sliding_attention`` layers)."""
+    window = getattr(target_config, "sliding_window", None)
+    if not window:
+        return None
+    if hasattr(target_config, "use_sliding_window"):
+        return int(window) if target_config.use_sliding_window else None
+    layer_types = getattr(target_config, "layer_types", None)
+    if layer_types:
+        return int(window) if "sliding_attention" in layer_types else None
+    return int(window)
+
+
 def build_layer_config(
     target_config, arch: str, num_layers: int, sliding_window: int | None, full_attention_layers: list[int]
 ) -> dict[str, Any]:
-    """Draft decoder config derived from the target's config (dims, norms, RoPE copied)."""
+    """Draft decoder config derived from the target's config (dims, norms, RoPE copied).
+
+    ``sliding_window=None`` inherits the target's window when the target uses one.
+    """
     from transformers import LlamaConfig, Qwen3Config
 
     tc = target_config
+    if sliding_window is None:
+        sliding_window = target_sliding_window(tc)
     head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
     if sliding_window is None:
         layer_types = ["full_attention"] * num_layers
