@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from . import config as C
+from .data.settings import PrepareSettings
+from .run_config import RunConfig
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -20,10 +22,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="override one setting, e.g. --set draft.num_layers=2 (repeatable)")
 
 
-def _resolve(ns: argparse.Namespace, extra: dict | None = None) -> C.RunConfig:
+def _resolve(ns: argparse.Namespace, extra: dict | None = None) -> RunConfig:
     values = C.flag_values(ns)
     values.update(extra or {})
-    return C.build_config(C.RunConfig, ns.config, ns.overrides, values)  # type: ignore[return-value]
+    return C.build_config(RunConfig, ns.config, ns.overrides, values)  # type: ignore[return-value]
 
 
 def cmd_draft_init(ns: argparse.Namespace) -> int:
@@ -50,6 +52,19 @@ def cmd_prepare_target(ns: argparse.Namespace) -> int:
 
     out = prepare_target(ns.source, ns.out, ns.dtype, ns.trust_remote_code)
     print(f"target ready: {out}")
+    return 0
+
+
+def cmd_prepare(ns: argparse.Namespace) -> int:
+    from .data import run_prepare
+
+    cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
+    if not cfg.target.path:
+        raise C.ConfigError("prepare needs a target: --target DIR (or target.path in the config)")
+    out = ns.out or str(Path(cfg.work_dir) / "data")
+    result = run_prepare(cfg.prepare, cfg.target.path, out, trust_remote_code=cfg.target.trust_remote_code)
+    counts = result.counts
+    print(f"prepared {out}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
     return 0
 
 
@@ -90,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     mp.set_defaults(func=cmd_prepare_target)
 
+    pp = sub.add_parser("prepare", help="render conversations with the target's chat template into loss-masked rows")
+    pp.add_argument("--target", help="prepared target directory (its tokenizer and chat template are used)")
+    pp.add_argument("--out", help="output directory (default: <work_dir>/data)")
+    _common(pp)
+    C.add_flags(pp, PrepareSettings, "prepare")
+    pp.set_defaults(func=cmd_prepare)
+
     c = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True)
     cs = c.add_parser("show", help="print the resolved configuration")
     _common(cs)
@@ -108,11 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    from .data import PrepareError
     from .model import CheckpointError, TargetError
 
     try:
         return ns.func(ns)
-    except (C.ConfigError, TargetError, CheckpointError) as exc:
+    except (C.ConfigError, TargetError, CheckpointError, PrepareError) as exc:
         print(f"peagle: error: {exc}", file=sys.stderr)
         return 2
 

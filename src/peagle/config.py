@@ -1,7 +1,9 @@
 """Run settings: one typed schema, the single source of truth.
 
-YAML files, CLI flags and (later) KFP component parameters all derive from the pydantic models
-here, so they cannot drift apart. Unknown keys are errors that name the key.
+YAML files, CLI flags and (later) KFP component parameters all derive from the pydantic models,
+so they cannot drift apart. Unknown keys are errors that name the key. This module holds the
+machinery and the model-level sections; each stage defines its own section next to its code, and
+:mod:`peagle.run_config` assembles them into the one ``RunConfig``.
 
 Precedence: explicit CLI flag > ``--set section.key=value`` override > YAML file > default.
 """
@@ -77,14 +79,6 @@ class DraftSettings(StrictModel):
         return v
 
 
-class RunConfig(StrictModel):
-    """Everything one run of the system needs. Sections are added as stages land."""
-
-    target: TargetSettings = Field(default_factory=TargetSettings)
-    draft: DraftSettings = Field(default_factory=DraftSettings)
-    work_dir: str = Field("runs/local", description="where local outputs go")
-
-
 # --------------------------------------------------------------------------------------------
 # Loading and overriding
 
@@ -129,7 +123,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def build_config(
-    model: type[StrictModel] = RunConfig,
+    model: type[StrictModel],
     yaml_path: str | Path | None = None,
     overrides: list[str] | None = None,
     values: dict[str, Any] | None = None,

@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from .config import RunConfig
+from .run_config import RunConfig
 from .model import init_draft, inspect_target, prepare_target, save_draft
 from .model.target import MANIFEST
 from .vllm_run import run_in_subprocess

@@ -1,0 +1,195 @@
+"""Render conversations with the target's own chat template and mark the supervised tokens.
+
+The loss mask is found by rendering prefixes, which works for any template without template
+markup (no ``{% generation %}`` blocks needed):
+
+* context of the assistant turn at message *i* = tokens of
+  ``render(messages[:i], add_generation_prompt=True)``;
+* the turn itself = what ``render(messages[:i+1])`` adds after that context, i.e. the reply and
+  the end-of-turn tokens the template emits after it (``<|im_end|>``, ``<|eot_id|>``, ...).
+
+Texts are tokenised as wholes (``add_special_tokens=False``: templates write BOS themselves), which
+is how a server tokenises the prompt. Each span is taken only after checking that the context's
+tokens really are a prefix of the longer render. Two failures are possible:
+
+* within a turn (BPE merges across the context/reply boundary, a template that changes the
+  generation prompt): the conversation is rejected with ``prefix_mismatch``;
+* across turns (the template rewrites history, e.g. Qwen3 drops the ``<think>`` block of earlier
+  replies): one row per conversation is impossible, so the conversation becomes one row per
+  assistant turn, or is rejected, depending on ``PrepareSettings.rows_per``.
+
+Whitespace the template puts *after* the end-of-turn special token (ChatML's ``"\\n"`` after
+``<|im_end|>``) is not supervised: generation stops at the special token, so the draft never has
+to predict it. It stays in the row as context when more turns follow.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import errors as E
+from .errors import PrepareError, RowRejected
+
+# Files that define a Hugging Face tokenizer and its chat template (those present are fingerprinted).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+)
+
+
+@dataclass
+class RenderedRow:
+    """Token ids and 0/1 loss mask of one row; ``turn`` is the supervised turn in per-turn rows."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    turn: int | None = None
+
+
+@dataclass
+class Rendered:
+    rows: list[RenderedRow]
+    per_turn: bool  # True when the conversation was split into one row per assistant turn
+    skipped_turns: int = 0  # later turns not rendered because their context alone exceeds the limit
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def tokenizer_fingerprint(path: str | os.PathLike) -> str:
+    """sha256 over the tokenizer files present in ``path`` (names and contents)."""
+    h = hashlib.sha256()
+    found = False
+    for name in TOKENIZER_FILES:
+        f = Path(path) / name
+        if f.is_file():
+            found = True
+            h.update(name.encode() + b"\0")
+            h.update(f.read_bytes())
+    if not found:
+        raise PrepareError(f"no tokenizer files in {path} (looked for {', '.join(TOKENIZER_FILES[:3])}, ...)")
+    return h.hexdigest()
+
+
+class ChatRenderer:
+    """Turns a :class:`~peagle.data.rows.Conversation`'s messages into loss-masked token rows."""
+
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None):
+        template = getattr(tokenizer, "chat_template", None)
+        if isinstance(template, dict):  # named templates: the default one renders plain chats
+            template = template.get("default")
+        if not isinstance(template, str) or not template.strip():
+            raise PrepareError("the target's tokenizer has no chat template; cannot render conversations")
+        self.tokenizer = tokenizer
+        self.template = template
+        self.template_sha256 = sha256_text(template)
+        self.template_kwargs = dict(template_kwargs or {})
+        decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self.special_ids = {int(i) for i, tok in decoder.items() if getattr(tok, "special", False)}
+        self._blank: dict[int, bool] = {}
+
+    @classmethod
+    def from_target(cls, path: str | os.PathLike, trust_remote_code: bool = False,
+                    template_kwargs: dict[str, Any] | None = None) -> ChatRenderer:
+        """Load the tokenizer (and its chat template) from a local target directory, offline."""
+        from transformers import AutoTokenizer
+
+        p = Path(path)
+        if not p.is_dir():
+            raise PrepareError(f"target {p} is not a directory (prepare it with `peagle models prepare-target`)")
+        try:
+            tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code, local_files_only=True)
+        except Exception as exc:
+            raise PrepareError(f"cannot load the tokenizer of target {p}: {type(exc).__name__}: {exc}") from exc
+        return cls(tok, template_kwargs)
+
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    # -- rendering -------------------------------------------------------------------------------
+
+    def _text(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation_prompt, **self.template_kwargs
+            )
+        except Exception as exc:  # jinja TemplateError (raise_exception in templates), TypeError, ...
+            raise RowRejected(E.TEMPLATE_ERROR, f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        if not isinstance(text, str):
+            raise RowRejected(E.TEMPLATE_ERROR, f"template rendered a {type(text).__name__}, not text")
+        return text
+
+    def _is_blank(self, tid: int) -> bool:
+        if tid not in self._blank:
+            text = self.tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            self._blank[tid] = tid not in self.special_ids and text.strip() == ""
+        return self._blank[tid]
+
+    def _span_end(self, ids: list[int], start: int, end: int) -> int:
+        """End of the supervised span: cut whitespace-only tokens after the last special token."""
+        last_special = next((j for j in range(end - 1, start - 1, -1) if ids[j] in self.special_ids), None)
+        if last_special is not None and all(self._is_blank(t) for t in ids[last_special + 1:end]):
+            return last_special + 1
+        return end
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_batch_fast"):
+            # the Rust tokenizer directly, without offsets: same ids, several times faster
+            return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def render(self, messages: list[dict[str, str]], rows_per: str = "auto",
+               max_tokens: int | None = None) -> Rendered:
+        """Rows for one conversation (see the module docstring); raises RowRejected when unusable.
+
+        ``messages`` must satisfy :class:`~peagle.data.rows.Conversation`'s guarantees (the last
+        message is an assistant turn, each assistant turn follows a user turn). With ``max_tokens``,
+        turns whose context already has that many tokens are not rendered (none of their tokens
+        could be kept after truncation); rows may still be longer than ``max_tokens``: the caller
+        truncates or rejects them.
+        """
+        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        spans: list[tuple[int, int]] = []  # supervised [start, end) of each turn, in the render ending with it
+        renders: list[list[int]] = []  # render(messages[:i+1]) of each turn
+        overflow: list[int] | None = None  # context of the first turn that starts beyond max_tokens
+        for k, i in enumerate(turns):
+            ctx, upto = self._encode([self._text(messages[:i], True), self._text(messages[: i + 1], False)])
+            if max_tokens is not None and len(ctx) >= max_tokens:
+                overflow = ctx
+                break
+            if len(upto) <= len(ctx) or upto[: len(ctx)] != ctx:
+                raise RowRejected(
+                    E.PREFIX_MISMATCH,
+                    f"assistant turn {k}: the render with the generation prompt is not a token prefix of the "
+                    "render including the reply",
+                )
+            spans.append((len(ctx), self._span_end(upto, len(ctx), len(upto))))
+            renders.append(upto)
+        if not spans:
+            raise RowRejected(E.TOO_LONG, f"the context before the first reply has {len(overflow or [])} tokens, "
+                                          f"not below the limit {max_tokens}")
+        skipped = len(turns) - len(spans)
+
+        # The conversation's render: up to its last reply, or (cut short) the context that overflowed.
+        full = overflow if overflow is not None else renders[-1]
+        nested = all(full[: len(r)] == r for r in renders)
+        if rows_per == "conversation" and not nested:
+            raise RowRejected(
+                E.PREFIX_MISMATCH,
+                "the template renders earlier turns differently once later turns follow (renders of growing "
+                "prefixes do not nest); use rows_per=assistant_turn or auto",
+            )
+        if nested and rows_per != "assistant_turn":
+            end = len(full) if overflow is not None else spans[-1][1]
+            mask = [0] * end
+            for start, stop in spans:
+                mask[start:stop] = [1] * (stop - start)
+            return Rendered([RenderedRow(list(full[:end]), mask)], per_turn=False, skipped_turns=skipped)
+        rows = [RenderedRow(list(r[:stop]), [0] * start + [1] * (stop - start), turn=k)
+                for k, (r, (start, stop)) in enumerate(zip(renders, spans))]
+        return Rendered(rows, per_turn=True, skipped_turns=skipped)

