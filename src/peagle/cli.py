@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import config as C
+from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
 from .run_config import RunConfig
 
@@ -68,6 +69,16 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_regenerate(ns: argparse.Namespace) -> int:
+    from .data.regenerate import run_regenerate
+
+    cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
+    out = ns.out or str(Path(cfg.work_dir) / "regenerated.jsonl")
+    result = run_regenerate(cfg.regenerate, cfg.target.path or None, out)
+    print(f"regenerated into {out}: " + ", ".join(f"{k}={v}" for k, v in result.counts.items()))
+    return 0
+
+
 def cmd_config_show(ns: argparse.Namespace) -> int:
     import yaml
 
@@ -111,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(pp)
     C.add_flags(pp, PrepareSettings, "prepare")
     pp.set_defaults(func=cmd_prepare)
+
+    rg = sub.add_parser("regenerate", help="let the target rewrite the assistant turns (vLLM offline or an endpoint)")
+    rg.add_argument("--target", help="target directory (offline vLLM backend)")
+    rg.add_argument("--out", help="output JSONL (default: <work_dir>/regenerated.jsonl); reruns resume")
+    _common(rg)
+    C.add_flags(rg, RegenerateSettings, "regenerate")
+    rg.set_defaults(func=cmd_regenerate)
 
     c = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True)
     cs = c.add_parser("show", help="print the resolved configuration")

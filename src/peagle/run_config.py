@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from .config import DraftSettings, StrictModel, TargetSettings
+from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
 
 
@@ -16,5 +17,6 @@ class RunConfig(StrictModel):
 
     target: TargetSettings = Field(default_factory=TargetSettings)
     draft: DraftSettings = Field(default_factory=DraftSettings)
+    regenerate: RegenerateSettings = Field(default_factory=RegenerateSettings)
     prepare: PrepareSettings = Field(default_factory=PrepareSettings)
     work_dir: str = Field("runs/local", description="where local outputs go")

