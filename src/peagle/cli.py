@@ -14,6 +14,7 @@ from pathlib import Path
 from . import config as C
 from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
+from .extract.settings import ExtractSettings
 from .run_config import RunConfig
 
 
@@ -79,6 +80,31 @@ def cmd_regenerate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_extract(ns: argparse.Namespace) -> int:
+    from .data import read_split
+    from .extract import run_extract
+
+    cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
+    if not cfg.target.path:
+        raise C.ConfigError("extract needs a target: --target DIR (or target.path in the config)")
+    data = Path(ns.data or Path(cfg.work_dir) / "data")
+    out_root = Path(ns.out or Path(cfg.work_dir) / "hidden_states")
+    for split in ns.splits:
+        table = read_split(data, split, verify=True)
+        rows = [{"sample_id": sid, "input_ids": ids, "loss_mask": mask} for sid, ids, mask in zip(
+            table.column("sample_id").to_pylist(), table.column("input_ids").to_pylist(),
+            table.column("loss_mask").to_pylist())]
+        if not rows:
+            print(f"{split}: no rows in {data}, skipped")
+            continue
+        res = run_extract(rows, cfg.target.path, out_root / split, cfg.extract,
+                          shard_index=ns.shard_index, num_shards=ns.num_shards)
+        state = "complete" if res.manifest else "partial (other shard sets pending)"
+        print(f"{split}: {len(res.shards_written)} shards written, {len(res.shards_skipped)} already published, "
+              f"{res.num_samples} samples -> {out_root / split} [{state}]")
+    return 0
+
+
 def cmd_config_show(ns: argparse.Namespace) -> int:
     import yaml
 
@@ -130,6 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
     C.add_flags(rg, RegenerateSettings, "regenerate")
     rg.set_defaults(func=cmd_regenerate)
 
+    ex = sub.add_parser("extract", help="capture the target's hidden states (vLLM or transformers) into shards")
+    ex.add_argument("--target", help="target directory")
+    ex.add_argument("--data", help="prepared data directory (default: <work_dir>/data)")
+    ex.add_argument("--out", help="output root; one dataset per split below it (default: <work_dir>/hidden_states)")
+    ex.add_argument("--splits", nargs="+", default=["train", "validation"], choices=["train", "validation"])
+    ex.add_argument("--shard-index", type=int, default=0, help="this worker's shard set (fan-out)")
+    ex.add_argument("--num-shards", type=int, default=1, help="number of shard sets (fan-out workers)")
+    _common(ex)
+    C.add_flags(ex, ExtractSettings, "extract")
+    ex.set_defaults(func=cmd_extract)
+
     c = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True)
     cs = c.add_parser("show", help="print the resolved configuration")
     _common(cs)
@@ -149,11 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     from .data import PrepareError
+    from .extract import DatasetMismatchError, ExtractError, ShardChecksumError
     from .model import CheckpointError, TargetError
 
     try:
         return ns.func(ns)
-    except (C.ConfigError, TargetError, CheckpointError, PrepareError) as exc:
+    except (C.ConfigError, TargetError, CheckpointError, PrepareError, ExtractError, DatasetMismatchError,
+            ShardChecksumError) as exc:
         print(f"peagle: error: {exc}", file=sys.stderr)
         return 2
 

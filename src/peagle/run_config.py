@@ -5,11 +5,12 @@ Sections live next to the code that uses them (``peagle.data.settings`` etc.) an
 """
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .config import DraftSettings, StrictModel, TargetSettings
 from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
+from .extract.settings import ExtractSettings
 
 
 class RunConfig(StrictModel):
@@ -19,4 +20,17 @@ class RunConfig(StrictModel):
     draft: DraftSettings = Field(default_factory=DraftSettings)
     regenerate: RegenerateSettings = Field(default_factory=RegenerateSettings)
     prepare: PrepareSettings = Field(default_factory=PrepareSettings)
+    extract: ExtractSettings = Field(default_factory=ExtractSettings)
     work_dir: str = Field("runs/local", description="where local outputs go")
+
+    @model_validator(mode="after")
+    def _one_set_of_aux_layers(self) -> "RunConfig":
+        # The draft must read exactly the layers that were extracted; set them once (either place).
+        d, e = self.draft.aux_layer_ids, self.extract.aux_layer_ids
+        if d is not None and e is not None and list(d) != list(e):
+            raise ValueError(f"draft.aux_layer_ids {d} differs from extract.aux_layer_ids {e}; set one of them")
+        if e is None and d is not None:
+            self.extract.aux_layer_ids = list(d)
+        elif d is None and e is not None:
+            self.draft.aux_layer_ids = list(e)
+        return self

@@ -1,0 +1,19 @@
+"""Hidden-state extraction (``peagle extract``): target hidden states for draft training.
+
+Entry points: :func:`run_extract` (rows -> shards + manifest), :class:`HiddenStatesDataset` (the
+trainer's verified reader), :class:`ExtractSettings` (the ``extract`` config section). The vLLM
+connector lives in :mod:`peagle.extract.connector` and is imported only by vLLM itself.
+"""
+from .errors import DatasetMismatchError, ExtractError, ShardChecksumError
+from .pipeline import ExtractResult, finalize_if_complete, make_header, run_extract
+from .reader import HiddenStatesDataset, open_hidden_states
+from .rows import ExtractRow, SampleHiddenStates, as_extract_row
+from .settings import ExtractSettings, LayerIds, resolve_layer_ids
+from .shard_format import FORMAT, DatasetHeader, HiddenStatesSample, ShardSamples
+
+__all__ = [
+    "DatasetHeader", "DatasetMismatchError", "ExtractError", "ExtractResult", "ExtractRow", "ExtractSettings",
+    "FORMAT", "HiddenStatesDataset", "HiddenStatesSample", "LayerIds", "SampleHiddenStates", "ShardChecksumError",
+    "ShardSamples", "as_extract_row", "finalize_if_complete", "make_header", "open_hidden_states",
+    "resolve_layer_ids", "run_extract",
+]

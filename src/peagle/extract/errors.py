@@ -1,0 +1,18 @@
+"""Errors of the hidden-state extraction stage; every message names the sample, shard or field at fault."""
+from __future__ import annotations
+
+
+class ExtractError(RuntimeError):
+    """Extraction cannot go on (bad input row, engine failure, token mismatch, inconsistent output dir)."""
+
+
+class ShardChecksumError(ExtractError):
+    """A shard's bytes differ from the sha256 recorded for it. ``shard`` is its file name."""
+
+    def __init__(self, shard: str, expected: str, actual: str):
+        super().__init__(f"hidden-state shard {shard} is corrupt: sha256 {actual} but the manifest records {expected}")
+        self.shard, self.expected, self.actual = shard, expected, actual
+
+
+class DatasetMismatchError(ExtractError):
+    """A hidden-state dataset was made for other layer ids / hidden size / target than the caller expects."""

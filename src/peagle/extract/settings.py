@@ -1,0 +1,106 @@
+"""``extract`` section of the run configuration, and the layer ids it resolves to.
+
+Conventions as in :mod:`peagle.config`: every field has a description (it becomes a CLI flag's
+help), unknown keys are errors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from ..config import StrictModel
+from ..model.target import check_aux_layer_ids, default_aux_layer_ids
+
+NUM_AUX_LAYERS = 3
+
+
+class ExtractSettings(StrictModel):
+    """How target hidden states are captured for draft training (``peagle extract``)."""
+
+    backend: Literal["vllm", "hf"] = Field(
+        "vllm",
+        description="'vllm': vLLM's extract_hidden_states method (production); "
+        "'hf': transformers forward passes with identical semantics (reference, small runs)",
+    )
+    aux_layer_ids: list[int] | None = Field(
+        None,
+        description="target layers whose input residual stream feeds the draft (exactly 3, ascending, "
+        "< num_hidden_layers); default [2, n//2, n-3]. The last layer's pre-norm output is always added",
+    )
+    samples_per_shard: int = Field(64, ge=1, description="samples per safetensors shard")
+    storage_dtype: Literal["bfloat16", "fp8"] = Field(
+        "bfloat16",
+        description="dtype of stored hidden states; 'fp8' = float8_e4m3fn with a float32 scale per token "
+        "and layer (about half the bytes)",
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="dtype the target runs in; 'auto' = the dtype in the target's config.json"
+    )
+    batch_size: int = Field(
+        8, ge=1, description="hf: samples per forward pass; vllm: max_num_seqs (concurrent requests)"
+    )
+    max_model_len: int | None = Field(
+        None, ge=2, description="vllm context length; default: longest pending sample + 1"
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="vllm tokens per scheduler step; default: vLLM's own"
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0.0, le=1.0, description="vllm on GPU: share of GPU memory for weights + KV cache"
+    )
+    cpu_kv_cache_gib: int = Field(
+        1, ge=1, description="vllm on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)"
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm tensor parallelism")
+    enable_prefix_caching: bool = Field(
+        False,
+        description="vllm prefix caching: reuses cached hidden states of shared prefixes (same values, "
+        "computed in another batch); off so every sample is computed in full",
+    )
+    hf_device: str = Field("auto", description="hf backend device: 'auto' (cuda when available), 'cpu', 'cuda:0'")
+    scratch_dir: str | None = Field(
+        None, description="vllm: where per-request hidden-state files land before sharding; default: system temp"
+    )
+    engine_timeout_s: float | None = Field(
+        None, gt=0, description="vllm: kill the engine process after this many seconds; default: no limit"
+    )
+    seed: int = Field(0, description="engine seed (extraction is deterministic; only sampling of the 1 token uses it)")
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _three_aux_layers(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            if len(v) != NUM_AUX_LAYERS:
+                raise ValueError(f"exactly {NUM_AUX_LAYERS} aux layer ids are required, got {len(v)}: {v}")
+            if any(i < 0 for i in v) or sorted(set(v)) != list(v):
+                raise ValueError(f"aux layer ids must be distinct, non-negative and ascending, got {v}")
+        return v
+
+
+@dataclass(frozen=True)
+class LayerIds:
+    """What one extraction captures.
+
+    ``aux`` id k is the residual stream *entering* decoder layer k (transformers'
+    ``output_hidden_states[k]``, vLLM's aux-hidden-state id k). ``last`` = num_hidden_layers is the
+    last decoder layer's output *before* the final norm (not transformers' ``hidden_states[n]``,
+    which is after it). ``all`` is the list handed to vLLM, in storage order.
+    """
+
+    aux: tuple[int, int, int]
+    last: int
+
+    @property
+    def all(self) -> list[int]:
+        return [*self.aux, self.last]
+
+
+def resolve_layer_ids(aux_layer_ids: list[int] | None, num_hidden_layers: int) -> LayerIds:
+    """Aux ids (given or the default [2, n//2, n-3]) checked against the target, plus the last layer n."""
+    aux = list(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(num_hidden_layers)
+    check_aux_layer_ids(aux, num_hidden_layers)
+    if len(aux) != NUM_AUX_LAYERS or sorted(set(aux)) != aux:
+        raise ValueError(f"aux layer ids must be {NUM_AUX_LAYERS} distinct ascending ids, got {aux}")
+    return LayerIds(aux=(aux[0], aux[1], aux[2]), last=int(num_hidden_layers))

@@ -1,0 +1,263 @@
+"""Production backend: vLLM's ``extract_hidden_states`` speculative method + :mod:`.connector`.
+
+vLLM starts worker processes with spawn and holds much memory, so the engine always runs in a child
+interpreter (``python -m peagle.extract.vllm_backend``): callers -- tests, the CLI, pipeline steps --
+need no ``__main__`` guard. :func:`run_engine_job` (parent side) sends the child a JSON job on stdin;
+the child (:func:`engine_main`) starts one engine, extracts the shards listed in the job's rows file
+and writes them itself (hidden states never cross the process boundary), then prints one result line.
+
+Per request: the prompt is sent pre-tokenised with ``max_tokens=1``; the connector writes the
+prompt's hidden states to ``<scratch>/<request>.safetensors`` and returns that path in
+``kv_transfer_params``. :func:`read_request_file` waits on the file's ``.lock`` (the connector holds
+it exclusively until the file is complete), checks the stored token ids equal the row's and splits
+``hidden_states`` [T, 4, H] into aux [T, 3, H] and last [T, H].
+"""
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+
+from .errors import ExtractError
+from .rows import ExtractRow, SampleHiddenStates
+from .settings import ExtractSettings, LayerIds
+
+log = logging.getLogger(__name__)
+
+CONNECTOR_CLASS = "PeagleHiddenStatesConnector"
+CONNECTOR_MODULE = "peagle.extract.connector"
+RESULT_MARKER = "PEAGLE_EXTRACT_RESULT "
+ERROR_MARKER = "PEAGLE_EXTRACT_ERROR "
+PROGRESS_MARKER = "PEAGLE_EXTRACT_PROGRESS "
+
+
+def read_request_file(path: str, row: ExtractRow) -> SampleHiddenStates:
+    """Load one connector output file for ``row`` (waiting for its write to finish), then delete it."""
+    lock_path = path + ".lock"
+    try:
+        if os.path.exists(lock_path):
+            with open(lock_path) as lf:
+                fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the writer thread releases LOCK_EX
+                data = load_file(path, device="cpu")
+        else:  # connector configured without locks: the file is complete once the request finished
+            data = load_file(path, device="cpu")
+    except FileNotFoundError:
+        raise ExtractError(f"sample {row.sample_id!r}: vLLM wrote no hidden-state file at {path}") from None
+    finally:
+        for p in (lock_path, path):
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+    got = data["token_ids"].tolist()
+    if got != list(row.input_ids):
+        first = next((i for i, (a, b) in enumerate(zip(got, row.input_ids)) if a != b), min(len(got), row.num_tokens))
+        raise ExtractError(
+            f"sample {row.sample_id!r}: token ids returned by vLLM differ from the input "
+            f"({len(got)} vs {row.num_tokens} tokens, first difference at position {first})"
+        )
+    hs = data["hidden_states"]
+    if hs.ndim != 3 or hs.shape[0] != row.num_tokens or hs.shape[1] != 4:
+        raise ExtractError(f"sample {row.sample_id!r}: hidden_states has shape {tuple(hs.shape)}, "
+                           f"expected ({row.num_tokens}, 4, H)")
+    return SampleHiddenStates(row, hs[:, :3].contiguous(), hs[:, 3].contiguous())
+
+
+class VllmHiddenStatesExtractor:
+    """One vLLM engine configured for hidden-state extraction. Only instantiate in the engine process."""
+
+    def __init__(self, target: str, layer_ids: LayerIds, dtype: str, settings: ExtractSettings,
+                 max_model_len: int, scratch_dir: str):
+        from vllm import LLM, SamplingParams
+
+        self.scratch_dir = scratch_dir
+        kwargs: dict[str, Any] = dict(
+            model=target,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            seed=settings.seed,
+            trust_remote_code=False,
+            max_num_seqs=settings.batch_size,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            speculative_config={
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids.all}},
+            },
+            kv_transfer_config={
+                "kv_connector": CONNECTOR_CLASS,
+                "kv_connector_module_path": CONNECTOR_MODULE,
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": scratch_dir},
+            },
+        )
+        if settings.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = settings.max_num_batched_tokens
+        self.llm = LLM(**kwargs)
+        self.params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+
+    def extract(self, rows: list[ExtractRow]) -> list[SampleHiddenStates]:
+        """Hidden states of ``rows``, in the order given (vLLM schedules them as one batch)."""
+        prompts = [{"prompt_token_ids": list(r.input_ids)} for r in rows]
+        outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
+        results = []
+        for row, out in zip(rows, outputs):
+            if list(out.prompt_token_ids or []) != list(row.input_ids):
+                raise ExtractError(f"sample {row.sample_id!r}: vLLM's prompt token ids differ from the input")
+            path = (out.kv_transfer_params or {}).get("hidden_states_path")
+            if not path:
+                raise ExtractError(f"sample {row.sample_id!r}: vLLM returned no hidden_states_path "
+                                   "(is the extract_hidden_states connector active?)")
+            results.append(read_request_file(path, row))
+        return results
+
+    def close(self) -> None:
+        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del self.llm
+
+
+# ----------------------------------------------------------------------------------------------
+# Engine process
+
+
+def engine_main() -> None:
+    """Child entry: run the job read from stdin; print one result (or error) line on stdout."""
+    job = json.loads(sys.stdin.read())
+    try:
+        records = _run_job(job)
+    except ExtractError as exc:
+        print(ERROR_MARKER + json.dumps(str(exc)), flush=True)
+        sys.exit(2)
+    print(RESULT_MARKER + json.dumps(records), flush=True)
+
+
+def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
+    from .output import ShardDir
+    from .pipeline import extract_one_shard
+    from .rows import read_job_shards
+    from .shard_format import DatasetHeader
+
+    settings = ExtractSettings.model_validate(job["settings"])
+    header = DatasetHeader.from_dict(job["header"])
+    layer_ids = LayerIds(aux=tuple(job["layer_ids"][:-1]), last=job["layer_ids"][-1])
+    out = ShardDir(job["out_dir"])
+    scratch = tempfile.mkdtemp(prefix="peagle-hs-", dir=settings.scratch_dir)
+    records = []
+    extractor = VllmHiddenStatesExtractor(job["target"], layer_ids, header.compute_dtype, settings,
+                                          int(job["max_model_len"]), scratch)
+    try:
+        for name, rows in read_job_shards(job["rows_file"]):
+            t0 = time.monotonic()
+            rec = extract_one_shard(extractor, name, rows, out, header)
+            records.append(rec.manifest_entry())
+            progress = {"shard": name, "samples": rec.num_samples, "tokens": rec.num_tokens,
+                        "seconds": round(time.monotonic() - t0, 3)}
+            print(PROGRESS_MARKER + json.dumps(progress), file=sys.stderr, flush=True)
+    finally:
+        extractor.close()
+        try:
+            os.rmdir(scratch)  # empty unless a request file was left behind after an error
+        except OSError:
+            pass
+    return records
+
+
+# ----------------------------------------------------------------------------------------------
+# Parent side
+
+
+def _child_env(settings: ExtractSettings) -> dict[str, str]:
+    import peagle
+
+    src = str(Path(peagle.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",  # the target is a local directory
+                "VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kv_cache_gib)})  # read only by vLLM's CPU platform
+    return env
+
+
+def run_engine_job(job: dict[str, Any], settings: ExtractSettings) -> list[dict[str, Any]]:
+    """Run ``job`` in a fresh interpreter; return the manifest entries of the shards it wrote.
+
+    The child's stderr (vLLM's log) is logged at DEBUG, progress lines at INFO; on failure the error
+    names the sample/shard when the child could, else the last lines of its log are included.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "peagle.extract.vllm_backend"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=_child_env(settings),
+        start_new_session=True,  # its own process group: a timeout kills the engine's workers too
+    )
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+
+    def pump_stderr() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            line = line.rstrip("\n")
+            if line.startswith(PROGRESS_MARKER):
+                log.info("extracted %s", line[len(PROGRESS_MARKER):])
+            else:
+                tail.append(line)
+                log.debug("vllm: %s", line)
+
+    def kill_group() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    pump = threading.Thread(target=pump_stderr, daemon=True)
+    pump.start()
+    timer = threading.Timer(settings.engine_timeout_s, kill_group) if settings.engine_timeout_s else None
+    if timer:
+        timer.start()
+    result: list[dict[str, Any]] | None = None
+    error: str | None = None
+    try:
+        try:
+            proc.stdin.write(json.dumps(job))  # type: ignore[union-attr]
+            proc.stdin.close()  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass  # the child died at start-up; its log tail below says why
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if line.startswith(RESULT_MARKER):
+                result = json.loads(line[len(RESULT_MARKER):])
+            elif line.startswith(ERROR_MARKER):
+                error = json.loads(line[len(ERROR_MARKER):])
+            else:
+                tail.append(line.rstrip("\n"))
+        rc = proc.wait()
+        kill_group()  # reap engine workers that outlived the child (the group holds only our processes)
+    except BaseException:
+        kill_group()
+        raise
+    finally:
+        if timer:
+            timer.cancel()
+        pump.join(timeout=10)
+    if error is not None:
+        raise ExtractError(error)
+    if result is None or rc != 0:
+        why = f"killed after {settings.engine_timeout_s} s" if rc == -signal.SIGKILL and timer else f"exit {rc}"
+        raise ExtractError(f"vLLM extraction engine failed ({why}):\n" + "\n".join(tail))
+    return result
+
+
+if __name__ == "__main__":
+    engine_main()
