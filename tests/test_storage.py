@@ -148,7 +148,7 @@ def test_write_order_data_then_manifest_then_success(store):
     with pytest.raises(IncompletePrefixError, match="no _SUCCESS"):
         open_published(store, "ds")
     writer.commit({"rows": 2})
-    assert store.list("ds/") == ["ds/_SUCCESS", "ds/manifest.json", "ds/shard-0.bin", "ds/shard-1.bin"]
+    assert store.list("ds/") == ["ds/_MANIFEST.json", "ds/_SUCCESS", "ds/shard-0.bin", "ds/shard-1.bin"]
     with pytest.raises(StorageError):
         writer.put_bytes("late.bin", b"x")
 
@@ -163,9 +163,9 @@ def test_reader_rejects_missing_truncated_or_mismatched(store):
         open_published(store, "p")
     store.put_bytes("p/b.bin", b"b" * 100)
     assert is_complete(store, "p")
-    manifest = json.loads(store.get_bytes("p/manifest.json"))
+    manifest = json.loads(store.get_bytes("p/_MANIFEST.json"))
     manifest["metadata"] = {"tampered": True}  # manifest no longer the one _SUCCESS vouched for
-    store.put_bytes("p/manifest.json", json.dumps(manifest).encode())
+    store.put_bytes("p/_MANIFEST.json", json.dumps(manifest).encode())
     with pytest.raises(IncompletePrefixError, match="do not match"):
         open_published(store, "p")
 
@@ -237,7 +237,7 @@ def test_malformed_or_hostile_manifest_is_rejected(tmp_path):
     for body in (b"[]", b"not json", json.dumps({"format": "other/v9", "objects": []}).encode(),
                  json.dumps({"format": "peagle.manifest/v1",
                              "objects": [{"key": "../../etc/passwd", "size": 1, "sha256": "0"}]}).encode()):
-        store.put_bytes("p/manifest.json", body)
+        store.put_bytes("p/_MANIFEST.json", body)
         store.put_bytes("p/_SUCCESS", json.dumps({"manifest_sha256": sha256_bytes(body)}).encode())
         with pytest.raises(IncompletePrefixError, match="invalid manifest"):
             open_published(store, "p")

@@ -3,7 +3,7 @@
 Write order (:class:`PrefixWriter`, :func:`publish`, :func:`publish_dir`):
 
 1. data objects, each recorded with (relative key, size, sha256);
-2. ``manifest.json``: every object of step 1 plus caller metadata -- written only after all
+2. ``_MANIFEST.json``: every object of step 1 plus caller metadata -- written only after all
    objects are confirmed present with their recorded sizes;
 3. ``_SUCCESS`` last, holding the manifest's sha256 and size.
 
@@ -13,7 +13,7 @@ being rewritten concurrently is never mixed with an old ``_SUCCESS``), and every
 object exists with its recorded size; ``deep=True`` also re-hashes every object. Reads through
 :class:`Published` verify each object's sha256 and name the object (shard) on mismatch.
 
-Republishing (``overwrite=True``) first deletes ``_SUCCESS`` then ``manifest.json``, so readers
+Republishing (``overwrite=True``) first deletes ``_SUCCESS`` then ``_MANIFEST.json``, so readers
 stop trusting the prefix before any of its objects change.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .base import TMP_MARKER, ObjectInfo, Store, atomic_path, check_key, check_p
 from .errors import ChecksumMismatchError, IncompletePrefixError, PrefixExistsError, StorageError
 
 log = logging.getLogger("peagle.storage")
-MANIFEST = "manifest.json"
+MANIFEST = "_MANIFEST.json"  # underscore: never collides with a stage's own manifest.json
 SUCCESS = "_SUCCESS"
 FORMAT = "peagle.manifest/v1"
 _RESERVED = {MANIFEST, SUCCESS}
@@ -128,7 +128,7 @@ class PrefixWriter:
         return self._objects[rel]
 
     def commit(self, metadata: Mapping[str, Any] | None = None) -> Manifest:
-        """Confirm every object, then write ``manifest.json``, then ``_SUCCESS``."""
+        """Confirm every object, then write ``_MANIFEST.json``, then ``_SUCCESS``."""
         if self.committed:
             raise StorageError(f"{self.store.uri_for(self._key(''))}: prefix already committed")
         manifest = Manifest(tuple(sorted(self._objects.values(), key=lambda o: o.key)),
