@@ -121,7 +121,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="peagle", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="peagle", description=__doc__.splitlines()[0],
+                                epilog="peagle deploy --help: render/apply the serving stack (KServe or Deployment)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -183,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["deploy"]:
+        # `peagle deploy` has its own parser (chart values, cluster access); see peagle.deploy.cli.
+        from .deploy.cli import main as deploy_main
+
+        return deploy_main(argv[1:])
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     from .data import PrepareError

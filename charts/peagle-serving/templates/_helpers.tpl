@@ -1,0 +1,149 @@
+{{/*
+Object name: fullnameOverride, else the release name (KServe needs a DNS-1035 label, so the chart
+name is not appended).
+*/}}
+{{- define "peagle-serving.fullname" -}}
+{{- default .Release.Name .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "peagle-serving.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "peagle-serving.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "peagle-serving.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: llm-serving
+{{- end -}}
+
+{{- define "peagle-serving.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "peagle-serving.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "peagle-serving.servedModelName" -}}
+{{- default (include "peagle-serving.fullname" .) .Values.vllm.servedModelName -}}
+{{- end -}}
+
+{{- define "peagle-serving.image" -}}
+{{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
+{{- end -}}
+
+{{- define "peagle-serving.fetchImage" -}}
+{{- $repo := default .Values.image.repository .Values.fetch.image.repository -}}
+{{- $tag := default .Values.image.tag .Values.fetch.image.tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{- define "peagle-serving.targetPath" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.models.root) .Values.models.target -}}
+{{- end -}}
+
+{{- define "peagle-serving.draftPath" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.models.root) .Values.models.draft -}}
+{{- end -}}
+
+{{/*
+The long-form speculative config as compact JSON (keys sorted by toJson). Explicit method and
+parallel_drafting: vLLM's auto-detection falls back to draft_model for P-EAGLE checkpoints whose
+path lacks "eagle3", which crashes at warm-up.
+*/}}
+{{- define "peagle-serving.speculativeConfig" -}}
+{{- $s := .Values.speculative -}}
+{{- $tp := int .Values.vllm.tensorParallelSize -}}
+{{- $dtp := int $s.draftTensorParallelSize -}}
+{{- if and (ne $dtp 1) (ne $dtp $tp) -}}
+{{- fail (printf "speculative.draftTensorParallelSize must be 1 or vllm.tensorParallelSize (%d), got %d" $tp $dtp) -}}
+{{- end -}}
+{{- $cfg := dict "method" $s.method "model" (include "peagle-serving.draftPath" .) "num_speculative_tokens" (int $s.numSpeculativeTokens) "parallel_drafting" $s.parallelDrafting "draft_tensor_parallel_size" $dtp -}}
+{{- toJson (merge $cfg $s.extraConfig) -}}
+{{- end -}}
+
+{{/*
+vLLM server arguments, one per line as a YAML list. The single source of truth for both modes: the
+ServingRuntime carries all of them (the InferenceService adds none), the Deployment the same.
+*/}}
+{{- define "peagle-serving.vllmArgs" -}}
+- {{ printf "--port=%d" (int .Values.vllm.port) | quote }}
+- {{ printf "--model=%s" (include "peagle-serving.targetPath" .) | quote }}
+- {{ printf "--served-model-name=%s" (include "peagle-serving.servedModelName" .) | quote }}
+- {{ printf "--tensor-parallel-size=%d" (int .Values.vllm.tensorParallelSize) | quote }}
+{{- with .Values.vllm.maxModelLen }}
+- {{ printf "--max-model-len=%d" (int .) | quote }}
+{{- end }}
+{{- with .Values.vllm.dtype }}
+- {{ printf "--dtype=%s" . | quote }}
+{{- end }}
+{{- with .Values.vllm.gpuMemoryUtilization }}
+- {{ printf "--gpu-memory-utilization=%v" . | quote }}
+{{- end }}
+{{- if .Values.speculative.enabled }}
+- {{ printf "--speculative-config=%s" (include "peagle-serving.speculativeConfig" .) | quote }}
+{{- end }}
+{{- range .Values.vllm.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "peagle-serving.env" -}}
+# Models are local files: never reach for the Hugging Face Hub.
+- name: HF_HUB_OFFLINE
+  value: "1"
+- name: HF_HOME
+  value: /tmp/hf_home
+{{- with .Values.vllm.env }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "peagle-serving.probes" -}}
+{{- $port := int .Values.vllm.port -}}
+{{- range $kind := list "startup" "readiness" "liveness" }}
+{{- $p := index $.Values.probes $kind }}
+{{ $kind }}Probe:
+  httpGet:
+    path: /health
+    port: {{ $port }}
+  periodSeconds: {{ $p.periodSeconds }}
+  failureThreshold: {{ $p.failureThreshold }}
+  timeoutSeconds: {{ $p.timeoutSeconds }}
+{{- end }}
+{{- end -}}
+
+{{- define "peagle-serving.resources" -}}
+{{- $res := deepCopy .Values.resources -}}
+{{- $gpus := int .Values.gpu.count -}}
+{{- if gt $gpus 0 -}}
+{{- $r := default (dict) $res.requests -}}
+{{- $_ := set $r .Values.gpu.resourceName (toString $gpus) -}}
+{{- $l := default (dict) $res.limits -}}
+{{- $_ := set $l .Values.gpu.resourceName (toString $gpus) -}}
+{{- $_ := set $res "requests" $r -}}
+{{- $_ := set $res "limits" $l -}}
+{{- end -}}
+{{- toYaml $res -}}
+{{- end -}}
+
+{{- define "peagle-serving.metricsAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.vllm.port | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+
+{{/* Fail early on an incomplete storage block, naming the missing value. */}}
+{{- define "peagle-serving.checkStorage" -}}
+{{- $s := .Values.storage -}}
+{{- if eq $s.type "dataConnection" -}}
+{{- if not $s.dataConnection.name }}{{ fail "storage.dataConnection.name is required for storage.type=dataConnection" }}{{ end -}}
+{{- else if eq $s.type "uri" -}}
+{{- if not $s.uri.uri }}{{ fail "storage.uri.uri is required for storage.type=uri" }}{{ end -}}
+{{- if ne .Values.mode "kserve" }}{{ fail "storage.type=uri needs mode=kserve (use dataConnection or pvc with mode=deployment)" }}{{ end -}}
+{{- else if eq $s.type "uris" -}}
+{{- if not (and $s.uris.target $s.uris.draft) }}{{ fail "storage.uris.target and storage.uris.draft are required for storage.type=uris" }}{{ end -}}
+{{- if ne .Values.mode "kserve" }}{{ fail "storage.type=uris needs mode=kserve (KServe >= 0.16 predictor.storageUris)" }}{{ end -}}
+{{- else if eq $s.type "pvc" -}}
+{{- if not $s.pvc.claimName }}{{ fail "storage.pvc.claimName is required for storage.type=pvc" }}{{ end -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,151 @@
+"""``python -m peagle.deploy``: serve a run's target + P-EAGLE draft on Kubernetes with vLLM.
+
+Renders ``charts/peagle-serving`` with values derived from the arguments, then either writes the
+manifests (``--render-only DIR``) or applies them (create, or patch when present), waits until the
+InferenceService (or Deployment) is ready, sends one chat request and prints the endpoint.
+
+Exit codes: 0 ready (and answered), 1 deploy failed or timed out, 2 bad arguments / render error.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from . import kube, render, smoke
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="peagle deploy",
+        description="Serve a run's target + P-EAGLE draft on Kubernetes with vLLM (KServe, or a plain Deployment).")
+    p.add_argument("--name", required=True, help="InferenceService / Deployment name (DNS-1035 label)")
+    p.add_argument("--namespace", "-n", default=None,
+                   help="target namespace (default: the pod's namespace in-cluster, else 'default')")
+    p.add_argument("--mode", choices=["kserve", "deployment"], default="kserve")
+
+    src = p.add_argument_group("model source (exactly one; target/ and draft/ under one prefix unless --target-uri)")
+    src.add_argument("--data-connection", metavar="SECRET", help="OpenShift AI data connection (S3 Secret) name")
+    src.add_argument("--path", help="prefix in the connection's bucket, or sub-path of --pvc")
+    src.add_argument("--storage-uri", metavar="URI", help="one storageUri holding target/ and draft/ (kserve)")
+    src.add_argument("--target-uri", metavar="URI", help="target URI (with --draft-uri: KServe >= 0.16 storageUris)")
+    src.add_argument("--draft-uri", metavar="URI")
+    src.add_argument("--pvc", metavar="CLAIM", help="PersistentVolumeClaim holding target/ and draft/")
+    src.add_argument("--service-account", help="service account with the S3 credentials (--storage-uri/--target-uri)")
+
+    srv = p.add_argument_group("serving")
+    srv.add_argument("--num-speculative-tokens", "-k", type=int, help="K (default: the chart's)")
+    srv.add_argument("--gpus", type=int, help="GPUs per replica (0 = CPU)")
+    srv.add_argument("--tensor-parallel-size", type=int)
+    srv.add_argument("--draft-tensor-parallel-size", type=int, help="1 or the target's tensor-parallel size")
+    srv.add_argument("--max-model-len", type=int)
+    srv.add_argument("--image", help="vLLM image REPOSITORY:TAG")
+    srv.add_argument("--vllm-arg", dest="extra_args", action="append", default=[], metavar="FLAG",
+                     help="extra vLLM flag, e.g. --vllm-arg=--enforce-eager (repeatable)")
+    srv.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
+                     help="chart values file (repeatable)")
+    srv.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="chart value in helm --set syntax (repeatable)")
+    srv.add_argument("--chart", help="chart directory (default: charts/peagle-serving)")
+
+    run = p.add_argument_group("apply")
+    run.add_argument("--render-only", metavar="DIR", help="write the manifests to DIR instead of applying them")
+    run.add_argument("--timeout", type=float, default=1800, help="seconds to wait for Ready (default 1800)")
+    run.add_argument("--no-smoke-test", action="store_true", help="skip the test chat request")
+    run.add_argument("--endpoint", help="URL for the test request when the reported one is not reachable from here")
+    run.add_argument("--token-env", default="PEAGLE_DEPLOY_TOKEN",
+                     help="environment variable holding a bearer token for the test request (auth-enabled endpoints)")
+    run.add_argument("--insecure", action="store_true", help="do not verify the endpoint's TLS certificate")
+    run.add_argument("--kubeconfig")
+    run.add_argument("--context")
+    return p
+
+
+def _namespace(ns: argparse.Namespace) -> str:
+    if ns.namespace:
+        return ns.namespace
+    sa_ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return sa_ns.read_text().strip() if sa_ns.is_file() else "default"
+
+
+def values_from_args(ns: argparse.Namespace) -> dict:
+    import helm_python as helm
+    import yaml
+
+    extra = [yaml.safe_load(Path(f).read_text()) or {} for f in ns.values]
+    extra += [helm.parse_set_string(s) for s in ns.sets]
+    return render.values_for(
+        mode=ns.mode, data_connection=ns.data_connection, path=ns.path, storage_uri=ns.storage_uri,
+        target_uri=ns.target_uri, draft_uri=ns.draft_uri, pvc=ns.pvc, service_account=ns.service_account,
+        num_speculative_tokens=ns.num_speculative_tokens, gpus=ns.gpus, tensor_parallel_size=ns.tensor_parallel_size,
+        draft_tensor_parallel_size=ns.draft_tensor_parallel_size, image=ns.image, max_model_len=ns.max_model_len,
+        extra_args=ns.extra_args, extra_values=extra)
+
+
+def deploy(objs: list[dict], apis: kube.Apis, *, timeout: float, smoke_test: bool = True,
+           endpoint_override: str | None = None, token: str | None = None, verify_tls: bool = True,
+           interval: float = 10, out=None) -> str:
+    """Apply ``objs``, wait for readiness, optionally send one chat request; returns the endpoint."""
+    out = out or sys.stdout
+    for ref, action in kube.apply(apis, objs):
+        print(f"{ref} {action}", file=out)
+    main_obj = next(o for o in objs if o["kind"] in ("InferenceService", "Deployment"))
+    meta = main_obj["metadata"]
+    print(f"waiting up to {timeout:.0f}s for {main_obj['kind']}/{meta['name']} to be ready ...", file=out, flush=True)
+    ready = kube.wait_ready(apis, main_obj["kind"], main_obj["apiVersion"], meta["name"], meta["namespace"],
+                            timeout=timeout, interval=interval)
+    url = endpoint_override or kube.endpoint(apis, objs, ready)
+    if smoke_test:
+        model = _served_model_name(objs) or meta["name"]
+        reply = smoke.chat(url, model, token=token, verify_tls=verify_tls)
+        text = (reply["choices"][0].get("message") or {}).get("content", "")
+        print(f"test request answered: {text[:80]!r}", file=out)
+    print(f"endpoint: {url}", file=out)
+    return url
+
+
+def _served_model_name(objs: list[dict]) -> str | None:
+    for o in objs:
+        spec = o.get("spec") or {}
+        containers = spec.get("containers") or ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+        for c in containers:
+            for a in c.get("args") or []:
+                if a.startswith("--served-model-name="):
+                    return a.split("=", 1)[1]
+    return None
+
+
+def main(argv: list[str] | None = None, apis: kube.Apis | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    namespace = _namespace(ns)
+    try:
+        values = values_from_args(ns)
+        objs = render.render(values, ns.name, namespace, ns.chart)
+    except (render.RenderError, OSError, ValueError) as e:
+        print(f"peagle deploy: error: {e}", file=sys.stderr)
+        return 2
+    if ns.render_only:
+        for path in render.write_manifests(objs, ns.render_only):
+            print(path)
+        return 0
+    if apis is None:
+        try:
+            apis = kube.Apis.from_environment(ns.kubeconfig, ns.context)
+        except Exception as e:  # kubernetes.config.ConfigException and file errors
+            print(f"peagle deploy: error: no cluster credentials ({e})", file=sys.stderr)
+            return 2
+    try:
+        deploy(objs, apis, timeout=ns.timeout, smoke_test=not ns.no_smoke_test, endpoint_override=ns.endpoint,
+               token=os.environ.get(ns.token_env) or None, verify_tls=not ns.insecure)
+    except (kube.DeployError, smoke.SmokeTestError) as e:
+        print(f"peagle deploy: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

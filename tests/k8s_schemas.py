@@ -1,0 +1,145 @@
+"""Offline schema validation of rendered Kubernetes objects (no API server, no kubectl).
+
+* Built-in kinds: ``kubernetes_validate.validate(obj, "1.30.0", strict=True)`` (unknown fields fail).
+* KServe / Kubeflow Trainer kinds: the CRD's ``openAPIV3Schema`` from ``../shared/crds`` checked with
+  jsonschema. CRD schemas rarely say ``additionalProperties: false`` because the API server *prunes*
+  unknown fields silently; pruning would hide a misspelt key, so :func:`strict_schema` closes every
+  object schema that lists ``properties`` (unless it preserves unknown fields), which is what
+  ``kubectl apply --validate=strict`` reports. CEL rules (``x-kubernetes-validations``) are not
+  evaluated.
+* Kinds with no schema here (OpenShift Route, prometheus-operator monitors, the DSPA) are returned as
+  unchecked; their tests assert the structure themselves.
+
+The CRD folder is required in CI: with ``CI=true`` a missing ``../shared/crds`` fails the test
+instead of skipping it.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD_DIR = ROOT.parent / "shared" / "crds"
+K8S_VERSION = "1.30.0"
+
+CRD_FILES = {
+    ("serving.kserve.io", "InferenceService"): "serving.kserve.io_inferenceservices.yaml",
+    ("serving.kserve.io", "ServingRuntime"): "serving.kserve.io_servingruntimes.yaml",
+    ("serving.kserve.io", "ClusterServingRuntime"): "serving.kserve.io_clusterservingruntimes.yaml",
+    ("trainer.kubeflow.org", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
+    ("trainer.kubeflow.org", "ClusterTrainingRuntime"): "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+    ("trainer.kubeflow.org", "TrainingRuntime"): "trainer.kubeflow.org_trainingruntimes.yaml",
+}
+UNSCHEMED = {
+    ("route.openshift.io", "Route"),
+    ("monitoring.coreos.com", "ServiceMonitor"),
+    ("monitoring.coreos.com", "PodMonitor"),
+    ("datasciencepipelinesapplications.opendatahub.io", "DataSciencePipelinesApplication"),
+}
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def crd_dir() -> Path:
+    """The CRD folder; fails (CI=true) or skips the calling test when it is missing."""
+    if not CRD_DIR.is_dir():
+        msg = f"CRD schemas not found at {CRD_DIR} (expected ../shared/crds next to the project)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return CRD_DIR
+
+
+def strict_schema(schema: Any) -> Any:
+    """A copy of ``schema`` where every object with ``properties`` rejects unknown keys."""
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict_schema(v) for k, v in schema.items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def crd_validator(group: str, kind: str, version: str) -> jsonschema.protocols.Validator:
+    """Built once per kind: jsonschema.validate() would re-check the (large) schema on every call."""
+    return jsonschema.Draft7Validator(crd_schema(group, kind, version))
+
+
+def crd_schema(group: str, kind: str, version: str) -> dict:
+    path = crd_dir() / CRD_FILES[(group, kind)]
+    crd = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 2 MB: use libyaml
+    for v in crd["spec"]["versions"]:
+        if v["name"] == version:
+            schema = strict_schema(copy.deepcopy(v["schema"]["openAPIV3Schema"]))
+            # apiVersion/kind/metadata are checked by check_metadata and the API server.
+            return schema
+    raise AssertionError(f"{path.name} has no version {version}")
+
+
+def check_metadata(obj: dict) -> None:
+    meta = obj.get("metadata") or {}
+    name = meta.get("name", "")
+    assert name and len(name) <= 253 and DNS1123_SUBDOMAIN.match(name), f"bad metadata.name {name!r}"
+    for key in ("labels", "annotations"):
+        for k, v in (meta.get(key) or {}).items():
+            assert isinstance(v, str), f"{obj['kind']}/{name} {key}[{k}] must be a string, got {v!r}"
+            if key == "labels":
+                assert len(v) <= 63 and LABEL_VALUE.match(v), f"bad label value {k}={v!r}"
+
+
+def validate(obj: dict) -> str:
+    """Validate one object; returns "builtin", "crd" or "unchecked". Raises on a schema violation."""
+    api, kind = obj["apiVersion"], obj["kind"]
+    group, _, version = api.rpartition("/")
+    check_metadata(obj)
+    if (group, kind) in CRD_FILES:
+        error = jsonschema.exceptions.best_match(crd_validator(group, kind, version).iter_errors(obj))
+        if error is not None:
+            raise error
+        return "crd"
+    if (group, kind) in UNSCHEMED:
+        return "unchecked"
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    return "builtin"
+
+
+# ----------------------------------------------------------------------------------------------
+# A tiny kustomize: `resources:` (files and directories with their own kustomization.yaml) and
+# `namespace:`. Anything else in a kustomization is refused, so this renderer can never silently
+# disagree with the real kustomize about a feature it does not implement.
+
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                  "ClusterTrainingRuntime", "ClusterServingRuntime", "PriorityClass", "StorageClass"}
+_KUSTOMIZE_KEYS = {"apiVersion", "kind", "resources", "namespace"}
+
+
+def kustomize_build(directory: Path) -> list[dict]:
+    directory = Path(directory)
+    k = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    unknown = set(k) - _KUSTOMIZE_KEYS
+    assert not unknown, f"{directory}/kustomization.yaml uses {sorted(unknown)}: extend kustomize_build first"
+    objs: list[dict] = []
+    for res in k.get("resources") or []:
+        path = directory / res
+        if path.is_dir():
+            objs += kustomize_build(path)
+        else:
+            objs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    if k.get("namespace"):
+        for o in objs:
+            if o["kind"] not in CLUSTER_SCOPED:
+                o.setdefault("metadata", {})["namespace"] = k["namespace"]
+    return objs

@@ -1,0 +1,272 @@
+"""peagle.deploy apply/wait logic against a FAKE Kubernetes API client.
+
+This is the one fake in the test suite, and it exists because no Kubernetes API server runs on the
+dev/CI machines. It stands in for the three kubernetes-client API objects the deploy code calls
+(CoreV1Api, AppsV1Api, CustomObjectsApi), raises the client's own ``ApiException`` with real HTTP
+status codes (404, 409, 403), applies patches with JSON-merge-patch semantics, and lets a test script
+how an object's ``status`` evolves. The objects it receives are the real chart's rendered objects.
+Everything else in the deploy path (rendering, schema validation, the chat request against a real
+vLLM server) is tested for real in test_chart*.py.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import json
+
+import pytest
+from kubernetes.client import ApiException
+
+from peagle.deploy import Apis, DeployError, DeployFailed, DeployTimeout, kube, render, values_for
+from peagle.deploy.cli import deploy, main
+
+
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch (what CustomObjectsApi.patch sends for a dict body)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+class FakeCluster:
+    """In-memory API server for the calls peagle.deploy.kube makes. ``statuses[(kind, name)]`` is a
+    list of status dicts handed out one per read (the last one repeats)."""
+
+    def __init__(self):
+        self.store: dict[tuple[str, str, str], dict] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.statuses: dict[tuple[str, str], list[dict]] = {}
+        self.forbidden: set[str] = set()
+
+    # -- generic ---------------------------------------------------------------------------
+    def _create(self, kind, ns, body):
+        name = body["metadata"]["name"]
+        self.calls.append(("create", kind, name))
+        if kind in self.forbidden:
+            e = ApiException(status=403, reason="Forbidden")
+            e.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403, "message":
+                                 f'{kind.lower()}s is forbidden: User "system:serviceaccount:{ns}:pipeline-runner-dspa"'
+                                 f' cannot create resource "{kind.lower()}s" in the namespace "{ns}"'})
+            raise e
+        if (kind, ns, name) in self.store:
+            raise ApiException(status=409, reason="AlreadyExists")
+        obj = copy.deepcopy(body)
+        obj["metadata"]["generation"] = 1
+        self.store[(kind, ns, name)] = obj
+        return obj
+
+    def _patch(self, kind, ns, name, body):
+        self.calls.append(("patch", kind, name))
+        if (kind, ns, name) not in self.store:
+            raise ApiException(status=404, reason="NotFound")
+        old = self.store[(kind, ns, name)]
+        new = merge_patch(old, body)
+        if new.get("spec") != old.get("spec"):
+            new["metadata"]["generation"] = old["metadata"]["generation"] + 1
+        self.store[(kind, ns, name)] = new
+        return new
+
+    def _read(self, kind, ns, name):
+        self.calls.append(("read", kind, name))
+        if (kind, ns, name) not in self.store:
+            raise ApiException(status=404, reason="NotFound")
+        obj = self.store[(kind, ns, name)]
+        script = self.statuses.get((kind, name))
+        if script:
+            obj["status"] = script.pop(0) if len(script) > 1 else script[0]
+        return copy.deepcopy(obj)
+
+    # -- CustomObjectsApi --------------------------------------------------------------------
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        assert body["apiVersion"] == f"{group}/{version}" and plural.startswith(body["kind"].lower())
+        return self._create(body["kind"], namespace, body)
+
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
+        return self._patch(body["kind"], namespace, name, body)
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        kind = {"inferenceservices": "InferenceService", "servingruntimes": "ServingRuntime",
+                "routes": "Route"}[plural]
+        return self._read(kind, namespace, name)
+
+    # -- AppsV1Api / CoreV1Api -----------------------------------------------------------------
+    def create_namespaced_deployment(self, namespace, body):
+        return self._create("Deployment", namespace, body)
+
+    def patch_namespaced_deployment(self, name, namespace, body):
+        return self._patch("Deployment", namespace, name, body)
+
+    def read_namespaced_deployment(self, name, namespace):
+        return self._read("Deployment", namespace, name)
+
+    def create_namespaced_service(self, namespace, body):
+        return self._create("Service", namespace, body)
+
+    def patch_namespaced_service(self, name, namespace, body):
+        return self._patch("Service", namespace, name, body)
+
+
+READY_ISVC = {"conditions": [{"type": "PredictorReady", "status": "True"}, {"type": "Ready", "status": "True"}],
+              "url": "https://qwen3-peagle-ml.apps.example.com",
+              "address": {"url": "http://qwen3-peagle-predictor.ml.svc.cluster.local"}}
+LOADING_ISVC = {"conditions": [{"type": "PredictorReady", "status": "False", "reason": "ProgressDeadlineNotExceeded",
+                                "message": "Deployment is progressing"},
+                               {"type": "Ready", "status": "False", "reason": "ProgressDeadlineNotExceeded"}]}
+
+
+@pytest.fixture
+def cluster() -> FakeCluster:
+    return FakeCluster()
+
+
+@pytest.fixture
+def apis(cluster) -> Apis:
+    return Apis(core=cluster, apps=cluster, custom=cluster)
+
+
+def kserve_objs(k: int = 4) -> list[dict]:
+    return render(values_for(data_connection="aws-connection-models", path="runs/1/", num_speculative_tokens=k),
+                  "qwen3-peagle", "ml")
+
+
+def test_first_apply_creates_in_dependency_order_and_reapply_patches(cluster, apis):
+    objs = kserve_objs()
+    assert kube.apply(apis, objs) == [("ServingRuntime/qwen3-peagle", "created"),
+                                      ("InferenceService/qwen3-peagle", "created")]
+    stored = cluster.store[("InferenceService", "ml", "qwen3-peagle")]
+    assert stored["spec"] == objs[1]["spec"]
+    # idempotent: the same objects again are patches, and nothing changes
+    assert [a for _, a in kube.apply(apis, objs)] == ["patched", "patched"]
+    assert cluster.store[("InferenceService", "ml", "qwen3-peagle")]["metadata"]["generation"] == 1
+    # a changed K replaces the runtime's args list as a whole
+    kube.apply(apis, kserve_objs(k=7))
+    sr = cluster.store[("ServingRuntime", "ml", "qwen3-peagle")]
+    (spec_arg,) = [a for a in sr["spec"]["containers"][0]["args"] if a.startswith("--speculative-config=")]
+    assert json.loads(spec_arg.split("=", 1)[1])["num_speculative_tokens"] == 7
+    assert sr["metadata"]["generation"] == 2
+    assert [c[0] for c in cluster.calls] == ["create", "create", "create", "patch", "create", "patch",
+                                             "create", "patch", "create", "patch"]
+
+
+def test_deploy_waits_for_ready_and_prints_the_endpoint(cluster, apis):
+    cluster.statuses[("InferenceService", "qwen3-peagle")] = [{}, LOADING_ISVC, LOADING_ISVC, READY_ISVC]
+    out = io.StringIO()
+    url = deploy(kserve_objs(), apis, timeout=60, smoke_test=False, interval=0, out=out)
+    assert url == "https://qwen3-peagle-ml.apps.example.com"
+    assert out.getvalue().splitlines()[-1] == f"endpoint: {url}"
+    reads = [c for c in cluster.calls if c[0] == "read"]
+    assert len(reads) == 4
+
+
+def test_wait_times_out_with_the_last_conditions(cluster, apis):
+    kube.apply(apis, kserve_objs())
+    cluster.statuses[("InferenceService", "qwen3-peagle")] = [LOADING_ISVC]
+    now = [0.0]
+    with pytest.raises(DeployTimeout) as err:
+        kube.wait_ready(apis, "InferenceService", "serving.kserve.io/v1beta1", "qwen3-peagle", "ml", timeout=300,
+                        interval=10, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    msg = str(err.value)
+    assert "not ready after 300s" in msg and "PredictorReady=False" in msg and "Deployment is progressing" in msg
+    assert now[0] == 300  # polled every 10 s until the deadline, no longer
+
+
+def test_wait_times_out_when_the_object_never_appears(apis):
+    with pytest.raises(DeployTimeout, match="object not found"):
+        kube.wait_ready(apis, "InferenceService", "serving.kserve.io/v1beta1", "ghost", "ml", timeout=0)
+
+
+def test_model_load_failure_is_reported_at_once(cluster, apis):
+    kube.apply(apis, kserve_objs())
+    failed = {**LOADING_ISVC, "modelStatus": {
+        "states": {"targetModelState": "FailedToLoad", "activeModelState": ""},
+        "transitionStatus": "BlockedByFailedLoad",
+        "lastFailureInfo": {"reason": "ModelLoadFailed", "message": "container kserve-container exited: "
+                            "ValueError: speculative config: draft_tensor_parallel_size must be 1"}}}
+    cluster.statuses[("InferenceService", "qwen3-peagle")] = [LOADING_ISVC, failed]
+    with pytest.raises(DeployFailed, match="FailedToLoad.*draft_tensor_parallel_size") as err:
+        kube.wait_ready(apis, "InferenceService", "serving.kserve.io/v1beta1", "qwen3-peagle", "ml", timeout=3600,
+                        interval=0)
+    assert "qwen3-peagle in ml" in str(err.value)
+
+
+def test_api_errors_name_the_object(cluster, apis):
+    cluster.forbidden.add("InferenceService")
+    with pytest.raises(DeployError, match="creating InferenceService/qwen3-peagle in ml failed: inferenceservices is "
+                                          "forbidden: User .*pipeline-runner-dspa. cannot create"):
+        kube.apply(apis, kserve_objs())
+    cluster.forbidden.clear()
+    cluster.store.clear()
+    cluster.calls.clear()
+    boom = ApiException(status=500, reason="Internal Server Error")
+    cluster.create_namespaced_service = lambda namespace, body: (_ for _ in ()).throw(boom)
+    with pytest.raises(DeployError, match="creating Service/qwen3-peagle in ml failed: HTTP 500 Internal Server Error"):
+        kube.apply(apis, render(values_for(mode="deployment", pvc="c"), "qwen3-peagle", "ml"))
+
+
+def test_cli_exit_codes_and_messages(cluster, apis, capsys):
+    args = ["--name", "qwen3-peagle", "-n", "ml", "--data-connection", "aws-connection-models", "--path", "runs/1/",
+            "--no-smoke-test"]
+    assert main(args + ["--timeout", "0"], apis=apis) == 1
+    err = capsys.readouterr().err
+    assert "peagle deploy: error: InferenceService/qwen3-peagle in ml not ready after 0s" in err
+    cluster.statuses[("InferenceService", "qwen3-peagle")] = [READY_ISVC]
+    assert main(args, apis=apis) == 0
+    out = capsys.readouterr().out
+    assert "ServingRuntime/qwen3-peagle patched" in out and "endpoint: https://qwen3-peagle-ml.apps.example.com" in out
+    assert main(["--name", "qwen3-peagle", "--pvc", "c", "--set", "mode=serverless"], apis=apis) == 2
+
+
+def test_plain_deployment_mode_waits_for_availability(cluster, apis):
+    values = values_for(mode="deployment", pvc="model-cache", path="runs/1", gpus=0,
+                        extra_values=[{"route": {"enabled": True}}])
+    objs = render(values, "qwen3-peagle", "ml")
+    assert [o["kind"] for o in objs] == ["Service", "Deployment", "Route"]
+    cluster.statuses[("Deployment", "qwen3-peagle")] = [
+        {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 0},
+        {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1,
+         "conditions": [{"type": "Available", "status": "True"}]}]
+    cluster.statuses[("Route", "qwen3-peagle")] = [{"ingress": [{"host": "qwen3-peagle-ml.apps.example.com"}]}]
+    url = deploy(objs, apis, timeout=60, smoke_test=False, interval=0, out=io.StringIO())
+    assert url == "https://qwen3-peagle-ml.apps.example.com"
+    assert ("create", "Service", "qwen3-peagle") in cluster.calls
+
+
+def test_plain_deployment_stuck_rollout_fails_and_service_dns_is_the_fallback_endpoint(cluster, apis):
+    objs = render(values_for(mode="deployment", pvc="model-cache", gpus=0), "qwen3-peagle", "ml")
+    kube.apply(apis, objs)
+    stuck = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 0,
+             "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                             "message": 'ReplicaSet "qwen3-peagle-5d8" has timed out progressing.'}]}
+    cluster.statuses[("Deployment", "qwen3-peagle")] = [stuck]
+    with pytest.raises(DeployFailed, match="rollout stuck: ReplicaSet"):
+        kube.wait_ready(apis, "Deployment", "apps/v1", "qwen3-peagle", "ml", timeout=60, interval=0)
+    ready = {"kind": "Deployment", "metadata": {"name": "qwen3-peagle"}}
+    assert kube.endpoint(apis, objs, ready) == "http://qwen3-peagle.ml.svc.cluster.local:8080"
+
+
+def test_old_generation_is_not_ready():
+    """A patched Deployment whose controller has not yet seen the new spec is not 'available'."""
+    obj = {"metadata": {"generation": 2}, "spec": {"replicas": 1},
+           "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}}
+    assert kube.deployment_state(obj) == (False, None)
+    obj["status"]["observedGeneration"] = 2
+    assert kube.deployment_state(obj) == (True, None)
+
+
+def test_typed_client_models_are_read_as_dicts():
+    from kubernetes import client
+
+    dep = client.V1Deployment(metadata=client.V1ObjectMeta(name="x", generation=1),
+                              status=client.V1DeploymentStatus(observed_generation=1, available_replicas=1,
+                                                               updated_replicas=1, replicas=1),
+                              spec=client.V1DeploymentSpec(replicas=1, selector=client.V1LabelSelector(),
+                                                           template=client.V1PodTemplateSpec()))
+    d = kube.to_dict(dep)
+    assert d["status"]["availableReplicas"] == 1
+    assert kube.deployment_state(d) == (True, None)

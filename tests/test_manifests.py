@@ -1,0 +1,150 @@
+"""manifests/ (kustomize): pipeline server, pipeline-runner RBAC, trainer runtime, data-connection template.
+
+Rendered with a tiny kustomize (``k8s_schemas.kustomize_build``: resources + namespace only; it
+refuses other kustomization features) and, where ``kubectl`` happens to be installed, cross-checked
+against ``kubectl kustomize``. Objects are validated like the chart's: built-in kinds with
+kubernetes-validate (strict), the ClusterTrainingRuntime against the Trainer CRD schema in
+../shared/crds; the DSPA has no schema here, so its structure is asserted directly.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from k8s_schemas import ROOT, kustomize_build, validate
+
+MANIFESTS = ROOT / "manifests"
+NAMESPACE = "peagle"
+RUNNER_SA = "pipeline-runner-dspa"
+
+
+@pytest.fixture(scope="module")
+def objs() -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in kustomize_build(MANIFESTS)}
+
+
+@pytest.fixture(scope="module")
+def runtime() -> dict:
+    (obj,) = kustomize_build(MANIFESTS / "training")
+    return obj
+
+
+@pytest.fixture(scope="module")
+def secret() -> dict:
+    (obj,) = kustomize_build(MANIFESTS / "data-connection")
+    return obj
+
+
+def test_every_object_validates(objs, runtime, secret):
+    kinds = sorted(k for k, _ in objs)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "DataSciencePipelinesApplication", "Role", "RoleBinding"]
+    how = {kind: validate(o) for (kind, _), o in objs.items()}
+    assert how["Role"] == "builtin" and how["DataSciencePipelinesApplication"] == "unchecked"
+    assert validate(runtime) == "crd"
+    assert validate(secret) == "builtin"
+
+
+def test_namespace_is_applied_to_namespaced_objects_only(objs):
+    for (kind, name), o in objs.items():
+        if kind.startswith("Cluster"):
+            assert "namespace" not in o["metadata"], (kind, name)
+        else:
+            assert o["metadata"]["namespace"] == NAMESPACE, (kind, name)
+
+
+def test_rbac_is_least_privilege(objs):
+    rules = [r for (kind, _), o in objs.items() if kind in ("Role", "ClusterRole") for r in o["rules"]]
+    for r in rules:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in r[field], r
+        assert not set(r["verbs"]) & {"delete", "deletecollection", "escalate", "bind", "impersonate"}, r
+        assert not set(r["resources"]) & {"secrets", "roles", "rolebindings", "clusterroles"}, r
+    grants = {(g, res): set(r["verbs"]) for r in rules for g in r["apiGroups"] for res in r["resources"]}
+    write = {"create", "get", "list", "watch", "patch"}
+    assert grants[("trainer.kubeflow.org", "trainjobs")] == write
+    assert grants[("serving.kserve.io", "inferenceservices")] == write
+    assert grants[("serving.kserve.io", "servingruntimes")] == write
+    assert grants[("", "pods/log")] == {"get"}
+    assert grants[("", "pods")] == {"get", "list", "watch"}
+    assert grants[("trainer.kubeflow.org", "clustertrainingruntimes")] == {"get", "list", "watch"}
+    # the cluster-wide part is read-only
+    cluster = objs[("ClusterRole", "peagle-clustertrainingruntime-reader")]
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster["rules"])
+
+
+def test_bindings_grant_the_roles_to_the_pipeline_runner(objs):
+    for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
+        (binding,) = [o for (k, _), o in objs.items() if k == kind]
+        assert binding["roleRef"]["kind"] == role_kind and (role_kind, binding["roleRef"]["name"]) in objs
+        # kustomize rewrites only subjects named "default": the subject namespace must be spelt out.
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RUNNER_SA, "namespace": NAMESPACE}]
+
+
+def test_dspa_structure(objs, secret):
+    (dspa,) = [o for (k, _), o in objs.items() if k == "DataSciencePipelinesApplication"]
+    assert dspa["apiVersion"] == "datasciencepipelinesapplications.opendatahub.io/v1"
+    assert RUNNER_SA == f"pipeline-runner-{dspa['metadata']['name']}"
+    spec = dspa["spec"]
+    assert spec["dspVersion"] == "v2"
+    assert spec["apiServer"]["deploy"] is True
+    assert set(spec) <= {"dspVersion", "apiServer", "database", "objectStorage", "persistenceAgent",
+                         "scheduledWorkflow", "mlmd", "podToPodTLS", "mlpipelineUI"}
+    ext = spec["objectStorage"]["externalStorage"]
+    assert set(ext) <= {"host", "port", "scheme", "region", "bucket", "basePath", "s3CredentialsSecret", "secure"}
+    assert "://" not in ext["host"] and ext["scheme"] in ("http", "https")
+    creds = ext["s3CredentialsSecret"]
+    assert creds["secretName"] == secret["metadata"]["name"]
+    assert creds["accessKey"] in secret["stringData"] and creds["secretKey"] in secret["stringData"]
+    assert ext["bucket"] == secret["stringData"]["AWS_S3_BUCKET"]
+    assert secret["stringData"]["AWS_S3_ENDPOINT"].endswith(ext["host"])
+
+
+def test_data_connection_template(secret):
+    meta = secret["metadata"]
+    assert meta["labels"] == {"opendatahub.io/dashboard": "true", "opendatahub.io/managed": "true"}
+    assert meta["annotations"]["opendatahub.io/connection-type"] == "s3"
+    assert meta["annotations"]["opendatahub.io/connection-type-protocol"] == "s3"
+    data = secret["stringData"]
+    assert set(data) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET",
+                         "AWS_DEFAULT_REGION"}
+    assert data["AWS_ACCESS_KEY_ID"].startswith("REPLACE_") and data["AWS_SECRET_ACCESS_KEY"].startswith("REPLACE_")
+    assert "example.com" in data["AWS_S3_ENDPOINT"]
+    # never applied together with the rest (it would overwrite real credentials)
+    top = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    assert "data-connection" not in top["resources"]
+
+
+def test_cluster_training_runtime_runs_torchrun_locked_down(runtime):
+    rt = runtime
+    assert rt["metadata"]["name"] == "peagle-torch" and "namespace" not in rt["metadata"]
+    assert rt["spec"]["mlPolicy"] == {"numNodes": 1, "torch": {}}
+    (job,) = rt["spec"]["template"]["spec"]["replicatedJobs"]
+    assert job["name"] == "node"
+    pod = job["template"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["name"] == "node" and c["command"] == ["torchrun", "-m", "peagle.train"]
+    assert c["image"].rsplit("/", 1)[-1].startswith("peagle-trainer:")
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
+
+
+def test_image_references_agree_with_the_build_script(runtime):
+    out = subprocess.run([str(ROOT / "images" / "build.sh"), "--dry-run"], capture_output=True, text=True, check=True)
+    image = runtime["spec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert f"--tag {image} " in out.stdout
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed (optional cross-check)")
+def test_tiny_kustomize_agrees_with_kubectl_kustomize():
+    for d in (MANIFESTS, MANIFESTS / "training", MANIFESTS / "data-connection"):
+        r = subprocess.run(["kubectl", "kustomize", str(d)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        ref = sorted((yaml.safe_load_all(r.stdout)), key=lambda o: (o["kind"], o["metadata"]["name"]))
+        ours = sorted(kustomize_build(d), key=lambda o: (o["kind"], o["metadata"]["name"]))
+        assert ours == ref
