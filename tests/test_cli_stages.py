@@ -6,6 +6,7 @@ import json
 from peagle.cli import main
 from peagle.extract import open_hidden_states
 from peagle.model.target import fingerprint
+from seaweed import BUCKET, seaweed_server, unique  # noqa: F401
 
 
 def test_prepare_then_extract_cli(qwen3_target, tmp_path, capsys):
@@ -33,3 +34,29 @@ def test_prepare_then_extract_cli(qwen3_target, tmp_path, capsys):
     assert main(["extract", "--target", str(qwen3_target), "--aux-layer-ids", "1", "3", "5",
                  "--set", "draft.aux_layer_ids=[2, 4, 5]", "--set", f"work_dir={work}"]) == 2
     assert "draft.aux_layer_ids" in capsys.readouterr().err
+
+
+def test_prepare_and_extract_through_s3(qwen3_target, tmp_path, monkeypatch, seaweed_server, capsys):
+    """Stage outputs land in a real S3-compatible store (SeaweedFS) and the next stage reads them there."""
+    from peagle.storage import is_complete, open_store
+
+    for k, v in seaweed_server.env().items():
+        monkeypatch.setenv(k, v)
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(json.dumps({"id": str(i), "messages": [
+        {"role": "user", "content": f"Name {i} colours."}, {"role": "assistant", "content": "Red and blue."}]}) + "\n"
+        for i in range(6)))
+    root = f"s3://{BUCKET}/{unique('run')}"
+    assert main(["prepare", "--target", str(qwen3_target), "--sources", str(src), "--validation-fraction", "0",
+                 "--out", f"{root}/data", "--no-dedup"]) == 0
+    assert is_complete(open_store(f"{root}/data"), "")
+    assert main(["extract", "--target", str(qwen3_target), "--backend", "hf", "--data", f"{root}/data",
+                 "--out", f"{root}/hs", "--splits", "train", "--samples-per-shard", "2"]) == 0
+    ds = open_hidden_states(f"{root}/hs/train", expect_hidden_size=256, expect_fingerprint=fingerprint(qwen3_target))
+    assert ds.num_samples == 6 and len(ds.shard_names) == 3
+    assert sum(s.input_ids.shape[0] for s in ds) == ds.num_tokens
+    # rerun: every shard is already published in the bucket, nothing is recomputed
+    capsys.readouterr()
+    assert main(["extract", "--target", str(qwen3_target), "--backend", "hf", "--data", f"{root}/data",
+                 "--out", f"{root}/hs", "--splits", "train", "--samples-per-shard", "2"]) == 0
+    assert "train: 0 shards written, 3 already published" in capsys.readouterr().out

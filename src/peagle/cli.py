@@ -63,8 +63,11 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
     if not cfg.target.path:
         raise C.ConfigError("prepare needs a target: --target DIR (or target.path in the config)")
+    from .stage_io import staged_output
+
     out = ns.out or str(Path(cfg.work_dir) / "data")
-    result = run_prepare(cfg.prepare, cfg.target.path, out, trust_remote_code=cfg.target.trust_remote_code)
+    with staged_output(out) as local_out:
+        result = run_prepare(cfg.prepare, cfg.target.path, local_out, trust_remote_code=cfg.target.trust_remote_code)
     counts = result.counts
     print(f"prepared {out}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
     return 0
@@ -83,12 +86,13 @@ def cmd_regenerate(ns: argparse.Namespace) -> int:
 def cmd_extract(ns: argparse.Namespace) -> int:
     from .data import read_split
     from .extract import run_extract
+    from .stage_io import fetched_input, join
 
     cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
     if not cfg.target.path:
         raise C.ConfigError("extract needs a target: --target DIR (or target.path in the config)")
-    data = Path(ns.data or Path(cfg.work_dir) / "data")
-    out_root = Path(ns.out or Path(cfg.work_dir) / "hidden_states")
+    data = fetched_input(ns.data or Path(cfg.work_dir) / "data")
+    out_root = ns.out or str(Path(cfg.work_dir) / "hidden_states")
     for split in ns.splits:
         table = read_split(data, split, verify=True)
         rows = [{"sample_id": sid, "input_ids": ids, "loss_mask": mask} for sid, ids, mask in zip(
@@ -97,11 +101,11 @@ def cmd_extract(ns: argparse.Namespace) -> int:
         if not rows:
             print(f"{split}: no rows in {data}, skipped")
             continue
-        res = run_extract(rows, cfg.target.path, out_root / split, cfg.extract,
+        res = run_extract(rows, cfg.target.path, join(out_root, split), cfg.extract,
                           shard_index=ns.shard_index, num_shards=ns.num_shards)
         state = "complete" if res.manifest else "partial (other shard sets pending)"
         print(f"{split}: {len(res.shards_written)} shards written, {len(res.shards_skipped)} already published, "
-              f"{res.num_samples} samples -> {out_root / split} [{state}]")
+              f"{res.num_samples} samples -> {res.out_dir} [{state}]")
     return 0
 
 
@@ -145,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pp = sub.add_parser("prepare", help="render conversations with the target's chat template into loss-masked rows")
     pp.add_argument("--target", help="prepared target directory (its tokenizer and chat template are used)")
-    pp.add_argument("--out", help="output directory (default: <work_dir>/data)")
+    pp.add_argument("--out", help="output directory or s3:// URI (default: <work_dir>/data)")
     _common(pp)
     C.add_flags(pp, PrepareSettings, "prepare")
     pp.set_defaults(func=cmd_prepare)
@@ -159,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("extract", help="capture the target's hidden states (vLLM or transformers) into shards")
     ex.add_argument("--target", help="target directory")
-    ex.add_argument("--data", help="prepared data directory (default: <work_dir>/data)")
-    ex.add_argument("--out", help="output root; one dataset per split below it (default: <work_dir>/hidden_states)")
+    ex.add_argument("--data", help="prepared data: directory or s3:// URI (default: <work_dir>/data)")
+    ex.add_argument("--out", help="output root, directory or s3:// URI; one dataset per split below it "
+                    "(default: <work_dir>/hidden_states)")
     ex.add_argument("--splits", nargs="+", default=["train", "validation"], choices=["train", "validation"])
     ex.add_argument("--shard-index", type=int, default=0, help="this worker's shard set (fan-out)")
     ex.add_argument("--num-shards", type=int, default=1, help="number of shard sets (fan-out workers)")

@@ -6,24 +6,23 @@ Layout::
     hs-SSSSS-KKKKK.json          its record: sha256, byte size, counts, sample-id digest, header
     manifest.json                written LAST, once every planned shard has a valid record
 
-A shard file is published before its record, each atomically (temp file in the same directory +
-``os.replace``), so a record always describes a complete shard. A shard counts as *published* when
+The location is any :mod:`peagle.storage` URI: a local directory (or ``file://``) or ``s3://bucket/prefix``
+on an S3-compatible store. A shard file is published before its record, each atomically (local:
+temp file + ``os.replace``; S3: a PUT is atomic), so a record always describes a complete shard. A shard counts as *published* when
 its record exists, the record's header and sample ids equal what the current run plans, and the
 file's sha256 equals the record's -- such shards are skipped on rerun.
 
-:func:`publish_file` is the single function that writes bytes to the output location; object
-storage (``peagle.storage``) replaces it and :class:`ShardDir`'s reads when it is wired in.
+All reads and writes go through :class:`ShardDir`, i.e. through one ``Store``.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
+from ..storage import ObjectNotFoundError, Store, open_store
 from .shard_format import DatasetHeader, ShardStats
 
 MANIFEST = "manifest.json"
@@ -47,22 +46,6 @@ def sample_ids_digest(sample_ids: list[str]) -> str:
     return sha256_hex(json.dumps(list(sample_ids)).encode())
 
 
-def publish_file(root: Path, name: str, data: bytes) -> None:
-    """Write ``data`` to ``root/name`` atomically: readers see the old file, the new one, or none."""
-    root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=root)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; trainers may read under another uid
-        os.replace(tmp, root / name)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @dataclass(frozen=True)
 class ShardRecord:
     name: str
@@ -81,10 +64,11 @@ class ShardRecord:
 
 
 class ShardDir:
-    """An extraction output directory (local filesystem)."""
+    """An extraction output location (local directory or object-store prefix)."""
 
     def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
+        self.root = str(root)  # as given: used in messages and handed to the engine process
+        self.store: Store = open_store(root)
 
     # ---- shards and records
 
@@ -93,15 +77,14 @@ class ShardDir:
         rec = ShardRecord(name=name, sha256=sha256_hex(data), bytes=len(data), num_samples=stats.num_samples,
                           num_tokens=stats.num_tokens, num_supervised=stats.num_supervised,
                           sample_ids_sha256=sample_ids_digest(sample_ids), header=header.as_dict())
-        publish_file(self.root, name, data)
-        publish_file(self.root, record_name(name), (json.dumps(asdict(rec), indent=1) + "\n").encode())
+        self.store.put_bytes(name, data)
+        self.store.put_bytes(record_name(name), (json.dumps(asdict(rec), indent=1) + "\n").encode())
         return rec
 
     def read_record(self, name: str) -> ShardRecord | None:
-        f = self.root / record_name(name)
         try:
-            return ShardRecord(**json.loads(f.read_text()))
-        except (FileNotFoundError, json.JSONDecodeError, TypeError):
+            return ShardRecord(**json.loads(self.store.get_bytes(record_name(name))))
+        except (ObjectNotFoundError, json.JSONDecodeError, TypeError):
             return None  # absent or unreadable: the shard is simply not published
 
     def published_record(self, name: str, header: DatasetHeader, sample_ids_sha256: str,
@@ -114,32 +97,31 @@ class ShardDir:
         rec = self.read_record(name)
         if rec is None or rec.header != header.as_dict() or rec.sample_ids_sha256 != sample_ids_sha256:
             return None
-        f = self.root / name
         try:
-            if f.stat().st_size != rec.bytes:
+            if self.store.size(name) != rec.bytes:
                 return None
-            if verify_bytes and sha256_hex(f.read_bytes()) != rec.sha256:
+            if verify_bytes and self.store.hash_object(name).sha256 != rec.sha256:
                 return None
-        except FileNotFoundError:
+        except ObjectNotFoundError:
             return None
         return rec
 
     def read_bytes(self, name: str) -> bytes:
-        return (self.root / name).read_bytes()
+        return self.store.get_bytes(name)
 
     # ---- manifest
 
     def remove_manifest(self) -> None:
         """Retract the manifest before any shard changes, so it never describes shards being rewritten."""
-        (self.root / MANIFEST).unlink(missing_ok=True)
+        self.store.delete(MANIFEST)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        publish_file(self.root, MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+        self.store.put_bytes(MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
 
     def read_manifest(self) -> dict[str, Any] | None:
         try:
-            return json.loads((self.root / MANIFEST).read_text())
-        except FileNotFoundError:
+            return json.loads(self.store.get_bytes(MANIFEST))
+        except ObjectNotFoundError:
             return None
 
 

@@ -44,7 +44,7 @@ class HiddenStatesExtractor(Protocol):
 class ExtractResult:
     """What one worker did. ``manifest`` is set when the dataset became (or already was) complete."""
 
-    out_dir: Path
+    out_dir: str  # local path or object-store URI, as given
     shard_index: int
     num_shards: int
     shards_written: list[str] = field(default_factory=list)
@@ -191,7 +191,7 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
         raise ValueError(f"shard_index {shard_index} must be in [0, num_shards={num_shards})")
     header, layer_ids, vocab_size = make_header(target, settings)
     out = ShardDir(out_dir)
-    result = ExtractResult(Path(out_dir), shard_index, num_shards)
+    result = ExtractResult(str(out_dir), shard_index, num_shards)
     planner = _Planner(num_shards, settings.samples_per_shard)
     sink_cls = _VllmSink if settings.backend == "vllm" else _HfSink
     sink = sink_cls(target, layer_ids, header, settings, out)

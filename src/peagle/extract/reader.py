@@ -148,4 +148,4 @@ def list_or_value(v: Any) -> Any:
 
 def open_hidden_states(path: str | os.PathLike, **expect: Any) -> HiddenStatesDataset:
     """Shorthand for :class:`HiddenStatesDataset` (``expect_layer_ids=``, ``expect_hidden_size=`` ...)."""
-    return HiddenStatesDataset(Path(path), **expect)
+    return HiddenStatesDataset(path, **expect)
