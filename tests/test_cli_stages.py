@@ -30,6 +30,17 @@ def test_prepare_then_extract_cli(qwen3_target, tmp_path, capsys):
         sample = next(iter(ds))
         assert sample.aux_hidden_flat.shape == (sample.input_ids.shape[0], 3 * 256)
     assert total == 12
+    # train on the extracted shards (through the same CLI), then the final draft is vLLM-format
+    assert main(["train", "--target", str(qwen3_target), "--data", str(work / "hidden_states" / "train"),
+                 "--output", str(work / "store"), "--row-tokens", "128", "--global-batch-rows", "2",
+                 "--max-steps", "3", "--val-fraction", "0", "--num-depths", "2", "--draft-vocab-size", "128",
+                 "--aux-layer-ids", "1", "3", "5", "--set", f"work_dir={work}"]) == 0
+    from peagle.model import read_spec
+    from peagle.stage_io import fetched_input
+
+    final = capsys.readouterr().out.strip().splitlines()[-1].split(": ", 1)[1]
+    spec = read_spec(fetched_input(final))
+    assert spec.aux_layer_ids == [1, 3, 5] and spec.num_depths == 2 and spec.draft_vocab_size == 128
     # conflicting aux layer settings are refused, naming both keys
     assert main(["extract", "--target", str(qwen3_target), "--aux-layer-ids", "1", "3", "5",
                  "--set", "draft.aux_layer_ids=[2, 4, 5]", "--set", f"work_dir={work}"]) == 2

@@ -15,6 +15,7 @@ from . import config as C
 from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
 from .extract.settings import ExtractSettings
+from .train.settings import TrainSettings
 from .run_config import RunConfig
 
 
@@ -109,6 +110,16 @@ def cmd_extract(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(ns: argparse.Namespace) -> int:
+    from .train import train
+
+    cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
+    result = train(cfg)  # RunConfig carries the target/draft/train/work_dir sections train() reads
+    if result.final_uri:
+        print(f"final draft (vLLM format): {result.final_uri}")
+    return 0
+
+
 def cmd_config_show(ns: argparse.Namespace) -> int:
     import yaml
 
@@ -173,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     C.add_flags(ex, ExtractSettings, "extract")
     ex.set_defaults(func=cmd_extract)
 
+    tr = sub.add_parser("train", help="train (or resume) the draft on extracted hidden states; works under torchrun")
+    tr.add_argument("--target", help="target directory (teacher head, embeddings)")
+    _common(tr)
+    C.add_flags(tr, TrainSettings, "train")
+    C.add_flags(tr, C.DraftSettings, "draft")
+    tr.set_defaults(func=cmd_train)
+
     c = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True)
     cs = c.add_parser("show", help="print the resolved configuration")
     _common(cs)
@@ -200,11 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     from .data import PrepareError
     from .extract import DatasetMismatchError, ExtractError, ShardChecksumError
     from .model import CheckpointError, TargetError
+    from .storage import StorageError
+    from .train.checkpoint import ResumeError
+    from .train.data import DatasetError
 
     try:
         return ns.func(ns)
     except (C.ConfigError, TargetError, CheckpointError, PrepareError, ExtractError, DatasetMismatchError,
-            ShardChecksumError) as exc:
+            ShardChecksumError, StorageError, ResumeError, DatasetError) as exc:
         print(f"peagle: error: {exc}", file=sys.stderr)
         return 2
 

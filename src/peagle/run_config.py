@@ -11,6 +11,7 @@ from .config import DraftSettings, StrictModel, TargetSettings
 from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
 from .extract.settings import ExtractSettings
+from .train.settings import TrainSettings
 
 
 class RunConfig(StrictModel):
@@ -21,6 +22,7 @@ class RunConfig(StrictModel):
     regenerate: RegenerateSettings = Field(default_factory=RegenerateSettings)
     prepare: PrepareSettings = Field(default_factory=PrepareSettings)
     extract: ExtractSettings = Field(default_factory=ExtractSettings)
+    train: TrainSettings = Field(default_factory=TrainSettings)
     work_dir: str = Field("runs/local", description="where local outputs go")
 
     @model_validator(mode="after")

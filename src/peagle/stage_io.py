@@ -46,9 +46,9 @@ def staged_output(uri: str | os.PathLike) -> Iterator[Path]:
 
 
 def fetched_input(uri: str | os.PathLike, cache_root: str | os.PathLike | None = None) -> Path:
-    """A local copy of a published prefix (or ``uri`` itself when local)."""
+    """A local copy of a published prefix (or the path itself when local, ``file://`` included)."""
     if not is_remote(uri):
-        return Path(uri)
+        return Path(str(uri).removeprefix("file://"))
     published = open_published(open_store(str(uri)), "")
     key = hashlib.sha256((str(uri) + published.manifest.to_bytes().decode()).encode()).hexdigest()[:16]
     root = Path(cache_root or os.environ.get("PEAGLE_CACHE", Path(tempfile.gettempdir()) / "peagle-cache"))

@@ -1,0 +1,41 @@
+"""``python -m peagle.train --config run.yaml [--set train.lr=3e-4 ...]`` (also under torchrun).
+
+Reads the run configuration (:class:`peagle.run_config.RunConfig`; training uses its ``target``,
+``draft``, ``train`` and ``work_dir`` sections), trains or resumes, prints progress to stderr and writes ``<work_dir>/metrics.jsonl``.
+Exit status 2 for configuration or data errors (reported in one line, before training starts).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..config import ConfigError, build_config
+from ..model import CheckpointError, TargetError
+from ..storage import StorageError
+from .checkpoint import ResumeError
+from .data import DatasetError
+from .loop import train
+from ..run_config import RunConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m peagle.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML file with target / draft / train / work_dir sections")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one setting, e.g. --set train.max_steps=100 (repeatable)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = build_config(RunConfig, args.config, args.overrides)
+        result = train(cfg)
+    except (ConfigError, DatasetError, TargetError, CheckpointError, ResumeError, StorageError) as exc:
+        print(f"peagle train: error: {exc}", file=sys.stderr)
+        return 2
+    if result.final_uri:
+        print(result.final_uri)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

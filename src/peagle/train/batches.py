@@ -1,0 +1,244 @@
+"""From samples to the element batches of each optimiser step, deterministically and ahead of time.
+
+* :func:`plan_run` — the whole run as a list of steps. Each epoch shuffles the training samples
+  (seed + epoch), packs them greedily into rows of at most ``row_tokens`` tokens (a longer sample is
+  truncated to one full row), and groups ``global_batch_rows`` rows into one step; the rows left
+  over at the end of an epoch are dropped. The plan does not depend on the world size: rank r
+  trains rows r, r + W, r + 2W, ... of each step, so ranks never share a sample within a step and
+  the global batch is the same for any W that divides it.
+* :func:`prepare_row` — one packed row: concatenate its samples (document ids 0, 1, ..., -1 on
+  padding), shift (§3.1), COD-sample the elements (§3.2) and gather what the step needs.
+  The COD generator of a row is seeded from (seed, epoch, step, row), so the sampled elements are
+  a function of the data position alone: independent of the rank that trains the row and
+  reproduced exactly after a resume.
+* :class:`Prefetcher` — a background thread preparing the next steps while the model computes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import random
+import threading
+from dataclasses import dataclass, field, fields
+from typing import Callable, Iterator
+
+import torch
+
+from .data import SampleDataset, check_sample
+from .elements import sample_elements, shift_row
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimiser step of the plan: its epoch and its packed rows (lists of (sample index, tokens))."""
+
+    epoch: int
+    rows: tuple[tuple[tuple[int, int], ...], ...]
+
+
+def pack_rows(order: list[int], lengths: dict[int, int], row_tokens: int) -> list[tuple[tuple[int, int], ...]]:
+    """Greedy packing in the given order: a row is closed when the next sample does not fit."""
+    rows, current, used = [], [], 0
+    for i in order:
+        n = min(lengths[i], row_tokens)
+        if current and used + n > row_tokens:
+            rows.append(tuple(current))
+            current, used = [], 0
+        current.append((i, n))
+        used += n
+    if current:
+        rows.append(tuple(current))
+    return rows
+
+
+def plan_run(dataset: SampleDataset, train_indices: list[int], *, row_tokens: int, global_batch_rows: int,
+             epochs: int, seed: int) -> list[Step]:
+    """Every step of every epoch (before ``max_steps`` truncation)."""
+    lengths = {i: dataset.num_tokens(i) for i in train_indices}
+    steps: list[Step] = []
+    for epoch in range(epochs):
+        order = list(train_indices)
+        random.Random(f"peagle-train:{seed}:{epoch}").shuffle(order)
+        rows = pack_rows(order, lengths, row_tokens)
+        for s in range(len(rows) // global_batch_rows):
+            steps.append(Step(epoch, tuple(rows[s * global_batch_rows:(s + 1) * global_batch_rows])))
+    return steps
+
+
+def rank_rows(step: Step, rank: int, world_size: int) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
+    """(row index within the step, row) pairs that ``rank`` trains: every ``world_size``-th row."""
+    return [(i, step.rows[i]) for i in range(rank, len(step.rows), world_size)]
+
+
+def plan_fingerprint(dataset: SampleDataset, steps: list[Step]) -> str:
+    """sha256 of the plan in sample ids: a resumed run must see the same data in the same order."""
+    h = hashlib.sha256()
+    for st in steps:
+        h.update(json.dumps([st.epoch, [[[dataset.sample_id(i), n] for i, n in row] for row in st.rows]]).encode())
+    return h.hexdigest()
+
+
+def row_seed(*parts) -> int:
+    """A 63-bit seed derived from ``parts`` (e.g. seed, "train", epoch, step, row)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "big") >> 1
+
+
+# ----------------------------------------------------------------------------------------------
+# One row
+
+
+@dataclass
+class PreparedRow:
+    """Everything one micro-batch needs, on one device. S = elements, n = supervised elements."""
+
+    input_ids: torch.Tensor  # [1, S] int64
+    aux_hidden: torch.Tensor  # [1, S, A*H]
+    position_ids: torch.Tensor  # [1, S] int64
+    depths: torch.Tensor  # [1, S] int64
+    anchors: torch.Tensor  # [S] int64  (for the attention mask)
+    document_ids: torch.Tensor  # [S] int64 (for the attention mask)
+    supervised: torch.Tensor  # [n] int64: element index of each supervised element
+    supervised_depths: torch.Tensor  # [n] int64
+    teacher_hidden: torch.Tensor  # [n, H]: target last hidden (pre-norm) at each supervised element's target row
+    num_tokens: int  # real (non-padding) tokens in the packed row
+    dense_masks: dict[str, torch.Tensor] | None = field(default=None)  # {layer type: [1, 1, S, S]} when dense
+
+    def to(self, device: torch.device) -> "PreparedRow":
+        moved = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                v = v.to(device, non_blocking=True)
+            elif isinstance(v, dict):
+                v = {k: t.to(device, non_blocking=True) for k, t in v.items()}
+            moved[f.name] = v
+        return PreparedRow(**moved)
+
+
+def pack_samples(samples: list[tuple[dict, int]], pad_to_multiple: int, hidden_dtype: torch.dtype):
+    """Concatenate (sample, tokens used) pairs into one row padded to a multiple; a dict of [N] / [N, .] tensors."""
+    ids, mask, docs, aux, last = [], [], [], [], []
+    for doc, (s, n) in enumerate(samples):
+        ids.append(s["input_ids"][:n].long())
+        mask.append(s["loss_mask"][:n].bool())
+        docs.append(torch.full((n,), doc, dtype=torch.long))
+        aux.append(s["aux_hidden"][:n].to(hidden_dtype))
+        last.append(s["last_hidden"][:n].to(hidden_dtype))
+    used = sum(n for _, n in samples)
+    total = max(-(-used // pad_to_multiple) * pad_to_multiple, 2)
+    pad = total - used
+    if pad:
+        ids.append(torch.zeros(pad, dtype=torch.long))
+        mask.append(torch.zeros(pad, dtype=torch.bool))
+        docs.append(torch.full((pad,), -1, dtype=torch.long))
+        aux.append(torch.zeros(pad, aux[0].shape[1], dtype=hidden_dtype))
+        last.append(torch.zeros(pad, last[0].shape[1], dtype=hidden_dtype))
+    return dict(input_ids=torch.cat(ids), loss_mask=torch.cat(mask), document_ids=torch.cat(docs),
+                aux_hidden=torch.cat(aux), last_hidden=torch.cat(last), num_tokens=used)
+
+
+def prepare_row(samples: list[tuple[dict, int]], *, num_depths: int, generator: torch.Generator,
+                cod_ratio: float, cod_ratio_min: float, max_anchors: int | None, pad_to_multiple: int,
+                hidden_dtype: torch.dtype, dense_layer_types: list[str] | None,
+                sliding_window: int | None) -> PreparedRow:
+    """Pack, shift, COD-sample one row; with ``dense_layer_types`` also build its dense SDPA masks."""
+    packed = pack_samples(samples, pad_to_multiple, hidden_dtype)
+    row = shift_row(packed["input_ids"], packed["aux_hidden"], packed["loss_mask"], packed["document_ids"],
+                    packed["last_hidden"])
+    el = sample_elements(row, num_depths, generator, ratio=cod_ratio, ratio_min=cod_ratio_min, max_anchors=max_anchors)
+    inputs = el.model_inputs(row)
+    supervised = el.loss_mask.nonzero().squeeze(1)
+    masks = el.layer_masks(dense_layer_types, sliding_window, "dense") if dense_layer_types else None
+    return PreparedRow(
+        input_ids=inputs["input_ids"], aux_hidden=inputs["aux_hidden"], position_ids=inputs["position_ids"],
+        depths=inputs["depths"], anchors=el.anchors, document_ids=el.document_ids, supervised=supervised,
+        supervised_depths=el.depths[supervised], teacher_hidden=row.teacher_hidden[el.target_rows[supervised]],
+        num_tokens=packed["num_tokens"], dense_masks=masks,
+    )
+
+
+@dataclass(frozen=True)
+class RowMaker:
+    """Loads and prepares rows of the plan; shared by the training and the validation passes."""
+
+    dataset: SampleDataset
+    hidden_size: int
+    num_aux: int
+    vocab_size: int
+    num_depths: int
+    cod_ratio: float
+    cod_ratio_min: float
+    max_anchors: int | None
+    pad_to_multiple: int
+    hidden_dtype: torch.dtype
+    dense_layer_types: list[str] | None
+    sliding_window: int | None
+
+    def __call__(self, row: tuple[tuple[int, int], ...], seed: int) -> PreparedRow:
+        samples = []
+        for index, n in row:
+            s = self.dataset[index]
+            check_sample(s, self.hidden_size, self.num_aux, self.vocab_size)  # corrupt data fails loudly, by name
+            samples.append((s, n))
+        return prepare_row(samples, num_depths=self.num_depths, generator=torch.Generator().manual_seed(seed),
+                           cod_ratio=self.cod_ratio, cod_ratio_min=self.cod_ratio_min, max_anchors=self.max_anchors,
+                           pad_to_multiple=self.pad_to_multiple, hidden_dtype=self.hidden_dtype,
+                           dense_layer_types=self.dense_layer_types, sliding_window=self.sliding_window)
+
+
+# ----------------------------------------------------------------------------------------------
+# Prefetch
+
+
+class Prefetcher:
+    """Runs ``produce(item)`` for each item on a background thread, at most ``depth`` results ahead.
+
+    Iterating yields results in order; an exception in the thread is re-raised in the consumer.
+    ``depth=0`` runs synchronously (no thread). Call :meth:`close` to stop early.
+    """
+
+    def __init__(self, items: list, produce: Callable, depth: int):
+        self.items, self.produce, self.depth = items, produce, depth
+        self._stop = threading.Event()
+        self._thread = None
+        if depth > 0:
+            self._queue: queue.Queue = queue.Queue(maxsize=depth)
+            self._thread = threading.Thread(target=self._run, name="peagle-train-prefetch", daemon=True)
+            self._thread.start()
+
+    def _put(self, value) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(value, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for item in self.items:
+                if not self._put(("ok", self.produce(item))):
+                    return
+            self._put(("done", None))
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            self._put(("error", exc))
+
+    def __iter__(self) -> Iterator:
+        if self._thread is None:
+            for item in self.items:
+                yield self.produce(item)
+            return
+        while True:
+            kind, value = self._queue.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise value
+            yield value
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)

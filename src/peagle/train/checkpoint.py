@@ -1,0 +1,187 @@
+"""Resumable training checkpoints in the run's object store, and the final vLLM-format export.
+
+Layout under ``train.output`` (any :func:`peagle.storage.open_store` URI)::
+
+    checkpoints/step-000000100/      one prefix per checkpoint, published with PrefixWriter
+        model.safetensors            full float32 state dict of the draft (parameters and d2t/t2d)
+        optimizer.safetensors        AdamW state, keys "<parameter name>/<exp_avg|exp_avg_sq|step>"
+        rng.safetensors              "rank<r>/torch_cpu" (+ "rank<r>/torch_cuda") generator states
+        trainer_state.json           step, epoch, scheduler, optimizer param groups, plan fingerprint, spec
+        metrics.jsonl                the metrics log up to this step
+        manifest.json, _SUCCESS      written last by the publication protocol
+    final/                           vLLM-servable draft (peagle.model.save_draft), published the same way
+
+A prefix without ``_SUCCESS`` (a writer killed mid-upload) is never chosen: resume takes the highest
+step among the prefixes :func:`peagle.storage.list_complete` reports. No pickles: tensors are
+safetensors, everything else JSON. COD draws need no saved generator: they are seeded from the data
+position (see :mod:`peagle.train.batches`).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from ..model import PEagleDraftModel, save_draft
+from ..model.spec import DraftSpec
+from ..storage import PrefixWriter, Store, list_complete, open_published, publish_dir
+from .distributed import DistEnv, all_gather_objects, barrier
+
+CHECKPOINTS = "checkpoints"
+FINAL = "final"
+STATE_FORMAT = "peagle.train.checkpoint/v1"
+_STEP = re.compile(rf"^{CHECKPOINTS}/step-(\d+)$")
+
+
+class ResumeError(ValueError):
+    """A checkpoint cannot continue this run; the message names what differs."""
+
+
+def step_prefix(step: int) -> str:
+    return f"{CHECKPOINTS}/step-{step:09d}"
+
+
+def latest_complete(store: Store) -> tuple[int, str] | None:
+    """(step, prefix) of the newest completely published checkpoint, or None."""
+    best = None
+    for prefix in list_complete(store, CHECKPOINTS):
+        m = _STEP.match(prefix)
+        if m and (best is None or int(m.group(1)) > best[0]):
+            best = (int(m.group(1)), prefix)
+    return best
+
+
+# ----------------------------------------------------------------------------------------------
+# Optimizer state <-> flat tensors + JSON
+
+
+def _flatten_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    tensors = {}
+    for name, state in osd["state"].items():
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"optimizer state {name}/{key} is not a tensor ({type(value).__name__})")
+            tensors[f"{name}/{key}"] = value.detach().cpu().contiguous()
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in osd["param_groups"]]
+    return tensors, groups
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], groups: list[dict]) -> dict:
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for flat, value in tensors.items():
+        name, key = flat.rsplit("/", 1)
+        state.setdefault(name, {})[key] = value
+    restored = []
+    for g in groups:
+        g = dict(g)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        restored.append(g)
+    return {"state": state, "param_groups": restored}
+
+
+def _read_tensors(pub, name: str) -> dict[str, torch.Tensor]:
+    """A safetensors object of a published prefix, keys sorted: safetensors' in-memory loader returns them
+    in a per-process order, and FSDP scatters the tensors in dict order, so every rank must agree."""
+    return dict(sorted(load_safetensors(pub.get_bytes(name)).items()))
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    out = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        out["torch_cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Save / load
+
+
+def save_checkpoint(*, store: Store, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    trainer_state: dict[str, Any], metrics_path: Path, staging: Path, env: DistEnv) -> dict | None:
+    """Publish ``checkpoints/step-N`` (collective: every rank calls). Returns the full model state dict on rank 0."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=opts)
+    optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
+    rng = all_gather_objects(_rng_state(), env)
+    if env.is_main:
+        out = staging / f"step-{step:09d}"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        opt_tensors, groups = _flatten_optimizer(optim_sd)
+        save_file({k: v.contiguous() for k, v in model_sd.items()}, str(out / "model.safetensors"))
+        save_file(opt_tensors, str(out / "optimizer.safetensors"))
+        save_file({f"rank{r}/{k}": v for r, states in enumerate(rng) for k, v in states.items()},
+                  str(out / "rng.safetensors"))
+        state = {**trainer_state, "format": STATE_FORMAT, "step": step, "world_size": env.world_size,
+                 "optimizer_param_groups": groups}
+        (out / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        if metrics_path.is_file():
+            shutil.copyfile(metrics_path, out / "metrics.jsonl")
+        writer = PrefixWriter(store, step_prefix(step), overwrite=True)
+        for f in sorted(out.iterdir()):
+            writer.put_file(f.name, f)
+        writer.commit({"step": step, "kind": "peagle-train-checkpoint"})  # manifest, then _SUCCESS: now resumable
+        shutil.rmtree(out, ignore_errors=True)
+    barrier(env)
+    return model_sd if env.is_main else None
+
+
+def load_checkpoint(*, store: Store, prefix: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler, env: DistEnv, spec: DraftSpec, plan_fingerprint: str,
+                    metrics_path: Path) -> dict[str, Any]:
+    """Restore model, optimizer, scheduler and this rank's RNG from a complete prefix; returns trainer_state."""
+    pub = open_published(store, prefix)
+    state = json.loads(pub.get_bytes("trainer_state.json"))
+    where = pub.uri_for("trainer_state.json")
+    if state.get("format") != STATE_FORMAT:
+        raise ResumeError(f"{where}: format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+    if state["spec"] != json.loads(spec.model_dump_json()):
+        diff = sorted(k for k in set(state["spec"]) | set(spec.model_fields)
+                      if state["spec"].get(k) != json.loads(spec.model_dump_json()).get(k))
+        raise ResumeError(f"{where}: the checkpoint's draft differs from the configured one in {diff}; "
+                          "use another train.output or set train.resume=false")
+    if state["plan_fingerprint"] != plan_fingerprint:
+        raise ResumeError(f"{where}: the checkpoint was trained on another data plan (dataset, seed, epochs, "
+                          "row_tokens or global_batch_rows changed); use another train.output")
+    model_sd = _read_tensors(pub, "model.safetensors")
+    set_model_state_dict(model, model_sd, options=StateDictOptions(full_state_dict=True))
+    optim_sd = _unflatten_optimizer(_read_tensors(pub, "optimizer.safetensors"),
+                                    state["optimizer_param_groups"])
+    set_optimizer_state_dict(model, optimizer, optim_sd, options=StateDictOptions(full_state_dict=True))
+    scheduler.load_state_dict(state["scheduler"])
+    if state["world_size"] == env.world_size:  # the same rank layout: continue every generator exactly
+        rng = _read_tensors(pub, "rng.safetensors")
+        torch.set_rng_state(rng[f"rank{env.rank}/torch_cpu"])
+        if torch.cuda.is_available() and f"rank{env.rank}/torch_cuda" in rng:
+            torch.cuda.set_rng_state(rng[f"rank{env.rank}/torch_cuda"])
+    if env.is_main:
+        metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        text = pub.get_bytes("metrics.jsonl") if "metrics.jsonl" in pub.manifest.keys else b""
+        metrics_path.write_bytes(text)  # drop lines logged after this checkpoint by the interrupted run
+    barrier(env)
+    return state
+
+
+def export_final(*, store: Store, model_sd: dict[str, torch.Tensor], spec: DraftSpec, staging: Path,
+                 metadata: dict[str, Any]) -> str:
+    """Write the vLLM-format draft (bf16) through the adapter and publish it as ``final/``. Rank 0 only."""
+    model = PEagleDraftModel(spec)
+    model.load_state_dict(model_sd, strict=True)
+    out = save_draft(model, staging / FINAL)
+    publish_dir(store, FINAL, out, metadata, overwrite=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return store.uri_for(FINAL)

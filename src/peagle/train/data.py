@@ -1,0 +1,284 @@
+"""What the trainer reads: per-sample target hidden states, and the checks run before step 1.
+
+A *sample* is one tokenised conversation with the target's hidden states::
+
+    {"sample_id": str,
+     "input_ids":   LongTensor [T],       token ids x_0..x_{T-1}
+     "loss_mask":   Tensor [T],           1 where the token is supervised (assistant text), else 0
+     "aux_hidden":  Tensor [T, 3H],       target aux layers, concatenated in aux-id order
+                                          (id k = residual stream entering decoder layer k)
+     "last_hidden": Tensor [T, H]}        target's last decoder layer output, BEFORE its final norm
+
+A *dataset* (:class:`SampleDataset`) is map-style: random access by index, the length of every
+sample without loading it (packing needs it), and :class:`DatasetInfo`, which says which target
+and layers produced it. The trainer refuses a dataset whose info does not match the draft
+(:func:`check_dataset_matches`), an empty one, and any corrupt sample (:func:`check_sample`).
+
+Two implementations live here: :class:`ListDataset` (in memory) and :class:`SampleFileDataset`
+(one safetensors file holding many samples, read lazily by slices) with
+:func:`write_sample_file`. Other sources (the sharded extraction output) only need to provide the
+same four members.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+Sample = dict[str, Any]
+SAMPLE_FILE_FORMAT = "peagle.train.samples/v1"
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be trained on; the message names the sample or the mismatching field."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Facts about the target run that produced a dataset; checked against the draft before training."""
+
+    aux_layer_ids: list[int]
+    hidden_size: int
+    target_fingerprint: str | None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DatasetInfo":
+        d = json.loads(text)
+        return cls([int(i) for i in d["aux_layer_ids"]], int(d["hidden_size"]), d.get("target_fingerprint"))
+
+
+@runtime_checkable
+class SampleDataset(Protocol):
+    info: DatasetInfo
+
+    def __len__(self) -> int: ...
+
+    def sample_id(self, index: int) -> str: ...
+
+    def num_tokens(self, index: int) -> int: ...
+
+    def __getitem__(self, index: int) -> Sample: ...
+
+
+class ListDataset:
+    """Samples held in memory (tests, small experiments)."""
+
+    def __init__(self, info: DatasetInfo, samples: list[Sample]):
+        self.info = info
+        self.samples = list(samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def sample_id(self, index: int) -> str:
+        return str(self.samples[index]["sample_id"])
+
+    def num_tokens(self, index: int) -> int:
+        return int(self.samples[index]["input_ids"].shape[0])
+
+    def __getitem__(self, index: int) -> Sample:
+        return self.samples[index]
+
+
+# ----------------------------------------------------------------------------------------------
+# One-file format: every sample's rows concatenated, offsets[i]:offsets[i+1] is sample i.
+
+
+def write_sample_file(path: str | os.PathLike, info: DatasetInfo, samples: list[Sample]) -> Path:
+    """Write ``samples`` into one safetensors file (hidden states keep their dtype)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    lengths = [int(s["input_ids"].shape[0]) for s in samples]
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.long)
+    tensors = {
+        "offsets": offsets,
+        "input_ids": torch.cat([s["input_ids"].long() for s in samples]),
+        "loss_mask": torch.cat([s["loss_mask"].to(torch.uint8) for s in samples]),
+        "aux_hidden": torch.cat([s["aux_hidden"] for s in samples]).contiguous(),
+        "last_hidden": torch.cat([s["last_hidden"] for s in samples]).contiguous(),
+    }
+    metadata = {"format": SAMPLE_FILE_FORMAT, "info": info.to_json(),
+                "sample_ids": json.dumps([str(s["sample_id"]) for s in samples])}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+    return path
+
+
+class SampleFileDataset:
+    """A file written by :func:`write_sample_file`; each sample is read on demand by slicing."""
+
+    def __init__(self, path: str | os.PathLike):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DatasetError(f"dataset file {self.path} does not exist")
+        try:
+            self._fh = safe_open(str(self.path), "pt")
+            meta = self._fh.metadata() or {}
+        except Exception as exc:  # safetensors raises its own error types for a damaged header
+            raise DatasetError(f"{self.path}: not a readable safetensors file: {exc}") from None
+        if meta.get("format") != SAMPLE_FILE_FORMAT:
+            raise DatasetError(f"{self.path}: format {meta.get('format')!r}, expected {SAMPLE_FILE_FORMAT!r}")
+        self.info = DatasetInfo.from_json(meta["info"])
+        self._ids = [str(i) for i in json.loads(meta["sample_ids"])]
+        self._offsets = self._fh.get_tensor("offsets").tolist()
+        if len(self._offsets) != len(self._ids) + 1:
+            raise DatasetError(f"{self.path}: {len(self._ids)} sample ids but {len(self._offsets) - 1} offsets")
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def sample_id(self, index: int) -> str:
+        return self._ids[index]
+
+    def num_tokens(self, index: int) -> int:
+        return self._offsets[index + 1] - self._offsets[index]
+
+    def __getitem__(self, index: int) -> Sample:
+        a, b = self._offsets[index], self._offsets[index + 1]
+        out: Sample = {"sample_id": self._ids[index]}
+        for name in ("input_ids", "loss_mask", "aux_hidden", "last_hidden"):
+            out[name] = self._fh.get_slice(name)[a:b]
+        return out
+
+
+class ExtractedDataset:
+    """The output of ``peagle extract`` (a directory or an ``s3://`` prefix) as a :class:`SampleDataset`.
+
+    Opening reads every shard once (sha256-verified by the extract reader) to index sample lengths;
+    samples are then served from a small cache of decoded shards. Random access across many shards
+    re-reads shards, so at scale the sampler should visit samples shard by shard.
+    """
+
+    def __init__(self, uri: str, cache_shards: int = 2):
+        from collections import OrderedDict
+
+        from ..extract import ExtractError, HiddenStatesDataset
+
+        try:
+            self.hs = HiddenStatesDataset(uri, out_dtype=torch.float32)
+            index = []
+            for shard in self.hs.iter_shards():
+                for i, sid in enumerate(shard.sample_ids):
+                    index.append((shard.name, i, sid, int(shard.offsets[i + 1] - shard.offsets[i])))
+        except ExtractError as exc:
+            raise DatasetError(str(exc)) from None
+        self.info = DatasetInfo(self.hs.aux_layer_ids, self.hs.hidden_size, self.hs.manifest.get("target_fingerprint"))
+        self._index = index
+        self._cache: OrderedDict = OrderedDict()
+        self._cache_shards = cache_shards
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def sample_id(self, index: int) -> str:
+        return self._index[index][2]
+
+    def num_tokens(self, index: int) -> int:
+        return self._index[index][3]
+
+    def __getitem__(self, index: int) -> Sample:
+        name, local, _, _ = self._index[index]
+        shard = self._cache.pop(name, None) or self.hs.read_shard(name)
+        self._cache[name] = shard
+        while len(self._cache) > self._cache_shards:
+            self._cache.popitem(last=False)
+        s = shard.sample(local)
+        return {"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask.float(),
+                "aux_hidden": s.aux_hidden_flat, "last_hidden": s.last_hidden}
+
+
+def open_dataset(uri: str) -> SampleDataset:
+    """Open the dataset named by ``train.data``: a ``peagle extract`` output (directory or s3:// prefix),
+    or a single samples file (*.safetensors) written by :func:`write_sample_file`."""
+    if uri.endswith(".safetensors"):
+        return SampleFileDataset(Path(uri.removeprefix("file://")))
+    if not uri:
+        raise DatasetError("no training data: set train.data to a peagle extract output (directory or s3:// URI)")
+    return ExtractedDataset(uri)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks
+
+
+def check_dataset_matches(info: DatasetInfo, aux_layer_ids: list[int], hidden_size: int,
+                          target_fingerprint: str | None, where: str = "dataset") -> None:
+    """Refuse a dataset produced with other layers, another hidden size or another target."""
+    if list(info.aux_layer_ids) != list(aux_layer_ids):
+        raise DatasetError(
+            f"{where} holds aux layer ids {list(info.aux_layer_ids)}, but the draft reads layers {list(aux_layer_ids)} "
+            "(draft.aux_layer_ids); re-extract or change the draft"
+        )
+    if info.hidden_size != hidden_size:
+        raise DatasetError(
+            f"{where} has hidden size {info.hidden_size}, but the draft/target hidden size is {hidden_size}"
+        )
+    if target_fingerprint is not None and info.target_fingerprint != target_fingerprint:
+        raise DatasetError(
+            f"{where} was extracted from a different target: target fingerprint {info.target_fingerprint!r} "
+            f"!= {target_fingerprint!r} of the configured target"
+        )
+
+
+def check_sample(sample: Sample, hidden_size: int, num_aux: int, vocab_size: int) -> None:
+    """Refuse a malformed sample with a message that names it and the bad field."""
+    sid = sample.get("sample_id", "<no sample_id>")
+    where = f"sample {sid!r}"
+    for key in ("input_ids", "loss_mask", "aux_hidden", "last_hidden"):
+        if not isinstance(sample.get(key), torch.Tensor):
+            raise DatasetError(f"{where}: field {key!r} is missing or not a tensor")
+    ids, mask, aux, last = sample["input_ids"], sample["loss_mask"], sample["aux_hidden"], sample["last_hidden"]
+    if ids.dim() != 1 or ids.shape[0] < 1:
+        raise DatasetError(f"{where}: input_ids must be a non-empty 1-D tensor, got shape {tuple(ids.shape)}")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise DatasetError(f"{where}: input_ids must hold integers, got {ids.dtype}")
+    t = ids.shape[0]
+    if tuple(mask.shape) != (t,):
+        raise DatasetError(f"{where}: loss_mask has shape {tuple(mask.shape)}, expected ({t},)")
+    if tuple(aux.shape) != (t, num_aux * hidden_size):
+        raise DatasetError(
+            f"{where}: aux_hidden has shape {tuple(aux.shape)}, expected ({t}, {num_aux * hidden_size}) "
+            f"= (tokens, {num_aux} aux layers x hidden size {hidden_size})"
+        )
+    if tuple(last.shape) != (t, hidden_size):
+        raise DatasetError(f"{where}: last_hidden has shape {tuple(last.shape)}, expected ({t}, {hidden_size})")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise DatasetError(f"{where}: token id {bad} is outside the target vocabulary (size {vocab_size})")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise DatasetError(f"{where}: loss_mask must hold only 0 and 1")
+    for key, x in (("aux_hidden", aux), ("last_hidden", last)):
+        if not x.dtype.is_floating_point:
+            raise DatasetError(f"{where}: {key} must be floating point, got {x.dtype}")
+        if not bool(torch.isfinite(x).all()):
+            raise DatasetError(f"{where}: {key} contains NaN or infinite values")
+
+
+def is_validation(sample_id: str, seed: int, fraction: float) -> bool:
+    """Stable split by sample id: the same id lands on the same side for every run with this seed."""
+    if fraction <= 0.0:
+        return False
+    h = hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2.0**64 < fraction
+
+
+def split_indices(dataset: SampleDataset, seed: int, val_fraction: float) -> tuple[list[int], list[int]]:
+    """(train indices, validation indices) of ``dataset``, by stable hash of the sample id."""
+    train, val = [], []
+    for i in range(len(dataset)):
+        (val if is_validation(dataset.sample_id(i), seed, val_fraction) else train).append(i)
+    return train, val

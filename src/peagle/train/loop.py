@@ -1,0 +1,307 @@
+"""The training loop: read it top to bottom.
+
+``train(cfg, dataset)`` trains a P-EAGLE draft for ``cfg.target`` on target hidden states:
+
+1. checks, before any heavy work: target and draft resolve, the dataset matches the draft (aux
+   layers, hidden size, target fingerprint), is not empty, every sample is well formed;
+2. plans every step (packing, world-size independent) and builds model, teacher, AdamW, schedule;
+3. resumes from the newest complete checkpoint under ``train.output`` if there is one;
+4. trains: per step, each rank runs its rows as micro-batches and accumulates gradients; the loss of
+   every row is normalised by the supervised-element count of the *global* batch, so W processes
+   with B/W rows each compute the same update as one process with B rows;
+5. validates, checkpoints every ``checkpoint_every`` steps and at the end, and finally publishes the
+   vLLM-servable draft as ``final/``.
+
+Runs single-process or under ``torchrun`` (DDP or FSDP2; gloo on CPU, NCCL on CUDA).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import ConfigError
+from ..model import init_draft, inspect_target, resolve_spec
+from ..model.attention_mask import layer_masks
+from ..model.factory import load_tokenizer
+from ..model.target import fingerprint, read_target_tensors
+from ..storage import open_store
+from .batches import (PreparedRow, Prefetcher, RowMaker, pack_rows, plan_fingerprint, plan_run, rank_rows,
+                      row_seed)
+from .checkpoint import ResumeError, export_final, latest_complete, load_checkpoint, save_checkpoint
+from .data import (DatasetError, SampleDataset, check_dataset_matches, check_sample, open_dataset,
+                   split_indices)
+from .distributed import (DistEnv, all_gather_objects, all_reduce_sum, gradient_sync, init_distributed,
+                          local_tensor, shutdown, wrap_model)
+from .loss import EPS, Teacher, metrics_from_stats, row_loss
+from .optim import build_optimizer, build_scheduler
+from .settings import TrainRunConfig
+
+
+@dataclass
+class TrainResult:
+    steps: int  # optimiser steps the run has completed in total (including resumed ones)
+    resumed_from: int  # step the run resumed from (0: fresh start)
+    final_uri: str  # where the vLLM-format draft was published
+    metrics: dict = field(default_factory=dict)  # the last logged training metrics
+    val_metrics: dict = field(default_factory=dict)  # the last validation metrics (empty without a split)
+
+
+def train(cfg: TrainRunConfig, dataset: SampleDataset | None = None) -> TrainResult:
+    """Train (or resume) the draft described by ``cfg``; ``dataset`` defaults to ``open_dataset(cfg.train.data)``."""
+    env = init_distributed()
+    try:
+        return _train(cfg, dataset, env)
+    finally:
+        shutdown(env)
+
+
+def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> TrainResult:
+    s = cfg.train
+    device = env.device
+    cuda = device.type == "cuda"
+    attention = s.attention if s.attention != "auto" else ("flex" if cuda else "dense")
+    if attention == "flex" and not cuda:
+        raise ConfigError("train.attention=flex needs CUDA (flex attention has no backward pass on CPU); use dense")
+    if s.global_batch_rows % env.world_size:
+        raise ConfigError(f"train.global_batch_rows={s.global_batch_rows} is not divisible by the world size "
+                         f"{env.world_size}; every rank must train the same number of rows per step")
+
+    # ---- 1. Target, draft and data checks (cheap first, then one pass over the samples) --------
+    info = inspect_target(cfg.target.path, cfg.target.trust_remote_code)
+    tokenizer = None if cfg.draft.mask_token_id is not None else load_tokenizer(info, cfg.target.trust_remote_code)
+    spec = resolve_spec(info, cfg.draft, tokenizer)
+    if dataset is None:
+        if not s.data:
+            raise DatasetError("no training data: set train.data")
+        dataset = open_dataset(s.data)
+    where = f"dataset {s.data or type(dataset).__name__}"
+    check_dataset_matches(dataset.info, spec.aux_layer_ids, spec.hidden_size, fingerprint(info.path), where)
+    if len(dataset) == 0:
+        raise DatasetError(f"{where} is empty: it holds no samples")
+    train_idx, val_idx = split_indices(dataset, s.seed, s.val_fraction)
+    if not train_idx:
+        raise DatasetError(f"{where}: all {len(dataset)} samples fell into the validation split "
+                           f"(train.val_fraction={s.val_fraction})")
+    token_counts = scan_samples(dataset, train_idx, val_idx, spec, validate=s.validate_samples,
+                                count_tokens=spec.draft_vocab_size < spec.vocab_size, env=env)
+
+    # ---- 2. Plan, model, teacher, optimiser -----------------------------------------------------
+    steps = plan_run(dataset, train_idx, row_tokens=s.row_tokens, global_batch_rows=s.global_batch_rows,
+                     epochs=s.epochs, seed=s.seed)
+    # Fingerprint the full plan: raising max_steps later may continue a run, changing its data may not.
+    fingerprint_of_plan = plan_fingerprint(dataset, steps)
+    if s.max_steps is not None:
+        steps = steps[:s.max_steps]
+    if not steps:
+        raise DatasetError(f"{where}: {len(train_idx)} training samples pack into fewer than "
+                           f"train.global_batch_rows={s.global_batch_rows} rows of {s.row_tokens} tokens: no full step")
+    total_steps = len(steps)
+
+    model = init_draft(str(info.path), cfg.draft, token_counts, cfg.target.trust_remote_code)
+    if model.spec != spec:
+        raise RuntimeError("init_draft resolved a different draft spec than the checks above")
+    norm = read_target_tensors(info.path, {"norm": ("model.norm.weight", "norm.weight")}).get("norm")
+    if norm is None:
+        raise DatasetError(f"{info.path}: no final norm weight (model.norm.weight) to rebuild teacher logits")
+    teacher = Teacher(norm, model.lm_head.weight, float(info.config.rms_norm_eps)).to(device)
+    model.to(device)
+    wrapped = wrap_model(model, s.distributed, env)
+    trainable = [p for p in wrapped.parameters() if p.requires_grad]
+    optimizer = build_optimizer(wrapped, s)
+    scheduler = build_scheduler(optimizer, s, total_steps)
+
+    # ---- 3. Resume --------------------------------------------------------------------------
+    store = open_store(s.output)
+    work = Path(cfg.work_dir)
+    metrics_path, staging = work / "metrics.jsonl", work / "staging"
+    start = 0
+    latest = latest_complete(store) if s.resume else None
+    if latest is not None:
+        if latest[0] > total_steps:
+            raise ResumeError(f"{store.uri_for(latest[1])} is past the {total_steps} planned steps "
+                              "(train.max_steps lowered?); use another train.output")
+        load_checkpoint(store=store, prefix=latest[1], model=wrapped, optimizer=optimizer, scheduler=scheduler,
+                        env=env, spec=spec, plan_fingerprint=fingerprint_of_plan, metrics_path=metrics_path)
+        start = latest[0]
+    elif env.is_main:
+        metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        metrics_path.write_text("")  # a fresh run starts a fresh log
+    if env.is_main:
+        rows = sum(len(st.rows) for st in steps)
+        print(f"[peagle.train] {total_steps} steps ({s.epochs} epoch(s), {rows} rows of <= {s.row_tokens} tokens, "
+              f"{len(train_idx)} train / {len(val_idx)} validation samples), world size {env.world_size} "
+              f"({s.distributed if env.distributed else 'single process'}, {attention} attention, {device})"
+              + (f"; resuming after step {start} from {store.uri_for(latest[1])}" if start else ""),
+              file=sys.stderr, flush=True)
+
+    # ---- 4. Train ---------------------------------------------------------------------------
+    make_row = RowMaker(
+        dataset=dataset, hidden_size=spec.hidden_size, num_aux=spec.num_aux, vocab_size=spec.vocab_size,
+        num_depths=spec.num_depths, cod_ratio=s.cod_ratio, cod_ratio_min=s.cod_ratio_min,
+        max_anchors=s.max_anchors, pad_to_multiple=s.pad_to_multiple,
+        hidden_dtype=torch.bfloat16 if cuda else torch.float32,
+        dense_layer_types=spec.layer_types if attention == "dense" else None, sliding_window=spec.sliding_window)
+
+    def rows_of_step(step: int) -> list[PreparedRow]:
+        # Disjoint rows per rank; COD seeded by the row's place in the global batch, not by the rank.
+        plan = steps[step]
+        return [make_row(row, row_seed(s.seed, "train", plan.epoch, step, i))
+                for i, row in rank_rows(plan, env.rank, env.world_size)]
+
+    def forward_row(row: PreparedRow):
+        row = row.to(device)
+        masks = row.dense_masks if attention == "dense" else layer_masks(
+            spec.layer_types, row.anchors, row.depths[0], row.document_ids, spec.sliding_window, "flex")
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            out = wrapped(row.input_ids, row.aux_hidden, row.position_ids, row.depths, masks)
+        return row_loss(out.logits[0, row.supervised], teacher(row.teacher_hidden), row.supervised_depths,
+                        spec.num_depths, s.loss)
+
+    K = spec.num_depths
+    last_metrics: dict = {}
+    val_metrics: dict = {}
+    final_sd, saved_last = None, False
+    prefetcher = Prefetcher(list(range(start, total_steps)), rows_of_step, s.prefetch)
+    t_start = time.perf_counter()
+    t_last, tokens_since = t_start, 0.0
+    window = torch.zeros(2 + 2 * K, dtype=torch.float64)  # summed stats of the steps since the last log line
+    try:
+        wrapped.train()
+        for step, rows in enumerate(prefetcher, start=start):
+            # The objective is Σ ℓ / (Σ m + eps) over the *global* batch; DDP/FSDP average gradients
+            # over ranks, hence the factor world_size.
+            n_global = all_reduce_sum(torch.tensor([float(sum(r.supervised.numel() for r in rows))]), env).item()
+            scale = env.world_size / (n_global + EPS)
+            stats = torch.zeros(2 + 2 * K, dtype=torch.float64)
+            for i, row in enumerate(rows):
+                with gradient_sync(wrapped, enabled=i == len(rows) - 1):
+                    rl = forward_row(row)
+                    (rl.loss_sum * scale).backward()
+                stats += rl.stats.cpu()
+            grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(trainable, s.grad_clip)).item()
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            tokens = all_reduce_sum(torch.tensor([float(sum(r.num_tokens for r in rows))]), env).item()
+            window += all_reduce_sum(stats, env)
+            tokens_since += tokens
+            done = step + 1
+            if done % s.log_every == 0 or done == total_steps:
+                now = time.perf_counter()
+                elapsed = now - t_start
+                last_metrics = {"step": done, "epoch": steps[step].epoch, "lr": lr, "grad_norm": grad_norm,
+                                **metrics_from_stats(window, K), "tokens": tokens_since,
+                                "tokens_per_s": tokens_since / max(now - t_last, 1e-9), "elapsed_s": elapsed,
+                                "eta_s": elapsed / (done - start) * (total_steps - done)}
+                t_last, tokens_since = now, 0.0
+                window.zero_()
+                if env.is_main:
+                    write_metrics(metrics_path, last_metrics)
+                    print_progress(last_metrics, total_steps, K)
+            is_last = done == total_steps
+            if val_idx and (is_last or (s.eval_every and done % s.eval_every == 0)):
+                val_metrics = evaluate(wrapped, forward_row, make_row, dataset, val_idx, s, env, K)
+                if env.is_main:
+                    write_metrics(metrics_path, {"step": done, **val_metrics})
+                    print_progress({"step": done, **val_metrics}, total_steps, K, prefix="val_")
+            if is_last or done % s.checkpoint_every == 0:
+                state = {"epoch": steps[step].epoch, "total_steps": total_steps,
+                         "plan_fingerprint": fingerprint_of_plan, "scheduler": scheduler.state_dict(),
+                         "spec": json.loads(spec.model_dump_json()), "settings": json.loads(s.model_dump_json()),
+                         "metrics": json_safe(last_metrics)}
+                final_sd = save_checkpoint(store=store, step=done, model=wrapped, optimizer=optimizer,
+                                           trainer_state=state, metrics_path=metrics_path, staging=staging, env=env)
+                saved_last = is_last
+    finally:
+        prefetcher.close()
+
+    # ---- 5. The servable draft ----------------------------------------------------------------
+    if not saved_last:  # resumed at the very end (killed between the last checkpoint and this export)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        final_sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    final_uri = ""
+    if env.is_main:
+        final_uri = export_final(store=store, model_sd=final_sd, spec=spec, staging=staging,
+                                 metadata={"step": total_steps, "kind": "peagle-draft",
+                                           "metrics": json_safe(last_metrics), "val_metrics": json_safe(val_metrics)})
+        print(f"[peagle.train] done: {total_steps} steps; servable draft at {final_uri}", file=sys.stderr, flush=True)
+    return TrainResult(total_steps, start, final_uri, last_metrics, val_metrics)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers used by the loop
+
+
+def scan_samples(dataset: SampleDataset, train_idx: list[int], val_idx: list[int], spec, *, validate: bool,
+                 count_tokens: bool, env: DistEnv) -> dict[int, int] | None:
+    """One pass over the data before step 1 (split across ranks): refuse corrupt samples by name and
+    count supervised training tokens for the draft vocabulary. Returns the counts (all ranks) or None."""
+    if not validate and not count_tokens:
+        return None
+    train_set = set(train_idx)
+    counts = torch.zeros(spec.vocab_size, dtype=torch.float64)
+    error = None
+    for i in sorted(train_idx + val_idx)[env.rank::env.world_size]:
+        sample = dataset[i]
+        try:
+            check_sample(sample, spec.hidden_size, spec.num_aux, spec.vocab_size)
+        except DatasetError as exc:
+            error = str(exc)
+            break
+        if count_tokens and i in train_set:
+            ids = sample["input_ids"].long()[sample["loss_mask"].bool()]
+            counts += torch.bincount(ids, minlength=spec.vocab_size).double()
+    errors = [e for e in all_gather_objects(error, env) if e]
+    if errors:
+        raise DatasetError(errors[0])
+    if not count_tokens:
+        return None
+    counts = all_reduce_sum(counts, env)
+    return {int(t): int(c) for t, c in enumerate(counts.tolist()) if c > 0}
+
+
+@torch.no_grad()
+def evaluate(wrapped, forward_row, make_row: RowMaker, dataset: SampleDataset, val_idx: list[int], s, env: DistEnv,
+             num_depths: int) -> dict[str, float]:
+    """Loss and per-depth accuracy on the validation split (fixed packing and COD draws)."""
+    rows = pack_rows(sorted(val_idx), {i: dataset.num_tokens(i) for i in val_idx}, s.row_tokens)
+    mine = list(range(env.rank, len(rows), env.world_size))
+    # FSDP forwards are collective: every rank runs the same number, repeating a row (uncounted) if short.
+    rounds = math.ceil(len(rows) / env.world_size)
+    stats = torch.zeros(2 + 2 * num_depths, dtype=torch.float64)
+    wrapped.eval()
+    for k in range(rounds):
+        index = mine[k] if k < len(mine) else 0
+        rl = forward_row(make_row(rows[index], row_seed(s.seed, "val", index)))
+        if k < len(mine):
+            stats += rl.stats.cpu()
+    wrapped.train()
+    return metrics_from_stats(all_reduce_sum(stats, env), num_depths, prefix="val_")
+
+
+def json_safe(metrics: dict) -> dict:
+    """NaN (a depth without supervised elements) as null: strict JSON readers reject NaN."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+
+
+def write_metrics(path: Path, metrics: dict) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(json_safe(metrics), sort_keys=True) + "\n")
+
+
+def print_progress(m: dict, total_steps: int, num_depths: int, prefix: str = "") -> None:
+    accs = " ".join(f"{m[f'{prefix}position_{d}_acc']:.3f}" for d in range(num_depths))
+    line = f"step {m['step']:>6}/{total_steps} | {prefix}loss {m[f'{prefix}loss']:.4f} | {prefix}acc/depth {accs}"
+    if not prefix:
+        line += (f" | lr {m['lr']:.2e} | gnorm {m['grad_norm']:.3f} | {m['tokens_per_s']:,.0f} tok/s"
+                 f" | {m['elapsed_s']:.0f}s elapsed, eta {m['eta_s']:.0f}s")
+    print(line, file=sys.stderr, flush=True)
