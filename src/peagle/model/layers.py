@@ -74,10 +74,21 @@ class Attention(nn.Module):
         if isinstance(mask, torch.Tensor):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         else:  # flex-attention BlockMask (CUDA)
-            from torch.nn.attention.flex_attention import flex_attention
-
-            out = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+            out = _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+
+
+_FLEX = None
+
+
+def _compiled_flex():
+    # Uncompiled flex_attention materialises the full score matrix (slow, memory-hungry); compile once.
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=True)
+    return _FLEX
 
 
 class MLP(nn.Module):
