@@ -27,15 +27,27 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _resolve(ns: argparse.Namespace, extra: dict | None = None) -> RunConfig:
     values = C.flag_values(ns)
+    if getattr(ns, "target", None):
+        values["target.path"] = ns.target
     values.update(extra or {})
     return C.build_config(RunConfig, ns.config, ns.overrides, values)  # type: ignore[return-value]
+
+
+def _stage_parser(sub, name: str, help_text: str, target_help: str, sections: dict, func) -> argparse.ArgumentParser:
+    """A stage command: --target, --config/--set, and the flags of its config sections."""
+    p = sub.add_parser(name, help=help_text)
+    p.add_argument("--target", help=target_help)
+    _common(p)
+    for section, model in sections.items():
+        C.add_flags(p, model, section)
+    p.set_defaults(func=func)
+    return p
 
 
 def cmd_draft_init(ns: argparse.Namespace) -> int:
     from .model import init_draft, save_draft
 
-    extra = {"target.path": ns.target} if ns.target else {}
-    cfg = _resolve(ns, extra)
+    cfg = _resolve(ns)
     if not cfg.target.path:
         raise C.ConfigError("draft init needs a target: --target DIR (or target.path in the config)")
     counts = None
@@ -61,7 +73,7 @@ def cmd_prepare_target(ns: argparse.Namespace) -> int:
 def cmd_prepare(ns: argparse.Namespace) -> int:
     from .data import run_prepare
 
-    cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
+    cfg = _resolve(ns)
     if not cfg.target.path:
         raise C.ConfigError("prepare needs a target: --target DIR (or target.path in the config)")
     from .stage_io import staged_output
@@ -77,7 +89,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 def cmd_regenerate(ns: argparse.Namespace) -> int:
     from .data.regenerate import run_regenerate
 
-    cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
+    cfg = _resolve(ns)
     out = ns.out or str(Path(cfg.work_dir) / "regenerated.jsonl")
     result = run_regenerate(cfg.regenerate, cfg.target.path or None, out)
     print(f"regenerated into {out}: " + ", ".join(f"{k}={v}" for k, v in result.counts.items()))
@@ -89,7 +101,7 @@ def cmd_extract(ns: argparse.Namespace) -> int:
     from .extract import run_extract
     from .stage_io import fetched_input, join
 
-    cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
+    cfg = _resolve(ns)
     if not cfg.target.path:
         raise C.ConfigError("extract needs a target: --target DIR (or target.path in the config)")
     data = fetched_input(ns.data or Path(cfg.work_dir) / "data")
@@ -113,7 +125,7 @@ def cmd_extract(ns: argparse.Namespace) -> int:
 def cmd_train(ns: argparse.Namespace) -> int:
     from .train import train
 
-    cfg = _resolve(ns, {"target.path": ns.target} if ns.target else {})
+    cfg = _resolve(ns)
     result = train(cfg)  # RunConfig carries the target/draft/train/work_dir sections train() reads
     if result.final_uri:
         print(f"final draft (vLLM format): {result.final_uri}")
@@ -158,38 +170,27 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     mp.set_defaults(func=cmd_prepare_target)
 
-    pp = sub.add_parser("prepare", help="render conversations with the target's chat template into loss-masked rows")
-    pp.add_argument("--target", help="prepared target directory (its tokenizer and chat template are used)")
+    pp = _stage_parser(sub, "prepare", "render conversations with the target's chat template into loss-masked rows",
+                       "prepared target directory (its tokenizer and chat template are used)",
+                       {"prepare": PrepareSettings}, cmd_prepare)
     pp.add_argument("--out", help="output directory or s3:// URI (default: <work_dir>/data)")
-    _common(pp)
-    C.add_flags(pp, PrepareSettings, "prepare")
-    pp.set_defaults(func=cmd_prepare)
 
-    rg = sub.add_parser("regenerate", help="let the target rewrite the assistant turns (vLLM offline or an endpoint)")
-    rg.add_argument("--target", help="target directory (offline vLLM backend)")
+    rg = _stage_parser(sub, "regenerate", "let the target rewrite the assistant turns (vLLM offline or an endpoint)",
+                       "target directory (offline vLLM backend)", {"regenerate": RegenerateSettings}, cmd_regenerate)
     rg.add_argument("--out", help="output JSONL (default: <work_dir>/regenerated.jsonl); reruns resume")
-    _common(rg)
-    C.add_flags(rg, RegenerateSettings, "regenerate")
-    rg.set_defaults(func=cmd_regenerate)
 
-    ex = sub.add_parser("extract", help="capture the target's hidden states (vLLM or transformers) into shards")
-    ex.add_argument("--target", help="target directory")
+    ex = _stage_parser(sub, "extract", "capture the target's hidden states (vLLM or transformers) into shards",
+                       "target directory", {"extract": ExtractSettings}, cmd_extract)
     ex.add_argument("--data", help="prepared data: directory or s3:// URI (default: <work_dir>/data)")
     ex.add_argument("--out", help="output root, directory or s3:// URI; one dataset per split below it "
                     "(default: <work_dir>/hidden_states)")
     ex.add_argument("--splits", nargs="+", default=["train", "validation"], choices=["train", "validation"])
     ex.add_argument("--shard-index", type=int, default=0, help="this worker's shard set (fan-out)")
     ex.add_argument("--num-shards", type=int, default=1, help="number of shard sets (fan-out workers)")
-    _common(ex)
-    C.add_flags(ex, ExtractSettings, "extract")
-    ex.set_defaults(func=cmd_extract)
 
-    tr = sub.add_parser("train", help="train (or resume) the draft on extracted hidden states; works under torchrun")
-    tr.add_argument("--target", help="target directory (teacher head, embeddings)")
-    _common(tr)
-    C.add_flags(tr, TrainSettings, "train")
-    C.add_flags(tr, C.DraftSettings, "draft")
-    tr.set_defaults(func=cmd_train)
+    _stage_parser(sub, "train", "train (or resume) the draft on extracted hidden states; works under torchrun",
+                  "target directory (teacher head, embeddings)", {"train": TrainSettings, "draft": C.DraftSettings},
+                  cmd_train)
 
     c = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True)
     cs = c.add_parser("show", help="print the resolved configuration")

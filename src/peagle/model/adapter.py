@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..localfs import staged
 from .draft import PEagleDraftModel
 from .spec import SUPPORTED_DRAFT_ARCHS, DraftSpec
 
@@ -211,13 +210,6 @@ def export_tensors(model: PEagleDraftModel, dtype: torch.dtype = torch.bfloat16)
     return out
 
 
-def _make_readable(d: Path) -> None:
-    # mkdtemp/safetensors create owner-only modes; serving containers run under arbitrary UIDs.
-    os.chmod(d, 0o755)
-    for f in d.iterdir():
-        os.chmod(f, 0o644)
-
-
 def save_draft(model: PEagleDraftModel, out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
                extra_files: dict[str, str] | None = None) -> Path:
     """Write a vLLM-servable checkpoint atomically. Refuses incomplete checkpoints."""
@@ -226,24 +218,11 @@ def save_draft(model: PEagleDraftModel, out_dir: str | os.PathLike, dtype: torch
     _check_tensors(model.spec, tensors, str(out))
     cfg = spec_to_config(model.spec, dtype)
     config_to_spec(json.loads(json.dumps(cfg)), str(out / CONFIG_FILE))  # what we write must read back
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged(out) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         (tmp / CONFIG_FILE).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")  # last
-        _make_readable(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

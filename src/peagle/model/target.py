@@ -17,10 +17,11 @@ import logging
 import os
 import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..localfs import publish, staging_dir
 
 log = logging.getLogger(__name__)
 
@@ -247,26 +248,6 @@ def fingerprint(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _atomic_dir(out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-
-
-def _publish_dir(tmp: Path, out: Path) -> None:
-    # mkdtemp creates 0700; serving containers read these files under arbitrary UIDs.
-    os.chmod(tmp, 0o755)
-    for f in tmp.iterdir():
-        if f.is_file():
-            os.chmod(f, 0o644)
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-
-
 def _save_gguf(gguf: Path, tmp: Path, dtype: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -292,7 +273,7 @@ def prepare_target(source: str, out: str | os.PathLike, dtype: str = "bfloat16",
     src = embedded_smollm2_gguf() if source == "smollm2" else Path(source)
     if not src.exists():
         raise TargetError(f"target source {src} does not exist")
-    tmp = _atomic_dir(out)
+    tmp = staging_dir(out)
     try:
         if src.is_file():
             if src.suffix != ".gguf":
@@ -329,7 +310,7 @@ def prepare_target(source: str, out: str | os.PathLike, dtype: str = "bfloat16",
             "fingerprint": fingerprint(tmp),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")  # manifest last
-        _publish_dir(tmp, out)
+        publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
