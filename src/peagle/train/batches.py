@@ -20,6 +20,7 @@ import json
 import queue
 import random
 import threading
+import time
 from dataclasses import dataclass, field, fields
 from typing import Callable, Iterator
 
@@ -195,11 +196,13 @@ class Prefetcher:
     """Runs ``produce(item)`` for each item on a background thread, at most ``depth`` results ahead.
 
     Iterating yields results in order; an exception in the thread is re-raised in the consumer.
-    ``depth=0`` runs synchronously (no thread). Call :meth:`close` to stop early.
+    ``depth=0`` runs synchronously (no thread). Call :meth:`close` to stop early. ``wait_s`` is the
+    time the consumer spent waiting for results (all of ``produce`` when synchronous).
     """
 
     def __init__(self, items: list, produce: Callable, depth: int):
         self.items, self.produce, self.depth = items, produce, depth
+        self.wait_s = 0.0
         self._stop = threading.Event()
         self._thread = None
         if depth > 0:
@@ -228,10 +231,15 @@ class Prefetcher:
     def __iter__(self) -> Iterator:
         if self._thread is None:
             for item in self.items:
-                yield self.produce(item)
+                t0 = time.perf_counter()
+                value = self.produce(item)
+                self.wait_s += time.perf_counter() - t0
+                yield value
             return
         while True:
+            t0 = time.perf_counter()
             kind, value = self._queue.get()
+            self.wait_s += time.perf_counter() - t0
             if kind == "done":
                 return
             if kind == "error":

@@ -169,7 +169,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     final_sd, saved_last = None, False
     prefetcher = Prefetcher(list(range(start, total_steps)), rows_of_step, s.prefetch)
     t_start = time.perf_counter()
-    t_last, tokens_since = t_start, 0.0
+    t_last, tokens_since, wait_last = t_start, 0.0, 0.0
     window = torch.zeros(2 + 2 * K, dtype=torch.float64)  # summed stats of the steps since the last log line
     try:
         wrapped.train()
@@ -200,8 +200,10 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                 last_metrics = {"step": done, "epoch": steps[step].epoch, "lr": lr, "grad_norm": grad_norm,
                                 **metrics_from_stats(window, K), "tokens": tokens_since,
                                 "tokens_per_s": tokens_since / max(now - t_last, 1e-9), "elapsed_s": elapsed,
-                                "eta_s": elapsed / (done - start) * (total_steps - done)}
-                t_last, tokens_since = now, 0.0
+                                "eta_s": elapsed / (done - start) * (total_steps - done),
+                                # share of wall time this rank's step loop waited for its next batch
+                                "data_wait_share": (prefetcher.wait_s - wait_last) / max(now - t_last, 1e-9)}
+                t_last, tokens_since, wait_last = now, 0.0, prefetcher.wait_s
                 window.zero_()
                 if env.is_main:
                     write_metrics(metrics_path, last_metrics)
