@@ -42,7 +42,7 @@ def main() -> None:
     results = {p: run(work, dataset, p, args.steps) for p in (2, 0)}
     for p, m in results.items():
         print(f"prefetch={p}: data_wait_share {m['data_wait_share']:.3f}  tokens/s {m['tokens_per_s']:.0f}  "
-              f"({m["step"]} steps, SmolLM2 hidden 576, 2 rows of <= 1024 tokens per step)")
+              f"({m['step']} steps, SmolLM2 hidden 576, 2 rows of <= 1024 tokens per step)")
     print(f"reader wait share with prefetch: {results[2]['data_wait_share']:.3f} of step time "
           f"(synchronous: {results[0]['data_wait_share']:.3f})")
 
