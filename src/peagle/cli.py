@@ -214,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         from .deploy.cli import main as deploy_main
 
         return deploy_main(argv[1:])
+    if argv[:1] == ["evaluate"]:
+        # `peagle evaluate` has its own parser (engine / endpoint / gate); exit 1 = below the gate.
+        from .evaluate.__main__ import main as evaluate_main
+
+        return evaluate_main(argv[1:])
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     from .data import PrepareError

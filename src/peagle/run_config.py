@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from .config import DraftSettings, StrictModel, TargetSettings
 from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
+from .evaluate.settings import EvaluateSettings
 from .extract.settings import ExtractSettings
 from .train.settings import TrainSettings
 
@@ -23,6 +24,7 @@ class RunConfig(StrictModel):
     prepare: PrepareSettings = Field(default_factory=PrepareSettings)
     extract: ExtractSettings = Field(default_factory=ExtractSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
+    evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
     work_dir: str = Field("runs/local", description="where local outputs go")
 
     @model_validator(mode="after")

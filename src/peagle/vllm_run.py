@@ -7,6 +7,20 @@ its JSON result. The same module is the engine-side entry for the evaluation sta
 Job keys: ``model`` (target dir, or a draft dir for the short form), ``draft`` (optional draft dir,
 long form), ``num_speculative_tokens``, ``prompts`` (list of chat message lists or strings),
 ``max_tokens``, ``temperature``, ``max_model_len``, ``dtype``, ``seed``.
+
+Measurement jobs (the evaluation stage) also give
+
+* ``workloads``: a list of ``{"name", "prompts", "max_tokens", "temperature", "top_p", "top_k",
+  "seed", "ignore_eos", "repeats"}``, run one after another on the same engine, each as one batch;
+  every workload's result carries its own spec-decode counters (snapshot after minus snapshot
+  before, so earlier workloads and the warm-up are not counted), its outputs, token counts and wall
+  time (with ``repeats`` > 1 the batch is run again for timing only and the fastest pass counts);
+* ``warmup``: run one short request first, so the first workload does not pay one-off costs;
+* ``in_process``: run vLLM's engine core and worker inside this interpreter
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``): an engine then
+  starts in seconds instead of spawning two processes that import vLLM again (CPU tests);
+* ``engine_args``: extra ``vllm.LLM`` keyword arguments (e.g. ``gpu_memory_utilization``,
+  ``tensor_parallel_size``).
 """
 from __future__ import annotations
 
@@ -14,36 +28,53 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
-SPEC_COUNTERS = (
-    "vllm:spec_decode_num_drafts",
-    "vllm:spec_decode_num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens",
-)
-SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+from .evaluate.counters import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, counts_from_vllm_metrics
+
+SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED)
+SPEC_PER_POS = ACCEPTED_PER_POS
+
+
+def _in_process_env() -> dict[str, str]:
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # On CPU vLLM pins the worker's OpenMP threads and reserves a core for the frontend process;
+        # in-process there is no separate frontend, so pinning would leave one process on one core ...
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        # ... and like vLLM, leave one core to the scheduler: OpenMP threads spinning on a busy core made
+        # a shared 2-core machine 2-3x slower. Takes effect when torch is first imported (first job).
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1)),
+    }
+
+
+_CALLER_ENV = {k: os.environ.get(k) for k in _in_process_env()}  # the caller's own choices win
+
+
+def _set_engine_env(in_process: bool) -> None:
+    """vLLM reads these when an engine is built, so jobs of one interpreter may differ."""
+    for key, value in _in_process_env().items():
+        mine = value if in_process else None
+        chosen = _CALLER_ENV[key] if _CALLER_ENV[key] is not None else mine
+        if chosen is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = chosen
 
 
 def spec_decode_counts(metrics) -> dict[str, Any]:
-    """Spec-decode counters from ``LLM.get_metrics()`` objects, summed over label sets."""
-    out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_pos": []}
-    keys = dict(zip(SPEC_COUNTERS, ("drafts", "draft_tokens", "accepted_tokens")))
-    for m in metrics:
-        name = getattr(m, "name", "")
-        if name in keys:
-            out[keys[name]] += int(getattr(m, "value", 0))
-        elif name == SPEC_PER_POS:
-            vals = [int(v) for v in getattr(m, "values", [])]
-            acc = out["accepted_per_pos"]
-            if len(acc) < len(vals):
-                acc.extend([0] * (len(vals) - len(acc)))
-            for i, v in enumerate(vals):
-                acc[i] += v
-    return out
+    """Spec-decode counters from ``LLM.get_metrics()`` objects, summed over label sets.
+
+    A plain dict ``{"drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"}``; the
+    normalisation is :mod:`peagle.evaluate.counters` (shared with the Prometheus text parser).
+    """
+    return counts_from_vllm_metrics(metrics).as_dict()
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(job.get("kv_cache_gib", 1)))
+    _set_engine_env(bool(job.get("in_process")))
     from vllm import LLM, SamplingParams
 
     kwargs: dict[str, Any] = dict(
@@ -56,6 +87,9 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         trust_remote_code=False,
         max_num_seqs=int(job.get("max_num_seqs", 16)),
     )
+    if job.get("in_process"):
+        kwargs["distributed_executor_backend"] = "uni"
+    kwargs.update(job.get("engine_args") or {})
     if job.get("draft"):
         kwargs["speculative_config"] = {
             "method": "eagle3",
@@ -63,7 +97,13 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
             "num_speculative_tokens": int(job["num_speculative_tokens"]),
             "parallel_drafting": True,
         }
+    t0 = time.perf_counter()
     llm = LLM(**kwargs)
+    if "workloads" in job:
+        try:
+            return _run_workloads(llm, job, time.perf_counter() - t0)
+        finally:
+            _shutdown(llm)
     params = SamplingParams(
         max_tokens=int(job.get("max_tokens", 32)),
         temperature=float(job.get("temperature", 0.0)),
@@ -83,6 +123,66 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     }
     _shutdown(llm)
     return result
+
+
+def _run_workloads(llm, job: dict[str, Any], engine_start_s: float) -> dict[str, Any]:
+    """Each workload as one batch on the warm engine, with its own counter difference and timing."""
+    from vllm import SamplingParams
+
+    if job.get("warmup", True):
+        _generate(llm, [job["workloads"][0]["prompts"][0]], SamplingParams(max_tokens=4, temperature=0.0))
+    results = []
+    for w in job["workloads"]:
+        params = SamplingParams(
+            max_tokens=int(w.get("max_tokens", 32)),
+            temperature=float(w.get("temperature", 0.0)),
+            top_p=float(w.get("top_p", 1.0)),
+            top_k=int(w.get("top_k", 0)),
+            seed=w.get("seed"),
+            ignore_eos=bool(w.get("ignore_eos", False)),
+        )
+        before = counts_from_vllm_metrics(llm.get_metrics())
+        t = time.perf_counter()
+        outs = _generate(llm, w["prompts"], params)
+        elapsed = time.perf_counter() - t
+        counts = counts_from_vllm_metrics(llm.get_metrics()).minus(before)
+        timings = [elapsed]
+        for _ in range(int(w.get("repeats", 1)) - 1):  # timing only: counters and outputs are the first pass's
+            t = time.perf_counter()
+            _generate(llm, w["prompts"], params)
+            timings.append(time.perf_counter() - t)
+        token_ids = [list(o.outputs[0].token_ids) for o in outs]
+        results.append({
+            "name": w.get("name", ""),
+            "texts": [o.outputs[0].text for o in outs],
+            "token_ids": token_ids,
+            "prompt_token_ids": [list(o.prompt_token_ids or []) for o in outs],
+            "prompt_tokens": sum(len(o.prompt_token_ids or []) for o in outs),
+            "generated_tokens": sum(len(t) for t in token_ids),
+            "elapsed_s": min(timings),  # the least disturbed pass
+            "elapsed_all_s": timings,
+            "spec_decode": counts.as_dict(),
+        })
+    return {"workloads": results, "speculative_config": _spec_config_of(llm), "engine_start_s": engine_start_s,
+            "device": _device()}
+
+
+def _device() -> str:
+    """What the engine ran on, e.g. "cpu" or "cuda (NVIDIA H200)"."""
+    from vllm.platforms import current_platform
+
+    kind = str(getattr(current_platform, "device_type", "") or "unknown")
+    try:
+        name = current_platform.get_device_name()
+    except Exception:  # noqa: BLE001 - a missing name must not fail a measurement
+        name = ""
+    return f"{kind} ({name})" if name and name != kind else kind
+
+
+def _generate(llm, prompts: list, params):
+    if prompts and isinstance(prompts[0], list):
+        return llm.chat(prompts, params, use_tqdm=False)
+    return llm.generate(prompts, params, use_tqdm=False)
 
 
 def _shutdown(llm) -> None:

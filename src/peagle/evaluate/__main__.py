@@ -1,0 +1,134 @@
+"""``python -m peagle.evaluate``: measure a P-EAGLE draft with real vLLM, write report.json/.html, gate.
+
+    python -m peagle.evaluate --target DIR --draft DIR [--num-speculative-tokens 1 2 4] \\
+        [--temperatures 0 0.7] [--prompt-sets code math ...] [--min-acceptance-length 2.0]
+    python -m peagle.evaluate --endpoint https://my-isvc.example.com [--baseline-endpoint URL] ...
+    python -m peagle.evaluate --check runs/local/evaluate/report.json --min-acceptance-length 2.0
+
+``--config run.yaml`` reads the ``target``, ``evaluate`` and ``work_dir`` sections of a run
+configuration (other stages' sections are ignored here); ``--set evaluate.key=value`` overrides.
+
+Exit status: 0 evaluated (and the gate passed), 1 the gate failed (acceptance length below
+``min_acceptance_length``, or greedy outputs changed with ``require_lossless``), 2 bad
+configuration or input, 3 the measurement failed (vLLM or the endpoint).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .. import config as C
+from .settings import EvaluateRunConfig, EvaluateSettings
+
+SECTION = "evaluate"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m peagle.evaluate", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--config", help="YAML run configuration (target / evaluate / work_dir sections are read)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set evaluate.max_tokens=128 (repeatable)")
+    p.add_argument("--target", help="target directory (target.path)")
+    p.add_argument("--check", metavar="REPORT_JSON",
+                   help="only re-apply the gate to an existing report.json (no vLLM run)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    C.add_flags(p, EvaluateSettings, SECTION)
+    return p
+
+
+def _nest(data: dict[str, Any], dotted: str, value: Any) -> None:
+    cur = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = cur.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise C.ConfigError(f"cannot set '{dotted}': '{part}' is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def load_config(config: str | None, overrides: list[str], values: dict[str, Any]) -> EvaluateRunConfig:
+    """YAML (only this stage's sections) < ``--set`` overrides < explicit flags; validated strictly."""
+    data: dict[str, Any] = {}
+    if config:
+        try:
+            loaded = yaml.safe_load(Path(config).read_text()) or {}
+        except FileNotFoundError:
+            raise C.ConfigError(f"config file not found: {config}") from None
+        except yaml.YAMLError as exc:
+            raise C.ConfigError(f"{config}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise C.ConfigError(f"{config}: top level must be a mapping")
+        # A full run configuration carries every stage's section; this entry reads only its own.
+        data = {k: v for k, v in loaded.items() if k in EvaluateRunConfig.model_fields}
+    for text in overrides:
+        key, value = C.parse_override(text)
+        _nest(data, key, value)
+    for key, value in values.items():
+        _nest(data, key, value)
+    try:
+        return EvaluateRunConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise C.ConfigError(f"configuration error{f' in {config}' if config else ''}: {problems}") from None
+
+
+def _check(report_path: str, cfg: EvaluateRunConfig) -> int:
+    from .report import apply_gate
+
+    try:
+        report = json.loads(Path(report_path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"peagle evaluate: error: cannot read {report_path}: {exc}", file=sys.stderr)
+        return 2
+    gate = apply_gate(report, cfg.evaluate.min_acceptance_length, cfg.evaluate.require_lossless)
+    print(f"gate {'passed' if gate.passed else 'FAILED'}: acceptance length {gate.acceptance_length}"
+          + "".join(f"\n  {r}" for r in gate.reasons))
+    return 0 if gate.passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    from ..extract import DatasetMismatchError, ExtractError
+    from ..model import CheckpointError, TargetError
+    from .endpoint import EndpointError
+    from .prompts import PromptSetError
+
+    values = C.flag_values(ns)
+    if ns.target:
+        values["target.path"] = ns.target
+    try:
+        cfg = load_config(ns.config, ns.overrides, values)
+        if ns.check:
+            return _check(ns.check, cfg)
+        from .run import EvaluationError, evaluate, summary_lines
+
+        outcome = evaluate(cfg)
+    except (C.ConfigError, TargetError, CheckpointError, PromptSetError, DatasetMismatchError, ExtractError) as exc:
+        print(f"peagle evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    except (EvaluationError, EndpointError) as exc:
+        print(f"peagle evaluate: measurement failed: {exc}", file=sys.stderr)
+        return 3
+    for line in summary_lines(outcome.report):
+        print(line)
+    print(f"report: {outcome.report_json} and {outcome.report_html}")
+    if not outcome.passed:
+        for reason in outcome.report["gate"]["reasons"]:
+            print(f"gate FAILED: {reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""``report.html``: one self-contained page (plots embedded as base64 PNG, no scripts, no fetches),
+readable in a browser and in the Kubeflow Pipelines HTML artifact viewer."""
+from __future__ import annotations
+
+import base64
+import html
+import json
+from typing import Any
+
+from .plots import render_plots
+
+PLOT_TITLES = {
+    "per_position_acceptance": "Acceptance per draft position, per category",
+    "acceptance_length_vs_k": "Acceptance length vs K",
+    "speedup_vs_k": "Throughput speedup vs K",
+    "offline_agreement": "Offline agreement on held-out hidden states",
+}
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1100px; }
+table { border-collapse: collapse; margin: 8px 0 20px; font-size: 14px; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f3f3f3; }
+.pass { color: #0a7a2a; font-weight: bold; } .fail { color: #b00020; font-weight: bold; }
+code { background: #f6f6f6; padding: 1px 4px; }
+figure { margin: 0 0 24px; } figcaption { font-size: 13px; color: #555; }
+"""
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return html.escape(str(v))
+
+
+def _pct_list(vals: list[float] | None) -> str:
+    return " / ".join(f"{100 * v:.1f}" for v in vals) if vals else "–"
+
+
+def _lossless(l: dict[str, Any] | None) -> str:
+    if not l:
+        return "–"
+    cls = "pass" if l["identical"] == l["compared"] else "fail"
+    return f'<span class="{cls}">{l["identical"]}/{l["compared"]}</span>'
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    thead = f"<thead><tr>{head}</tr></thead>" if any(headers) else ""
+    return f"<table>{thead}<tbody>{body}</tbody></table>"
+
+
+def render_html(report: dict[str, Any], plots: dict[str, bytes] | None = None) -> str:
+    """The page for ``report`` (plots rendered here unless given)."""
+    plots = render_plots(report) if plots is None else plots
+    s = report["summary"]
+    gate = report.get("gate")
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>P-EAGLE evaluation</title>"
+             f"<style>{CSS}</style></head><body>", "<h1>P-EAGLE draft evaluation</h1>"]
+
+    parts.append("<h2>Summary</h2>")
+    rows = [["mode", _fmt(report["mode"])], ["device", _fmt(report.get("device"))],
+            ["K (num_speculative_tokens)", _fmt(s["num_speculative_tokens"])],
+            ["sampling", html.escape(json.dumps(s["sampling"]))],
+            ["acceptance length", _fmt(s["acceptance_length"])],
+            ["per-position acceptance (%)", _pct_list(s["per_position_acceptance"])],
+            ["speedup (tokens/s ratio)", _fmt(s["speedup"])],
+            ["greedy outputs identical", _lossless(s.get("lossless"))]]
+    if "offline_expected_acceptance_length" in s:
+        rows.append(["offline chain estimate of AL", _fmt(s["offline_expected_acceptance_length"])])
+    if gate:
+        verdict = '<span class="pass">passed</span>' if gate["passed"] else '<span class="fail">FAILED</span>'
+        detail = "; ".join(html.escape(r) for r in gate["reasons"])
+        rows.append(["gate", f"{verdict} (min AL {_fmt(gate['min_acceptance_length'])}) {detail}"])
+    parts.append(_table(["", ""], rows))
+
+    parts.append(f"<h2>Per category (K={s['num_speculative_tokens']}, {html.escape(s['sampling']['name'])})</h2>")
+    parts.append(_table(["category", "acceptance length", "per-position acceptance (%)", "tokens/s", "baseline tokens/s",
+                         "speedup"],
+                        [[html.escape(c), _fmt(f["acceptance_length"]), _pct_list(f["per_position_acceptance"]),
+                          _fmt(f["tokens_per_s"], 1), _fmt(f["baseline_tokens_per_s"], 1), _fmt(f["speedup"])]
+                         for c, f in s["categories"].items()]))
+
+    parts.append("<h2>All runs</h2>")
+    parts.append(_table(["K", "sampling", "acceptance length", "per-position acceptance (%)", "drafts", "speedup",
+                         "greedy identical"],
+                        [[_fmt(e["num_speculative_tokens"]), html.escape(e["sampling"]["name"]),
+                          _fmt(e["overall"]["acceptance_length"]), _pct_list(e["overall"]["per_position_acceptance"]),
+                          _fmt(e["overall"]["counts"]["drafts"]), _fmt(e["overall"]["speedup"]),
+                          _lossless(e["overall"]["lossless"])] for e in report["runs"]]))
+
+    for name, png in plots.items():
+        data = base64.b64encode(png).decode()
+        title = PLOT_TITLES.get(name, name)
+        parts.append(f'<figure><img id="plot-{name}" alt="{html.escape(title)}" '
+                     f'src="data:image/png;base64,{data}"><figcaption>{html.escape(title)}</figcaption></figure>')
+
+    parts.append("<h2>Models and prompts</h2>")
+    t, d = report.get("target") or {}, report.get("draft") or {}
+    parts.append(_table(["", ""], [
+        ["target", f"<code>{_fmt(t.get('path'))}</code>"], ["target fingerprint", f"<code>{_fmt(t.get('fingerprint'))}</code>"],
+        ["draft", f"<code>{_fmt(d.get('path'))}</code>"], ["draft sha256", f"<code>{_fmt(d.get('sha256'))}</code>"],
+        ["draft trained depths", _fmt(d.get("trained_depths"))]]))
+    parts.append(_table(["category", "prompts", "source", "attribution"],
+                        [[html.escape(c), _fmt(p["count"]), html.escape(p["source"]), html.escape(p["attribution"])]
+                         for c, p in report["prompt_sets"].items()]))
+    if str(report.get("device") or "").startswith("cpu"):
+        parts.append("<p><b>Measured on CPU:</b> a small target is compute-bound there, so speculation can lower "
+                     "batched tokens/s even when drafts are accepted; acceptance length and per-position "
+                     "acceptance are the figures that carry over to GPUs.</p>")
+    parts.append("<p>Acceptance length = 1 + accepted / drafts; per-position acceptance = accepted at position / "
+                 "drafts (vLLM spec-decode counters, differenced around each workload). The offline estimate is "
+                 "1 + &Sigma;<sub>k&lt;K</sub> &Pi;<sub>j&le;k</sub> p<sub>j</sub> from conditional top-1 agreement "
+                 "on held-out hidden states.</p>")
+    parts.append(f"<p>Created {html.escape(str(report.get('created_utc')))} · format "
+                 f"<code>{html.escape(report['format'])}</code></p></body></html>")
+    return "\n".join(parts)

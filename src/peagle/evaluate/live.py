@@ -1,0 +1,157 @@
+"""Live measurement with real vLLM: workloads, the offline-API runner and the shared result types.
+
+A *workload* is one category's prompts under one sampling setting, sent as one batch. Every
+engine (the target alone, then target + draft for each K) runs the same workloads in the same
+order with the same batches, so greedy outputs are comparable token by token (on CPU, greedy
+output depends on batch composition — vllm-on-cpu.md) and tokens/s are measured side by side.
+
+The offline-API runner drives :mod:`peagle.vllm_run` (all engines in one child interpreter, which
+pays vLLM's import once); its spec-decode counters per workload are differences of
+``LLM.get_metrics()`` snapshots taken around the batch. The endpoint runner
+(:mod:`peagle.evaluate.endpoint`) returns the same :class:`EngineRun` records from ``/metrics``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .counters import SpecDecodeCounts
+from .prompts import PromptSet
+from .settings import EvaluateSettings
+
+BASELINE = 0  # the K of the target-alone run
+
+
+@dataclass(frozen=True)
+class Sampling:
+    name: str
+    temperature: float
+    top_p: float
+    seed: int
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "temperature": self.temperature,
+                "top_p": 1.0 if self.greedy else self.top_p, "seed": self.seed}
+
+
+def samplings_of(settings: EvaluateSettings) -> list[Sampling]:
+    return [Sampling("greedy" if t == 0 else f"T={t:g}", float(t), settings.top_p, settings.seed)
+            for t in settings.temperatures]
+
+
+@dataclass
+class Workload:
+    category: str
+    sampling: Sampling
+    prompt_ids: list[str]
+    chats: list[list[dict[str, str]]]
+    max_tokens: int
+    ignore_eos: bool
+    repeats: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.category}@{self.sampling.name}"
+
+    def job(self) -> dict[str, Any]:
+        """The workload as a :mod:`peagle.vllm_run` workload entry."""
+        s = self.sampling.as_dict()
+        return {"name": self.name, "prompts": self.chats, "max_tokens": self.max_tokens,
+                "temperature": s["temperature"], "top_p": s["top_p"], "seed": s["seed"],
+                "ignore_eos": self.ignore_eos, "repeats": self.repeats}
+
+
+def build_workloads(prompt_sets: dict[str, PromptSet], samplings: list[Sampling], max_tokens: int,
+                    ignore_eos: bool, system_prompt: str | None = None, repeats: int = 1) -> list[Workload]:
+    """Sampling-major, then category in the prompt-set order."""
+    return [Workload(cat, s, [p.id for p in ps.prompts], [p.chat(system_prompt) for p in ps.prompts],
+                     max_tokens, ignore_eos, repeats)
+            for s in samplings for cat, ps in prompt_sets.items() if ps.prompts]
+
+
+@dataclass
+class WorkloadResult:
+    """What one engine produced for one workload."""
+
+    name: str
+    counts: SpecDecodeCounts
+    generated_tokens: int
+    elapsed_s: float
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[list[int]] | None = None  # None when the source does not return ids (endpoint)
+    prompt_token_ids: list[list[int]] | None = None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else None
+
+
+@dataclass
+class EngineRun:
+    """One engine configuration (K = 0: the target alone) over all workloads."""
+
+    num_speculative_tokens: int
+    results: dict[str, WorkloadResult]  # by workload name
+    engine_start_s: float | None = None
+    speculative_config: dict[str, Any] | None = None
+    device: str | None = None  # what vLLM ran on ("cpu", "cuda (...)"); None for an endpoint
+
+
+def _engine_run(k: int, raw: dict[str, Any]) -> EngineRun:
+    results = {}
+    for w in raw["workloads"]:
+        results[w["name"]] = WorkloadResult(
+            name=w["name"], counts=SpecDecodeCounts.from_dict(w["spec_decode"]),
+            generated_tokens=int(w["generated_tokens"]), elapsed_s=float(w["elapsed_s"]), texts=list(w["texts"]),
+            token_ids=[list(t) for t in w["token_ids"]],
+            prompt_token_ids=[list(t) for t in w.get("prompt_token_ids", [])] or None)
+    return EngineRun(k, results, raw.get("engine_start_s"), raw.get("speculative_config"), raw.get("device"))
+
+
+def default_enforce_eager(settings: EvaluateSettings) -> bool:
+    if settings.enforce_eager is not None:
+        return settings.enforce_eager
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def offline_api_jobs(settings: EvaluateSettings, target_dir: str, draft_dir: str, ks: list[int],
+                     workloads: list[Workload]) -> list[tuple[int, dict[str, Any]]]:
+    """(K, vllm_run job) per engine: the baseline first (when measured), then each K."""
+    engine_args: dict[str, Any] = {"enforce_eager": default_enforce_eager(settings),
+                                   "tensor_parallel_size": settings.tensor_parallel_size}
+    if settings.gpu_memory_utilization is not None:
+        engine_args["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    common = {"model": target_dir, "dtype": settings.dtype, "max_model_len": settings.max_model_len,
+              "max_num_seqs": settings.max_num_seqs, "seed": settings.seed, "kv_cache_gib": settings.cpu_kv_cache_gib,
+              "in_process": settings.engine_in_process, "engine_args": engine_args, "warmup": True,
+              "workloads": [w.job() for w in workloads]}
+    jobs = [(BASELINE, dict(common))] if settings.measure_baseline else []
+    jobs += [(k, {**common, "draft": draft_dir, "num_speculative_tokens": k}) for k in ks]
+    return jobs
+
+
+def run_offline_api(settings: EvaluateSettings, target_dir: str, draft_dir: str, ks: list[int],
+                    workloads: list[Workload], raw_log: Path | None = None) -> list[EngineRun]:
+    """Run every engine of the sweep in one child interpreter; returns one :class:`EngineRun` each."""
+    from ..vllm_run import run_in_subprocess
+
+    jobs = offline_api_jobs(settings, target_dir, draft_dir, ks, workloads)
+    raw = run_in_subprocess([j for _, j in jobs], timeout=settings.timeout_s)
+    if raw_log is not None:  # every engine's outputs and counts (see peagle.evaluate.run.ENGINE_OUTPUTS)
+        raw_log.parent.mkdir(parents=True, exist_ok=True)
+        raw_log.write_text(json.dumps([{"num_speculative_tokens": k, **r} for (k, _), r in zip(jobs, raw)]) + "\n")
+    runs = [_engine_run(k, r) for (k, _), r in zip(jobs, raw)]
+    for run in runs[1 if settings.measure_baseline else 0:]:
+        sc = run.speculative_config or {}
+        if not (sc.get("method") == "eagle3" and sc.get("parallel_drafting")
+                and sc.get("num_speculative_tokens") == run.num_speculative_tokens):
+            raise RuntimeError(f"vLLM did not serve the draft as P-EAGLE with K={run.num_speculative_tokens}: {sc}")
+    return runs

@@ -1,0 +1,169 @@
+"""matplotlib figures of a report, as PNG bytes (Agg canvas; no pyplot global state, no display).
+
+Every function takes the report dict of :mod:`peagle.evaluate.report` and returns PNG bytes, or
+None when the report has nothing to draw for it (e.g. no baseline for the speedup plot).
+"""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+DPI = 100
+SIZE = (7.5, 4.2)
+
+
+def _figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=SIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def _headline_entry(report: dict[str, Any]) -> dict[str, Any]:
+    s = report["summary"]
+    return next(e for e in report["runs"] if e["num_speculative_tokens"] == s["num_speculative_tokens"]
+                and e["sampling"]["name"] == s["sampling"]["name"])
+
+
+def per_position_acceptance_png(report: dict[str, Any]) -> bytes | None:
+    """Acceptance per draft position (a_i = accepted_at_pos[i] / drafts), one line per category."""
+    entry = _headline_entry(report)
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    drawn = False
+    for cat, f in entry["categories"].items():
+        y = f["per_position_acceptance"]
+        if y:
+            ax.plot(range(1, len(y) + 1), y, marker="o", linewidth=1.2, alpha=0.85, label=cat)
+            drawn = True
+    y = entry["overall"]["per_position_acceptance"]
+    if y:
+        ax.plot(range(1, len(y) + 1), y, marker="s", color="black", linewidth=2.5, label="overall")
+        drawn = True
+    if not drawn:
+        return None
+    k = entry["num_speculative_tokens"]
+    ax.set_xticks(range(1, k + 1))
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance (accepted at position / drafts)")
+    ax.set_title(f"Per-position acceptance, K={k}, {entry['sampling']['name']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    return _png(fig)
+
+
+def acceptance_length_vs_k_png(report: dict[str, Any]) -> bytes | None:
+    """AL vs K: overall per sampling (thick), categories of the headline sampling (thin), offline estimate."""
+    curves = report["acceptance_length_vs_k"]
+    head = report["summary"]["sampling"]["name"]
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    drawn = False
+
+    def points(curve: dict[str, float | None]):
+        pts = sorted((int(k), v) for k, v in curve.items() if v is not None)
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    for cat, curve in curves.get(head, {}).items():
+        if cat == "overall":
+            continue
+        x, y = points(curve)
+        if x:
+            ax.plot(x, y, marker=".", linewidth=1, alpha=0.7, label=f"{cat} ({head})")
+            drawn = True
+    for i, (name, cs) in enumerate(curves.items()):
+        x, y = points(cs["overall"])
+        if x:
+            ax.plot(x, y, marker="s", linewidth=2.5, color="black" if name == head else f"C{7 + i % 3}",
+                    linestyle="-" if name == head else "--", label=f"overall ({name})")
+            drawn = True
+    offline = report.get("offline")
+    if offline:
+        x, y = points(offline["expected_acceptance_length"])
+        ax.plot(x, y, linestyle=":", marker="^", color="grey", label="offline chain estimate")
+        drawn = True
+    if not drawn:
+        return None
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(sorted({int(k) for cs in curves.values() for k in cs["overall"]}))
+    ax.set_xlabel("K (num_speculative_tokens)")
+    ax.set_ylabel("acceptance length (1 + accepted / drafts)")
+    ax.set_title("Acceptance length vs K")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    return _png(fig)
+
+
+def speedup_vs_k_png(report: dict[str, Any]) -> bytes | None:
+    """Throughput ratio (with draft / without) vs K, per sampling."""
+    by_sampling: dict[str, list[tuple[int, float]]] = {}
+    for e in report["runs"]:
+        sp = e["overall"]["speedup"]
+        if sp is not None:
+            by_sampling.setdefault(e["sampling"]["name"], []).append((e["num_speculative_tokens"], sp))
+    if not by_sampling:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    for name, pts in by_sampling.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linewidth=2, label=name)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(sorted({p[0] for pts in by_sampling.values() for p in pts}))
+    ax.set_xlabel("K (num_speculative_tokens)")
+    ax.set_ylabel("speedup (tokens/s with draft / without)")
+    ax.set_title("Throughput speedup vs K (same prompts, same run)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def offline_agreement_png(report: dict[str, Any]) -> bytes | None:
+    """Offline per-depth agreement (unconditional, conditional, prefix) on held-out hidden states."""
+    off = report.get("offline")
+    if not off:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    for key, label, style in (("per_depth_agreement", "top-1 agreement at depth", "o-"),
+                              ("conditional_agreement", "conditional (given earlier depths agree)", "^--"),
+                              ("prefix_agreement", "prefix (all depths <= d agree)", "s-")):
+        vals = off[key]
+        xs = [i + 1 for i, v in enumerate(vals) if v is not None]
+        ax.plot(xs, [v for v in vals if v is not None], style, label=label)
+    ax.set_ylim(0, 1.02)
+    ax.set_xticks(range(1, off["num_depths"] + 1))
+    ax.set_xlabel("draft position (depth + 1)")
+    ax.set_ylabel("fraction")
+    ax.set_title(f"Offline agreement on {off['num_samples']} samples ({off['num_anchors']} anchors)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+PLOTS = {
+    "per_position_acceptance": per_position_acceptance_png,
+    "acceptance_length_vs_k": acceptance_length_vs_k_png,
+    "speedup_vs_k": speedup_vs_k_png,
+    "offline_agreement": offline_agreement_png,
+}
+
+
+def render_plots(report: dict[str, Any]) -> dict[str, bytes]:
+    """name -> PNG bytes for every plot that has data."""
+    out = {}
+    for name, fn in PLOTS.items():
+        png = fn(report)
+        if png is not None:
+            out[name] = png
+    return out

@@ -1,0 +1,214 @@
+"""``report.json``: every figure of one evaluation, per category and overall, and the gate.
+
+Layout (``format`` = :data:`REPORT_FORMAT`)::
+
+    mode                "offline-api" | "endpoint"
+    device              what vLLM ran on ("cpu", "cuda (NVIDIA H200)"); null for an endpoint
+    target              {path, fingerprint}            peagle.model.target.fingerprint
+    draft               {path, sha256, trained_depths, mask_token_id}
+                        sha256 over model.safetensors then config.json
+    prompt_sets         {category: {source, attribution, count, ids}}
+    samplings           [{name, temperature, top_p, seed}]
+    num_speculative_tokens  [K, ...]                   the sweep
+    baseline            {sampling: {overall: {...}, categories: {category: {...}}}} | null
+    runs                [{num_speculative_tokens, sampling, overall: FIG, categories: {category: FIG}}]
+    acceptance_length_vs_k  {sampling: {"overall" | category: {"K": AL}}}
+    summary             the headline: K, sampling (greedy if evaluated), AL, per-position
+                        acceptance, speedup, losslessness, and the same per category
+    offline             OfflineAgreement.as_dict() | null
+    gate                {min_acceptance_length, require_lossless, acceptance_length, passed, reasons}
+
+FIG = SpecDecodeCounts.figures() (acceptance_length, per_position_acceptance,
+conditional_acceptance, draft_acceptance_rate, counts) + generated_tokens, elapsed_s,
+tokens_per_s, baseline_tokens_per_s, speedup (= tokens_per_s / baseline_tokens_per_s, both
+measured in this run on the same prompts), lossless ({compared, identical, mismatched_prompts};
+greedy only, against the baseline's outputs for the same batch) and problems (counter invariants
+that failed; empty when the counts are consistent).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from .counters import SpecDecodeCounts
+from .live import BASELINE, EngineRun, Sampling, Workload
+
+REPORT_FORMAT = "peagle.evaluate.report/v1"
+
+
+def draft_fingerprint(draft_dir: str | os.PathLike) -> str:
+    """sha256 over the draft's ``model.safetensors`` bytes, then its ``config.json`` bytes."""
+    h = hashlib.sha256()
+    d = Path(draft_dir)
+    for name in ("model.safetensors", "config.json"):
+        with open(d / name, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _throughput(tokens: int, elapsed: float) -> float | None:
+    return tokens / elapsed if elapsed > 0 else None
+
+
+def _lossless(workloads: list[Workload], run: EngineRun, baseline: EngineRun | None) -> dict[str, Any] | None:
+    if baseline is None:
+        return None
+    compared = identical = 0
+    mismatched: list[str] = []
+    for w in workloads:
+        mine, ref = run.results[w.name], baseline.results[w.name]
+        # token ids when both sides have them (offline API, vLLM servers), else the texts
+        by_ids = mine.token_ids is not None and ref.token_ids is not None
+        pairs = zip(mine.token_ids, ref.token_ids) if by_ids else zip(mine.texts, ref.texts)
+        for pid, (a, b) in zip(w.prompt_ids, pairs):
+            compared += 1
+            if a == b:
+                identical += 1
+            else:
+                mismatched.append(pid)
+    return {"compared": compared, "identical": identical, "mismatched_prompts": mismatched}
+
+
+def _figures(workloads: list[Workload], run: EngineRun, baseline: EngineRun | None) -> dict[str, Any]:
+    """Figures of ``run`` summed over ``workloads`` (one category, or all of one sampling)."""
+    counts = SpecDecodeCounts()
+    tokens, elapsed, base_tokens, base_elapsed = 0, 0.0, 0, 0.0
+    for w in workloads:
+        r = run.results[w.name]
+        counts = counts.plus(r.counts)
+        tokens += r.generated_tokens
+        elapsed += r.elapsed_s
+        if baseline is not None:
+            b = baseline.results[w.name]
+            base_tokens += b.generated_tokens
+            base_elapsed += b.elapsed_s
+    tps = _throughput(tokens, elapsed)
+    base_tps = _throughput(base_tokens, base_elapsed) if baseline is not None else None
+    greedy = all(w.sampling.greedy for w in workloads)
+    return {**counts.figures(), "generated_tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tps,
+            "baseline_tokens_per_s": base_tps, "speedup": tps / base_tps if tps and base_tps else None,
+            "lossless": _lossless(workloads, run, baseline) if greedy else None, "problems": counts.problems()}
+
+
+def _baseline_block(workloads: list[Workload], baseline: EngineRun) -> dict[str, Any]:
+    def block(ws: list[Workload]) -> dict[str, Any]:
+        tokens = sum(baseline.results[w.name].generated_tokens for w in ws)
+        elapsed = sum(baseline.results[w.name].elapsed_s for w in ws)
+        return {"generated_tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": _throughput(tokens, elapsed)}
+
+    return {"overall": block(workloads), "categories": {w.category: block([w]) for w in workloads}}
+
+
+def headline_k(ks: list[int], trained_depths: int | None, requested: int | None) -> int:
+    if requested is not None:
+        if requested not in ks:
+            raise ConfigError(f"evaluate.headline_num_speculative_tokens={requested} is not among the evaluated "
+                              f"K values {ks}")
+        return requested
+    return trained_depths if trained_depths in ks else max(ks)
+
+
+def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload], samplings: list[Sampling],
+                 prompt_sets: dict[str, Any], target: dict[str, Any], draft: dict[str, Any],
+                 headline: int | None = None, offline: dict[str, Any] | None = None,
+                 settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Assemble report.json (without the gate; see :func:`apply_gate`)."""
+    baseline = next((r for r in runs if r.num_speculative_tokens == BASELINE), None)
+    spec_runs = sorted((r for r in runs if r.num_speculative_tokens != BASELINE), key=lambda r: r.num_speculative_tokens)
+    if not spec_runs:
+        raise ValueError("no run with a draft to report on")
+    ks = [r.num_speculative_tokens for r in spec_runs]
+    head_k = headline_k(ks, draft.get("trained_depths"), headline)
+    entries, al_vs_k = [], {}
+    for s in samplings:
+        ws = [w for w in workloads if w.sampling == s]
+        curve = al_vs_k.setdefault(s.name, {"overall": {}, **{w.category: {} for w in ws}})
+        for run in spec_runs:
+            overall = _figures(ws, run, baseline)
+            cats = {w.category: _figures([w], run, baseline) for w in ws}
+            entries.append({"num_speculative_tokens": run.num_speculative_tokens, "sampling": s.as_dict(),
+                            "overall": overall, "categories": cats})
+            curve["overall"][str(run.num_speculative_tokens)] = overall["acceptance_length"]
+            for c, f in cats.items():
+                curve[c][str(run.num_speculative_tokens)] = f["acceptance_length"]
+    head_s = next((s for s in samplings if s.greedy), samplings[0])
+    head = next(e for e in entries if e["num_speculative_tokens"] == head_k and e["sampling"]["name"] == head_s.name)
+    keep = ("acceptance_length", "per_position_acceptance", "speedup", "tokens_per_s", "baseline_tokens_per_s")
+    summary = {"num_speculative_tokens": head_k, "sampling": head_s.as_dict(),
+               **{k: head["overall"][k] for k in keep}, "lossless": head["overall"]["lossless"],
+               "categories": {c: {k: f[k] for k in keep} for c, f in head["categories"].items()}}
+    if offline is not None:
+        summary["offline_expected_acceptance_length"] = offline["expected_acceptance_length"].get(str(head_k))
+    return {
+        "format": REPORT_FORMAT,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "mode": mode,
+        "target": target,
+        "draft": draft,
+        "prompt_sets": {c: ps.describe() for c, ps in prompt_sets.items()},
+        "samplings": [s.as_dict() for s in samplings],
+        "num_speculative_tokens": ks,
+        "baseline": {s.name: _baseline_block([w for w in workloads if w.sampling == s], baseline)
+                     for s in samplings} if baseline is not None else None,
+        "runs": entries,
+        "acceptance_length_vs_k": al_vs_k,
+        "summary": summary,
+        "offline": offline,
+        "device": next((r.device for r in runs if r.device), None),
+        "engines": [{"num_speculative_tokens": r.num_speculative_tokens, "start_s": r.engine_start_s,
+                     "speculative_config": r.speculative_config, "device": r.device} for r in runs],
+        "settings": settings or {},
+        "gate": None,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Gate
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    acceptance_length: float | None
+    min_acceptance_length: float | None
+    require_lossless: bool
+    reasons: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "acceptance_length": self.acceptance_length,
+                "min_acceptance_length": self.min_acceptance_length, "require_lossless": self.require_lossless,
+                "reasons": self.reasons}
+
+
+def apply_gate(report: dict[str, Any], min_acceptance_length: float | None = None,
+               require_lossless: bool = False) -> GateResult:
+    """Judge the report's headline: AL >= the bar, and (optionally) greedy outputs unchanged."""
+    summary = report["summary"]
+    al = summary.get("acceptance_length")
+    reasons = []
+    if min_acceptance_length is not None:
+        if al is None:
+            reasons.append("no draft was verified (0 drafts): the acceptance length is unknown")
+        elif al < min_acceptance_length:
+            reasons.append(f"acceptance length {al:.3f} at K={summary['num_speculative_tokens']} "
+                           f"({summary['sampling']['name']}) is below the required {min_acceptance_length:.3f}")
+    if require_lossless:
+        lossless = summary.get("lossless")
+        if lossless is None:
+            reasons.append("losslessness was not measured (needs a greedy run and the baseline)")
+        elif lossless["identical"] != lossless["compared"]:
+            reasons.append(f"greedy outputs changed with the draft for {lossless['compared'] - lossless['identical']} "
+                           f"of {lossless['compared']} prompts: {lossless['mismatched_prompts'][:5]}")
+    return GateResult(not reasons, al, min_acceptance_length, require_lossless, reasons)
+
+
+def passes_gate(report: dict[str, Any], min_acceptance_length: float | None,
+                require_lossless: bool = False) -> bool:
+    """True when the report clears the bar (see :func:`apply_gate`)."""
+    return apply_gate(report, min_acceptance_length, require_lossless).passed

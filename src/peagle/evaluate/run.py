@@ -1,0 +1,185 @@
+"""``evaluate(cfg)``: prompts -> live vLLM measurement (+ offline agreement) -> report.json/.html -> gate.
+
+Outputs in ``evaluate.out``: ``report.json`` (:mod:`peagle.evaluate.report`), ``report.html``
+(:mod:`peagle.evaluate.html_report`) and, in offline mode, ``engine_outputs.json``: per engine
+(``num_speculative_tokens``, 0 = the target alone) and workload the generated token ids, the
+prompt token ids, texts, timings and counter differences. The baseline's greedy outputs there are
+the target's own responses to the prompts (usable as regenerated training data).
+
+Checks run before any engine starts: prompt sets load, the draft matches the target, the K sweep
+is within the draft's trained depths (unless allowed), the hidden-state dataset (if any) was
+extracted from this target with the draft's layers.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from .counters import CounterError
+from .html_report import render_html
+from .live import build_workloads, run_offline_api, samplings_of
+from .prompts import load_prompt_sets
+from .report import apply_gate, build_report, draft_fingerprint, headline_k
+from .settings import EvaluateRunConfig, EvaluateSettings
+
+log = logging.getLogger(__name__)
+
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+ENGINE_OUTPUTS = "engine_outputs.json"  # offline mode: every engine's raw outputs and counters per workload
+
+
+class EvaluationError(RuntimeError):
+    """The measurement itself failed (vLLM did not start or crashed, an endpoint broke off)."""
+
+
+@dataclass
+class EvaluationOutcome:
+    report: dict[str, Any]
+    passed: bool
+    report_json: Path
+    report_html: Path
+
+
+def _draft_info(draft_dir: str) -> tuple[dict[str, Any], Any]:
+    from ..model import read_spec
+
+    spec = read_spec(draft_dir)
+    info = {"path": str(Path(draft_dir).resolve()), "sha256": draft_fingerprint(draft_dir),
+            "trained_depths": spec.num_depths, "mask_token_id": spec.mask_token_id, "arch": spec.arch,
+            "num_layers": spec.num_layers, "draft_vocab_size": spec.draft_vocab_size}
+    return info, spec
+
+
+def sweep_ks(settings: EvaluateSettings, trained_depths: int | None) -> list[int]:
+    """The K values to run (offline mode); refuses K beyond the trained depths unless allowed."""
+    if settings.num_speculative_tokens is None:
+        if trained_depths is None:
+            raise ConfigError("evaluate.num_speculative_tokens is required when the draft's depths are unknown")
+        return list(range(1, trained_depths + 1))
+    ks = list(settings.num_speculative_tokens)
+    if trained_depths is not None and max(ks) > trained_depths and not settings.allow_untrained_depths:
+        raise ConfigError(f"evaluate.num_speculative_tokens {ks} exceeds the draft's {trained_depths} trained depths; "
+                          "vLLM would serve untrained positions (set evaluate.allow_untrained_depths to do it anyway)")
+    return ks
+
+
+def _offline(settings: EvaluateSettings, target_dir: str, draft_dir: str, spec, num_depths: int) -> dict[str, Any]:
+    import torch
+
+    from ..extract import HiddenStatesDataset
+    from ..model.target import fingerprint
+    from .offline import offline_agreement
+
+    ds = HiddenStatesDataset(settings.hidden_states, expect_aux_layer_ids=spec.aux_layer_ids,
+                             expect_hidden_size=spec.hidden_size, expect_fingerprint=fingerprint(target_dir),
+                             out_dtype=torch.float32)
+    result = offline_agreement(draft_dir, target_dir, ds, num_depths=num_depths,
+                               max_samples=settings.offline_max_samples, device=settings.offline_device)
+    return {**result.as_dict(), "hidden_states": settings.hidden_states}
+
+
+def evaluate(cfg: EvaluateRunConfig) -> EvaluationOutcome:
+    """Run the evaluation described by ``cfg`` and write its report; see :mod:`peagle.evaluate`."""
+    from ..model import check_draft_matches_target, inspect_target
+    from ..model.target import fingerprint
+
+    s = cfg.evaluate
+    out = Path(s.out or Path(cfg.work_dir) / "evaluate")
+    prompt_sets = load_prompt_sets(s.prompt_sets, s.prompts_per_category)
+    samplings = samplings_of(s)
+    workloads = build_workloads(prompt_sets, samplings, s.max_tokens, s.ignore_eos, s.system_prompt,
+                                s.timing_repeats)
+
+    # ---- Cheap checks first: target, draft, their match, the K sweep --------------------------
+    target_dir = cfg.target.path
+    target: dict[str, Any] = {"path": None, "fingerprint": None}
+    if target_dir:
+        target_info = inspect_target(target_dir, cfg.target.trust_remote_code)
+        target = {"path": str(Path(target_dir).resolve()), "fingerprint": fingerprint(target_dir)}
+    draft: dict[str, Any] = {"path": None, "sha256": None, "trained_depths": None}
+    spec = None
+    if s.draft:
+        draft, spec = _draft_info(s.draft)
+        if target_dir:
+            check_draft_matches_target(spec, target_info)
+    if not s.endpoint and not (target_dir and s.draft):
+        raise ConfigError("offline evaluation needs target.path and evaluate.draft (or evaluate.endpoint)")
+    if s.hidden_states and not (target_dir and s.draft):
+        raise ConfigError("offline metrics (evaluate.hidden_states) need target.path and evaluate.draft")
+    ks = [] if s.endpoint else sweep_ks(s, draft["trained_depths"])
+    if ks:
+        headline_k(ks, draft["trained_depths"], s.headline_num_speculative_tokens)
+
+    # ---- Offline agreement (no vLLM), before the long live runs so a bad dataset fails early ------
+    offline = None
+    if s.hidden_states:
+        offline = _offline(s, target_dir, s.draft, spec, max([spec.num_depths, *ks]))
+
+    # ---- Live measurement -------------------------------------------------------------------
+    if s.endpoint:
+        from .endpoint import run_endpoints
+
+        mode = "endpoint"
+        try:
+            runs = run_endpoints(s, workloads)
+        except CounterError as exc:  # e.g. the server restarted during a workload
+            raise EvaluationError(f"the endpoint's counters are unusable: {exc}") from exc
+        draft["endpoint"] = s.endpoint
+        if s.baseline_endpoint:
+            target["baseline_endpoint"] = s.baseline_endpoint
+    else:
+        mode = "offline-api"
+        try:
+            runs = run_offline_api(s, target_dir, s.draft, ks, workloads, raw_log=out / ENGINE_OUTPUTS)
+        except (RuntimeError, OSError) as exc:  # vLLM's own error text is in the message
+            raise EvaluationError(f"the vLLM measurement failed: {exc}") from exc
+
+    report = build_report(mode=mode, runs=runs, workloads=workloads, samplings=samplings, prompt_sets=prompt_sets,
+                          target=target, draft=draft, headline=s.headline_num_speculative_tokens, offline=offline,
+                          settings=json.loads(s.model_dump_json()))
+    gate = apply_gate(report, s.min_acceptance_length, s.require_lossless)
+    report["gate"] = gate.as_dict()
+    paths = write_report(report, out)
+    return EvaluationOutcome(report, gate.passed, *paths)
+
+
+def write_report(report: dict[str, Any], out: str | os.PathLike) -> tuple[Path, Path]:
+    """Write report.json and report.html into ``out`` (each atomically); returns both paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"), (REPORT_HTML, render_html(report))):
+        p = out / name
+        tmp = p.with_name(f".{name}.tmp-{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+        paths.append(p)
+    return paths[0], paths[1]
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """A few human lines for the terminal."""
+    s = report["summary"]
+    pos = ", ".join(f"{a:.3f}" for a in s["per_position_acceptance"] or [])
+    lines = [f"K={s['num_speculative_tokens']} {s['sampling']['name']}: acceptance length "
+             f"{_num(s['acceptance_length'])} (per position {pos or '-'}), speedup {_num(s['speedup'])}"]
+    for cat, f in s["categories"].items():
+        lines.append(f"  {cat:<16} AL {_num(f['acceptance_length'])}  speedup {_num(f['speedup'])}")
+    for name, curves in report["acceptance_length_vs_k"].items():
+        lines.append(f"AL vs K ({name}): " + ", ".join(f"K={k}: {_num(v)}" for k, v in curves["overall"].items()))
+    lossless = s.get("lossless")
+    if lossless:
+        lines.append(f"greedy outputs identical with the draft: {lossless['identical']}/{lossless['compared']}")
+    if "offline_expected_acceptance_length" in s:
+        lines.append(f"offline chain estimate of AL: {_num(s['offline_expected_acceptance_length'])}")
+    return lines
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"

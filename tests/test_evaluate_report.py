@@ -1,0 +1,292 @@
+"""Report, HTML page with plots, KFP logging, gate, prompt sets and settings (no vLLM engine here)."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from peagle.config import ConfigError
+from peagle.evaluate import (
+    EvaluateRunConfig,
+    EvaluateSettings,
+    apply_gate,
+    build_report,
+    kfp_scalar_metrics,
+    load_prompt_sets,
+    log_to_kfp,
+    passes_gate,
+    render_html,
+    write_report,
+)
+from peagle.evaluate.__main__ import load_config
+from peagle.evaluate.__main__ import main as evaluate_main
+from peagle.evaluate.counters import SpecDecodeCounts
+from peagle.evaluate.live import BASELINE, EngineRun, WorkloadResult, build_workloads, samplings_of
+from peagle.evaluate.prompts import BUILTIN_CATEGORIES, PromptSetError
+from peagle.evaluate.report import REPORT_FORMAT, draft_fingerprint
+from peagle.evaluate.run import sweep_ks
+
+CATEGORIES = ["code", "math", "translation"]
+
+
+def _per_pos(drafts: int, k: int, p: float) -> list[int]:
+    # accepted_at_pos[i] = drafts * p^(i+1): a geometric acceptance curve
+    return [int(drafts * p ** (i + 1)) for i in range(k)]
+
+
+def synthetic_runs(workloads, ks=(1, 2, 4), mismatch: str | None = None) -> list[EngineRun]:
+    """Engine runs shaped like the offline-API runner's, with known counts and timings."""
+    runs = [EngineRun(BASELINE, {w.name: WorkloadResult(w.name, SpecDecodeCounts(), 64 * len(w.chats), 2.0,
+                                                         ["x"] * len(w.chats), [[1, 2, 3]] * len(w.chats))
+                                 for w in workloads})]
+    for k in ks:
+        results = {}
+        for i, w in enumerate(workloads):
+            p = 0.8 - 0.1 * i if w.sampling.greedy else 0.4
+            per_pos = _per_pos(100, k, p)
+            ids = [[1, 2, 3]] * len(w.chats)
+            if mismatch and w.name == mismatch:
+                ids = [[1, 2, 4]] + ids[1:]
+            results[w.name] = WorkloadResult(w.name, SpecDecodeCounts(100, 100 * k, sum(per_pos), per_pos),
+                                             64 * len(w.chats), 2.0 / (1 + 0.2 * k), ["x"] * len(w.chats), ids)
+        runs.append(EngineRun(k, results, engine_start_s=1.0,
+                              speculative_config={"method": "eagle3", "parallel_drafting": True,
+                                                  "num_speculative_tokens": k}))
+    return runs
+
+
+@pytest.fixture()
+def report_parts():
+    settings = EvaluateSettings(prompt_sets=CATEGORIES, prompts_per_category=3, temperatures=[0.0, 0.7])
+    prompt_sets = load_prompt_sets(settings.prompt_sets, settings.prompts_per_category)
+    samplings = samplings_of(settings)
+    workloads = build_workloads(prompt_sets, samplings, 64, True)
+    return settings, prompt_sets, samplings, workloads
+
+
+def make_report(report_parts, mismatch=None, offline=None):
+    settings, prompt_sets, samplings, workloads = report_parts
+    return build_report(mode="offline-api", runs=synthetic_runs(workloads, mismatch=mismatch), workloads=workloads,
+                        samplings=samplings, prompt_sets=prompt_sets,
+                        target={"path": "/t", "fingerprint": "ab" * 32},
+                        draft={"path": "/d", "sha256": "cd" * 32, "trained_depths": 4}, offline=offline)
+
+
+def test_report_layout_and_figures(report_parts):
+    r = make_report(report_parts)
+    assert r["format"] == REPORT_FORMAT and r["num_speculative_tokens"] == [1, 2, 4]
+    assert [s["name"] for s in r["samplings"]] == ["greedy", "T=0.7"]
+    assert len(r["runs"]) == 3 * 2 and set(r["runs"][0]["categories"]) == set(CATEGORIES)
+    s = r["summary"]
+    assert s["num_speculative_tokens"] == 4 and s["sampling"]["name"] == "greedy"  # trained depths, greedy
+    code = next(e for e in r["runs"] if e["num_speculative_tokens"] == 4 and e["sampling"]["name"] == "greedy")
+    per_pos = _per_pos(100, 4, 0.8)
+    assert code["categories"]["code"]["acceptance_length"] == pytest.approx(1 + sum(per_pos) / 100)
+    assert code["categories"]["code"]["per_position_acceptance"] == pytest.approx([a / 100 for a in per_pos])
+    overall = code["overall"]
+    assert overall["counts"]["drafts"] == 300 and overall["problems"] == []
+    assert overall["speedup"] == pytest.approx(1 + 0.2 * 4)  # same tokens, time / 1.8
+    assert overall["lossless"] == {"compared": 9, "identical": 9, "mismatched_prompts": []}
+    sampled = next(e for e in r["runs"] if e["num_speculative_tokens"] == 4 and e["sampling"]["name"] == "T=0.7")
+    assert sampled["overall"]["lossless"] is None  # only greedy outputs must be identical
+    assert set(r["acceptance_length_vs_k"]["greedy"]) == {"overall", *CATEGORIES}
+    assert list(r["acceptance_length_vs_k"]["greedy"]["overall"]) == ["1", "2", "4"]
+    assert r["baseline"]["greedy"]["overall"]["tokens_per_s"] == pytest.approx(64 * 9 / 6.0)
+    json.dumps(r)  # serialisable as is
+
+
+def test_losslessness_names_the_changed_prompt(report_parts):
+    r = make_report(report_parts, mismatch="math@greedy")
+    lossless = r["summary"]["lossless"]
+    assert lossless["identical"] == 8 and lossless["mismatched_prompts"] == ["math-01"]
+    gate = apply_gate(r, require_lossless=True)
+    assert not gate.passed and "math-01" in gate.reasons[0]
+    assert apply_gate(r).passed  # not required: reported only
+
+
+def test_gate(report_parts):
+    r = make_report(report_parts)
+    al = r["summary"]["acceptance_length"]
+    assert passes_gate(r, None) and passes_gate(r, al) and passes_gate(r, 1.0)
+    assert not passes_gate(r, al + 0.01)
+    g = apply_gate(r, al + 0.5)
+    assert not g.passed and "below the required" in g.reasons[0] and g.acceptance_length == pytest.approx(al)
+    r["summary"]["acceptance_length"] = None  # nothing was ever drafted
+    assert not passes_gate(r, 1.0)
+
+
+def test_gate_command_exit_codes(report_parts, tmp_path, capsys):
+    r = make_report(report_parts)
+    r["gate"] = apply_gate(r).as_dict()
+    path, _ = write_report(r, tmp_path)
+    al = r["summary"]["acceptance_length"]
+    # the real entry once ...
+    ok = subprocess.run([sys.executable, "-m", "peagle.evaluate", "--check", str(path),
+                         "--min-acceptance-length", f"{al - 0.1:.3f}"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # ... and in-process for the other outcomes
+    assert evaluate_main(["--check", str(path), "--min-acceptance-length", f"{al + 0.1:.3f}"]) == 1
+    assert "below the required" in capsys.readouterr().out
+    assert evaluate_main(["--check", str(path), "--min-acceptance-length", "0.5"]) == 2  # a bar below 1 is invalid
+    assert "min_acceptance_length" in capsys.readouterr().err
+
+
+def _pngs(page: str) -> dict[str, bytes]:
+    return {m.group(1): base64.b64decode(m.group(2))
+            for m in re.finditer(r'<img id="plot-([a-z_]+)"[^>]*src="data:image/png;base64,([^"]+)"', page)}
+
+
+def _check_png(png: bytes) -> None:
+    from matplotlib.image import imread
+
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    img = imread(io.BytesIO(png), format="png")
+    h, w = img.shape[:2]
+    assert w >= 600 and h >= 300
+    rgb = img[..., :3]
+    non_white = (rgb < 0.95).any(axis=-1).mean()
+    assert 0.01 < non_white < 0.6, non_white  # drawn on, but not a solid block
+    assert len(np.unique(rgb.reshape(-1, 3), axis=0)) > 20  # lines, text and colours, not a blank canvas
+
+
+def test_html_report_embeds_the_plots(report_parts, tmp_path):
+    offline = {"num_depths": 4, "num_samples": 5, "num_anchors": 100,
+               "per_depth_agreement": [0.8, 0.5, 0.3, 0.2], "per_depth_count": [100, 90, 80, 70],
+               "conditional_agreement": [0.8, 0.55, 0.5, 0.4], "prefix_agreement": [0.8, 0.44, 0.22, 0.088],
+               "expected_acceptance_length": {"1": 1.8, "2": 2.24, "3": 2.46, "4": 2.548}}
+    r = make_report(report_parts, offline=offline)
+    r["gate"] = apply_gate(r, 1.5).as_dict()
+    json_path, html_path = write_report(r, tmp_path)
+    assert json.loads(json_path.read_text())["summary"] == r["summary"]
+    page = html_path.read_text()
+    pngs = _pngs(page)
+    assert set(pngs) == {"per_position_acceptance", "acceptance_length_vs_k", "speedup_vs_k", "offline_agreement"}
+    for png in pngs.values():
+        _check_png(png)
+    for cat in CATEGORIES:
+        assert f"<td>{cat}</td>" in page
+    assert "passed" in page and "ab" * 32 in page and "cd" * 32 in page
+    assert "<script" not in page  # self-contained and inert (KFP's viewer sandboxes it anyway)
+    # Without a baseline or offline data the page still renders, with the two core plots.
+    settings, prompt_sets, samplings, workloads = report_parts
+    bare = build_report(mode="endpoint", runs=synthetic_runs(workloads, ks=(4,))[1:], workloads=workloads,
+                        samplings=samplings, prompt_sets=prompt_sets, target={}, draft={})
+    assert set(_pngs(render_html(bare))) == {"per_position_acceptance", "acceptance_length_vs_k"}
+    assert bare["summary"]["speedup"] is None and bare["baseline"] is None
+
+
+def test_html_renders_in_headless_chromium(report_parts, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no chromium on this machine")
+    _, html_path = write_report(make_report(report_parts), tmp_path)
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           f"--screenshot={shot}", "--window-size=1200,2400", html_path.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.is_file(), proc.stderr[-2000:]
+    _check_png(shot.read_bytes())
+
+
+def test_kfp_artifacts(report_parts, tmp_path):
+    from kfp import dsl
+
+    r = make_report(report_parts)
+    r["gate"] = apply_gate(r, 1.2).as_dict()
+    metrics = dsl.Metrics(uri=str(tmp_path / "metrics"))
+    page = dsl.HTML(uri=str(tmp_path / "page.html"))
+    scalars = log_to_kfp(r, metrics=metrics, html=page)
+    assert metrics.metadata == scalars
+    assert scalars["acceptance_length"] == pytest.approx(r["summary"]["acceptance_length"])
+    assert scalars["num_speculative_tokens"] == 4.0 and scalars["gate_passed"] == 1.0
+    assert {f"acceptance_length_{c}" for c in CATEGORIES} <= set(scalars)
+    assert scalars["acceptance_position_0"] == pytest.approx(r["summary"]["per_position_acceptance"][0])
+    assert all(isinstance(v, float) for v in scalars.values())
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", name) for name in scalars), sorted(scalars)
+    assert "acceptance_length_k4_t_0_7" in scalars and "acceptance_length_k2_greedy" in scalars
+    assert set(_pngs((tmp_path / "page.html").read_text())) >= {"per_position_acceptance", "acceptance_length_vs_k"}
+    # plain paths work the same way
+    log_to_kfp(r, metrics=tmp_path / "m.json", html=tmp_path / "p.html")
+    assert json.loads((tmp_path / "m.json").read_text()) == kfp_scalar_metrics(r)
+    assert (tmp_path / "p.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_builtin_prompt_sets_and_mtbench(tmp_path):
+    sets = load_prompt_sets(list(BUILTIN_CATEGORIES))
+    assert list(sets) == ["code", "math", "summarization", "qa", "translation", "writing"]
+    for cat, ps in sets.items():
+        assert 8 <= len(ps.prompts) <= 12, cat
+        assert len({p.id for p in ps.prompts}) == len(ps.prompts)
+        assert all(p.messages[-1]["role"] == "user" and len(p.messages[-1]["content"]) > 20 for p in ps.prompts)
+    assert load_prompt_sets(["math"], per_category=2)["math"].prompts[1].id == "math-02"
+    mt = load_prompt_sets(["mtbench"])
+    assert len(mt) == 8 and all(len(ps.prompts) == 10 for ps in mt.values())
+    assert "Apache-2.0" in mt["mtbench-coding"].attribution
+    assert list(load_prompt_sets(["mtbench:math"])) == ["mtbench-math"]
+    own = tmp_path / "mine.jsonl"
+    own.write_text(json.dumps({"prompt": "hello there"}) + "\n" + json.dumps(
+        {"category": "chat", "messages": [{"role": "system", "content": "be brief"},
+                                          {"role": "user", "content": "hi"}]}) + "\n")
+    mine = load_prompt_sets([str(own)])
+    assert set(mine) == {"mine", "chat"} and mine["chat"].prompts[0].chat("ignored")[0]["content"] == "be brief"
+    assert mine["mine"].prompts[0].chat("sys") == [{"role": "system", "content": "sys"},
+                                                    {"role": "user", "content": "hello there"}]
+    for bad in (["nope"], ["code", "code"], [str(tmp_path / "missing.jsonl")], []):
+        with pytest.raises(PromptSetError):
+            load_prompt_sets(bad)
+
+
+def test_settings_and_config(tmp_path):
+    run_yaml = tmp_path / "run.yaml"
+    run_yaml.write_text(yaml.safe_dump({
+        "target": {"path": "/models/t"}, "draft": {"num_depths": 6}, "train": {"lr": 1e-3},  # other stages: ignored
+        "evaluate": {"draft": "/models/d", "num_speculative_tokens": [4, 2, 2], "temperatures": [0, 0.7]}}))
+    cfg = load_config(str(run_yaml), ["evaluate.max_tokens=64"], {"evaluate.min_acceptance_length": 2.0})
+    assert isinstance(cfg, EvaluateRunConfig)
+    e = cfg.evaluate
+    assert cfg.target.path == "/models/t" and e.num_speculative_tokens == [2, 4] and e.max_tokens == 64
+    assert e.min_acceptance_length == 2.0
+    with pytest.raises(ConfigError, match="evaluate.bogus"):
+        load_config(str(run_yaml), ["evaluate.bogus=1"], {})
+    with pytest.raises(ConfigError, match="temperatures"):
+        load_config(None, ["evaluate.temperatures=[-1]"], {})
+    assert sweep_ks(EvaluateSettings(), 4) == [1, 2, 3, 4]
+    assert sweep_ks(EvaluateSettings(num_speculative_tokens=[2, 3]), 4) == [2, 3]
+    with pytest.raises(ConfigError, match="trained depths"):
+        sweep_ks(EvaluateSettings(num_speculative_tokens=[8]), 4)
+    assert sweep_ks(EvaluateSettings(num_speculative_tokens=[8], allow_untrained_depths=True), 4) == [8]
+
+
+def test_draft_fingerprint(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "config.json").write_text("{}")
+    first = draft_fingerprint(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{64}", first)
+    (tmp_path / "config.json").write_text('{"a": 1}')
+    assert draft_fingerprint(tmp_path) != first
+
+
+def test_command_refuses_bad_input_and_reports_a_failed_measurement(tmp_path, qwen3_target, capsys):
+    def run(*args):
+        code = evaluate_main(["--out", str(tmp_path / "out"), *args])
+        return code, capsys.readouterr().err
+
+    code, err = run("--target", str(qwen3_target))
+    assert code == 2 and "evaluate.draft" in err
+    code, err = run("--target", str(qwen3_target), "--draft", str(tmp_path), "--prompt-sets", "poetry")
+    assert code == 2 and "unknown prompt set 'poetry'" in err
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, err = run("--endpoint", f"http://127.0.0.1:{port}", "--request-timeout-s", "5")
+    assert code == 3 and f"127.0.0.1:{port}" in err
+    assert not (tmp_path / "out" / "report.json").exists()
