@@ -214,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         from .deploy.cli import main as deploy_main
 
         return deploy_main(argv[1:])
+    if argv[:1] == ["pipeline"]:
+        # `peagle pipeline compile|submit|run`: the Kubeflow pipeline (see peagle.pipeline).
+        from .pipeline.__main__ import main as pipeline_main
+
+        return pipeline_main(argv[1:])
     if argv[:1] == ["evaluate"]:
         # `peagle evaluate` has its own parser (engine / endpoint / gate); exit 1 = below the gate.
         from .evaluate.__main__ import main as evaluate_main

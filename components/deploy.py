@@ -1,0 +1,11 @@
+"""deploy: serve the run's target + draft with vLLM (KServe or a Deployment), or render the manifests."""
+IMAGE = "base"
+
+
+def deploy(run_uri: str, name: str, mode: str, data_connection: str, num_speculative_tokens: int,
+           serving: str) -> str:
+    """``mode``: kserve, deployment, render or none; ``serving``: settings from the cluster profile
+    (JSON). Returns the endpoint URL (render: where the manifests were written)."""
+    from peagle.pipeline.deployment import deploy as step
+
+    return step(run_uri, name, mode, data_connection, num_speculative_tokens, serving)

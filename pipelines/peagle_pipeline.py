@@ -1,0 +1,101 @@
+"""The peagle pipeline: init_run -> (regenerate) -> prepare -> extract x N -> train -> evaluate -> [gate] deploy.
+
+Built for a cluster profile (``peagle.pipeline.profile``), which fixes images, the GPU pool, step
+resources, retries and the TrainJob/serving settings at compile time; everything about one run is
+a pipeline parameter. Compile with ``python -m peagle.pipeline compile``; the same function runs
+locally under kfp.local (``python -m peagle.pipeline run``).
+
+Control flow, and why it has this shape:
+
+* ``regenerate`` is optional. Stages exchange the run URI, and a task cannot depend on a task
+  inside a condition, so init_run sits in both branches of If/Else and ``dsl.OneOf`` picks the URI
+  of the branch that ran.
+* Extraction fans out with ``dsl.ParallelFor`` over prepare's shard assignments (its single
+  output: kfp.local iterates only a task's single output, and loop bodies cannot read ``OneOf``
+  values locally, so each assignment carries the run URI itself); train fans in with
+  ``dsl.Collected``.
+* Training runs either in its own pod (``torchrun``, accelerator limit = ``num_gpus``) or as a
+  Kubeflow Trainer TrainJob created and watched by a light launcher pod that holds no GPU.
+* Deploy runs only when evaluate's gate verdict (its single output) is True.
+"""
+# No `from __future__ import annotations`: KFP reads the parameter annotations as types.
+from kfp import dsl
+
+import components
+from peagle.pipeline.profile import ClusterProfile, apply_step
+
+PIPELINE_NAME = "peagle"
+DESCRIPTION = ("Train a P-EAGLE speculative-decoding draft for a target LLM from its own hidden states, "
+               "measure it with vLLM and serve target + draft with KServe when it clears the acceptance gate.")
+
+
+def build_pipeline(profile: ClusterProfile):
+    """The pipeline function for ``profile`` (compile it, or call it under kfp.local)."""
+    c = components.build(profile)
+
+    @dsl.pipeline(name=PIPELINE_NAME, description=DESCRIPTION)
+    def peagle(
+        target: str,
+        data_source: str = "sharegpt",
+        num_samples: int = 5000,
+        max_length: int = 2048,
+        regenerate: bool = False,
+        num_speculative_tokens: int = 4,
+        draft_layers: int = 1,
+        extract_shards: int = 2,
+        train_mode: str = "pod",
+        num_gpus: int = 1,
+        num_nodes: int = 1,
+        train_epochs: int = 1,
+        train_max_steps: int = 0,
+        min_acceptance_length: float = 1.5,
+        data_connection: str = "aws-connection-peagle",
+        output_root: str = "s3:///peagle/runs",
+        run_name: str = "",
+        config: str = "",
+        deploy_name: str = "peagle",
+        deploy_mode: str = "kserve",
+    ):
+        init_args = dict(
+            output_root=output_root, run_name=run_name, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, config=config,
+            target=target, data_source=data_source, num_samples=num_samples, max_length=max_length,
+            regenerate=regenerate, num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
+            extract_shards=extract_shards, train_mode=train_mode, num_gpus=num_gpus, num_nodes=num_nodes,
+            train_epochs=train_epochs, train_max_steps=train_max_steps,
+            min_acceptance_length=min_acceptance_length, deploy_mode=deploy_mode, deploy_name=deploy_name)
+
+        def step(task, name, display, gpus=None):
+            return apply_step(task, name, profile, data_connection, gpus=gpus, display_name=display)
+
+        with dsl.If(regenerate == True, name="regenerate-data"):  # noqa: E712 (KFP condition, not Python)
+            init_r = step(c.init_run(**init_args), "init_run", "init run")
+            regen = step(c.regenerate(run_uri=init_r.output), "regenerate", "regenerate responses")
+        with dsl.Else(name="data-as-is"):
+            init_p = step(c.init_run(**init_args), "init_run", "init run")
+        run_uri = dsl.OneOf(regen.output, init_p.output)
+
+        prep = step(c.prepare(run_uri=run_uri), "prepare", "prepare data")
+        # (unnamed: a named ParallelFor breaks dsl.Collected in the KFP 2.17 compiler)
+        with dsl.ParallelFor(prep.output, parallelism=profile.extract_parallelism or None) as shard:
+            ext = step(c.extract(shard=shard), "extract", "extract hidden states")
+
+        # dsl.Collected is created inside each branch: the compiler resolves it in the context it was made in.
+        # num_gpus is also a plain input of train: that makes the compiler pass it into the branch, where
+        # the pod's accelerator limit reads it.
+        train_args = dict(run_uri=run_uri, num_gpus=num_gpus, cluster=profile.trainjob_json(),
+                          data_connection=data_connection, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        with dsl.If(train_mode == "trainjob", name="train-with-trainjob"):
+            train_tj = step(c.train(mode="trainjob", extracted=dsl.Collected(ext.output), **train_args),
+                            "train_launcher", "train (TrainJob)")
+        with dsl.Else(name="train-in-pod"):
+            train_pod = step(c.train(mode="pod", extracted=dsl.Collected(ext.output), **train_args),
+                             "train", "train (torchrun)", gpus=num_gpus)
+        draft_uri = dsl.OneOf(train_tj.output, train_pod.output)
+
+        ev = step(c.evaluate(run_uri=run_uri, draft_uri=draft_uri), "evaluate", "evaluate (vLLM)")
+        with dsl.If(ev.outputs["Output"] == True, name="acceptance-gate"):  # noqa: E712
+            step(c.deploy(run_uri=run_uri, name=deploy_name, mode=deploy_mode, data_connection=data_connection,
+                          num_speculative_tokens=num_speculative_tokens, serving=profile.serving_json()),
+                 "deploy", "deploy (KServe)")
+
+    return peagle

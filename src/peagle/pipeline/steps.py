@@ -1,0 +1,182 @@
+"""What the data-side components do: init_run, regenerate, prepare, extract.
+
+Each function is the whole body of one KFP component (the component only calls it), works on a
+run URI (see :mod:`.layout`), reads its settings from ``<run>/run.json`` and returns the small
+strings the next component needs. Stage outputs are published atomically (objects, then
+``_MANIFEST.json``, then ``_SUCCESS``), so a retried step never reads a half-written prefix.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..stage_io import fetched_input, is_remote
+from ..storage import open_store, publish_dir
+from .layout import SPLITS, RunLayout, run_uri as make_run_uri
+from .objects import download_prefix, is_published, read_json, write_json
+from .params import PipelineParams, PipelineRun, resolve_run
+from .progress import stage
+
+REGENERATED_FILE = "conversations.jsonl"
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared helpers
+
+
+def load_run(run_uri: str) -> tuple[PipelineRun, RunLayout]:
+    """The run's resolved configuration (written by :func:`init_run`) and its layout."""
+    layout = RunLayout(run_uri)
+    return PipelineRun.model_validate(read_json(layout.run_json)), layout
+
+
+@contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix=f"peagle-{prefix}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def staged(uri: str) -> Iterator[Path]:
+    """A local directory published to ``uri`` (local path or s3://) when the block succeeds."""
+    with scratch("out") as tmp:
+        yield tmp
+        publish_dir(open_store(uri), "", tmp, overwrite=True)
+
+
+def fetch(uri: str) -> Path:
+    """A local view of a published prefix: the directory itself when local, else a verified download
+    into the cache (``$PEAGLE_CACHE``), reused by later steps in the same pod or node."""
+    return fetched_input(uri)
+
+
+def ensure_target(source: str, target_uri: str, dtype: str, trust_remote_code: bool) -> Path:
+    """Normalise the target ``source`` into ``target_uri`` once per run; return a local copy.
+
+    ``source``: ``smollm2`` (embedded), a local HF directory or .gguf file, or an object-store prefix
+    holding a HF directory (downloaded first). Already published: just fetched.
+    """
+    from ..model import prepare_target
+
+    if is_published(target_uri):
+        print(f"target already normalised at {target_uri}", flush=True)
+        return fetch(target_uri)
+    with scratch("target") as work:
+        src = source
+        if is_remote(source):
+            src = str(download_prefix(source, work / "source"))
+        out = prepare_target(src, work / "target", dtype, trust_remote_code)
+        publish_dir(open_store(target_uri), "", out, {"source": source}, overwrite=True)
+    return fetch(target_uri)
+
+
+def _rows(data_dir: Path, split: str) -> list[dict[str, Any]]:
+    from ..data import read_split
+
+    table = read_split(data_dir, split, verify=True)
+    return [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in zip(
+        table.column("sample_id").to_pylist(), table.column("input_ids").to_pylist(),
+        table.column("loss_mask").to_pylist())]
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps
+
+
+def init_run(*, output_root: str, run_name: str, job_id: str, config: str, **params: Any) -> str:
+    """Resolve and validate the run's configuration, write ``<run>/run.json``, normalise the target.
+
+    Fails before any heavy work when a setting is invalid. Returns the run URI.
+    """
+    with stage("init_run"):
+        p = PipelineParams(**params)
+        uri = make_run_uri(output_root, run_name, job_id)
+        run = resolve_run(p, config, uri)
+        layout = RunLayout(uri)
+        write_json(layout.run_json, run.model_dump(mode="json"))
+        print(f"run {uri}: K={run.config.draft.num_depths} layers={run.config.draft.num_layers} "
+              f"train_mode={p.train_mode} shards={p.extract_shards}", flush=True)
+        t = run.config.target
+        ensure_target(p.target, layout.target, t.dtype, t.trust_remote_code)
+    return uri
+
+
+def regenerate(run_uri: str) -> str:
+    """Let the target rewrite the assistant turns (``regenerate`` section) into ``<run>/regenerated/``.
+
+    Resumable: conversations already in a previous attempt's published output are kept.
+    """
+    from ..data.regenerate import run_regenerate
+
+    with stage("regenerate") as info:
+        run, layout = load_run(run_uri)
+        target = fetch(layout.target)
+        with scratch("regenerate") as work:
+            out = work / REGENERATED_FILE
+            if is_published(layout.regenerated):
+                shutil.copy(fetch(layout.regenerated) / REGENERATED_FILE, out)
+            result = run_regenerate(run.config.regenerate, target, out)
+            info.update(result.counts)
+            print("regenerated: " + ", ".join(f"{k}={v}" for k, v in result.counts.items()), flush=True)
+            publish_dir(open_store(layout.regenerated), "", work, {"counts": result.counts}, overwrite=True)
+    return run_uri
+
+
+def prepare(run_uri: str) -> list[str]:
+    """Tokenise the conversations into ``<run>/data/``; return one shard assignment per extraction worker.
+
+    Sources: the regenerated conversations when the run regenerates, else ``prepare.sources``. Each
+    returned string is the JSON ``{"run_uri", "shard_index", "num_shards"}`` an extract step takes.
+    """
+    from ..data import run_prepare
+
+    with stage("prepare") as info:
+        run, layout = load_run(run_uri)
+        target = fetch(layout.target)
+        settings = run.config.prepare
+        if run.params.regenerate:
+            settings = settings.model_copy(update={"sources": [str(fetch(layout.regenerated) / REGENERATED_FILE)]})
+        with staged(layout.data) as out:
+            result = run_prepare(settings, target, out, trust_remote_code=run.config.target.trust_remote_code)
+        info.update(result.counts)
+        print("prepared: " + ", ".join(f"{k}={v}" for k, v in result.counts.items()), flush=True)
+    n = run.params.extract_shards
+    return [json.dumps({"run_uri": run_uri, "shard_index": i, "num_shards": n}) for i in range(n)]
+
+
+def extract(shard: str) -> str:
+    """Extract this worker's shard set of both splits into ``<run>/hidden_states/<split>/``.
+
+    Whichever worker publishes the last shard of a split writes its manifest (see
+    :func:`peagle.extract.run_extract`); a retried worker skips the shards it already published.
+    Returns a JSON summary (shards written/skipped per split).
+    """
+    from ..extract import run_extract
+
+    a = json.loads(shard)
+    index, count = int(a["shard_index"]), int(a["num_shards"])  # kfp.local hands numbers over as floats
+    summary: dict[str, Any] = {"shard_index": index, "num_shards": count}
+    with stage(f"extract[{index}]") as info:
+        run, layout = load_run(a["run_uri"])
+        data = fetch(layout.data)
+        target = fetch(layout.target)
+        for split in SPLITS:
+            rows = _rows(data, split)
+            if not rows:
+                summary[split] = {"rows": 0}
+                continue
+            res = run_extract(rows, target, layout.hidden_states(split), run.config.extract,
+                              shard_index=index, num_shards=count)
+            summary[split] = {"rows": res.num_samples, "written": len(res.shards_written),
+                              "skipped": len(res.shards_skipped), "complete": res.manifest is not None}
+            print(f"{split}: {res.num_samples} samples, {len(res.shards_written)} shards written, "
+                  f"{len(res.shards_skipped)} already published", flush=True)
+        info["summary"] = summary
+    return json.dumps(summary, sort_keys=True)

@@ -1,0 +1,105 @@
+"""What the train component does: train the draft (in this pod, or through a TrainJob) and publish it.
+
+``pod``: the step's own pod runs :mod:`.train_worker` (torchrun with one process per GPU of the
+step's accelerator limit). ``trainjob``: the step is a light launcher -- it renders a TrainJob for
+the cluster profile's trainer settings, creates it and follows it (:mod:`.trainjob`). Either way the
+servable draft from ``<run>/train/final`` is republished as ``<run>/models/draft`` next to the
+target, the layout the serving chart reads.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field
+
+from ..config import StrictModel
+from ..stage_io import join
+from .layout import RunLayout
+from .objects import copy_published
+from .progress import stage
+from .trainjob import RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob, current_namespace, dns_label
+
+
+class TrainError(RuntimeError):
+    """Training did not produce a draft (the message says why)."""
+
+
+class TrainJobSettings(StrictModel):
+    """Cluster side of ``train_mode=trainjob`` (from the cluster profile, fixed at compile time)."""
+
+    image: str = Field("quay.io/peagle/peagle-trainer:0.1.0", description="image of the TrainJob's nodes")
+    runtime: str = Field("peagle-torch", description="ClusterTrainingRuntime the TrainJob references")
+    resources: dict[str, dict[str, str]] = Field(default_factory=dict,
+                                                 description="per-node requests/limits besides the GPUs")
+    accelerator: str = Field("nvidia.com/gpu", description="extended resource name of the GPUs")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of the training processes")
+    timeout_s: float = Field(86400.0, gt=0, description="give up (and suspend the job) after this long")
+    poll_interval_s: float = Field(30.0, gt=0, description="status poll interval")
+
+
+def check_extraction(layout: RunLayout) -> None:
+    """Fail early and clearly when the training split was not completely extracted."""
+    from ..extract.output import ShardDir
+
+    if ShardDir(layout.hidden_states("train")).read_manifest() is None:
+        raise TrainError(f"{layout.hidden_states('train')} has no manifest.json: extraction did not complete "
+                         "(an extract worker failed?)")
+
+
+def trainjob_for(run_uri: str, num_nodes: int, num_gpus: int, settings: TrainJobSettings, data_connection: str,
+                 namespace: str, job_id: str = "") -> dict[str, Any]:
+    """The TrainJob object of this run."""
+    resources = {k: dict(v) for k, v in settings.resources.items()}
+    for kind in ("requests", "limits"):
+        resources.setdefault(kind, {})[settings.accelerator] = str(num_gpus)
+    run_name = run_uri.rstrip("/").rsplit("/", 1)[-1]
+    spec = TrainJobSpec(
+        name=dns_label(f"peagle-train-{job_id or run_name}"), namespace=namespace, run_uri=run_uri,
+        image=settings.image, data_connection=data_connection, num_nodes=num_nodes, num_proc_per_node=num_gpus,
+        runtime=settings.runtime, resources=resources, node_selector=settings.node_selector,
+        tolerations=settings.tolerations, env=settings.env, active_deadline_seconds=int(settings.timeout_s),
+        labels={RUN_LABEL: dns_label(run_name, 63)})
+    return build_trainjob(spec)
+
+
+def train(run_uri: str, mode: str, extracted: list[str] | None = None, num_gpus: int | None = None,
+          cluster: str = "", data_connection: str = "", job_id: str = "",
+          launcher: TrainJobLauncher | None = None) -> str:
+    """Train the run's draft (``mode`` ``pod`` or ``trainjob``); returns the URI of the published draft.
+
+    ``num_gpus``: processes per node (default: the run's ``num_gpus``); ``launcher``: for tests.
+    """
+    from .steps import load_run
+    from .train_worker import run_training
+
+    with stage(f"train[{mode}]") as info:
+        run, layout = load_run(run_uri)
+        for summary in extracted or []:
+            print(f"extraction worker: {summary}", flush=True)
+        check_extraction(layout)
+        if mode == "pod":
+            code = run_training(run_uri, int(num_gpus or run.params.num_gpus))
+            if code != 0:
+                raise TrainError(f"training processes exited with status {code}")
+        elif mode == "trainjob":
+            settings = TrainJobSettings.model_validate(json.loads(cluster or "{}"))
+            if not data_connection:
+                raise TrainError("train_mode=trainjob needs the data connection (secret) name")
+            job = trainjob_for(run_uri, run.params.num_nodes, int(num_gpus or run.params.num_gpus), settings,
+                               data_connection, current_namespace(), job_id)
+            if launcher is None:
+                from ..deploy.kube import Apis
+
+                apis = Apis.from_environment()
+                launcher = TrainJobLauncher(apis.custom, apis.core, poll_interval_s=settings.poll_interval_s,
+                                            timeout_s=settings.timeout_s)
+            done = launcher.run(job)
+            info["trainjob"] = done["metadata"]["name"]
+        else:
+            raise TrainError(f"unknown train mode {mode!r}; expected 'pod' or 'trainjob'")
+        draft = copy_published(join(layout.train, "final"), layout.draft)
+        print(f"draft published at {draft}", flush=True)
+    return draft

@@ -1,0 +1,205 @@
+"""The pipeline's components, called as plain Python functions (what each KFP component runs), on a
+tiny real target: init_run -> prepare -> extract x 2 workers -> train (pod, and through a TrainJob
+whose node command really runs) -> deploy (render). evaluate and regenerate run in the kfp.local
+pipeline test (tests/test_pipeline_local.py), where vLLM is started once for them."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from peagle.config import ConfigError
+from peagle.pipeline.params import config_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_CONFIG = {
+    "prepare": {"validation_fraction": 0.25},
+    "extract": {"backend": "hf", "samples_per_shard": 4, "batch_size": 4},
+    "train": {"row_tokens": 256, "global_batch_rows": 2, "log_every": 1, "val_fraction": 0.0},
+}
+
+
+def conversations(path: Path, n: int = 16) -> Path:
+    rows = [{"id": f"c{i}", "messages": [
+        {"role": "user", "content": f"Write a function that returns {i} times two."},
+        {"role": "assistant", "content": f"def double_{i}(x):\n    return x * 2  # {i}\n" * 3}]} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def init_args(root: Path, target: Path, source: Path, **kw) -> dict:
+    args = dict(output_root=str(root), run_name="direct", job_id="job-1", config=config_text(TINY_CONFIG),
+                target=str(target), data_source=str(source), num_samples=0, max_length=96, regenerate=False,
+                num_speculative_tokens=2, draft_layers=1, extract_shards=2, train_mode="pod", num_gpus=1,
+                num_nodes=1, train_epochs=1, train_max_steps=2, min_acceptance_length=0.0, deploy_mode="render",
+                deploy_name="tiny-draft")
+    args.update(kw)
+    return args
+
+
+@pytest.fixture(scope="module")
+def run_uri(qwen3_target, tmp_path_factory) -> str:
+    from components.init_run import init_run
+
+    tmp = tmp_path_factory.mktemp("components")
+    return init_run(**init_args(tmp / "runs", qwen3_target, conversations(tmp / "conv.jsonl")))
+
+
+@pytest.fixture(scope="module")
+def assignments(run_uri) -> list[str]:
+    from components.prepare import prepare
+
+    return prepare(run_uri)
+
+
+@pytest.fixture(scope="module")
+def extracted(assignments) -> list[str]:
+    from components.extract import extract
+
+    # kfp.local hands numbers over as floats: the workers must cope
+    floaty = [json.dumps({**json.loads(a), "shard_index": float(json.loads(a)["shard_index"])}) for a in assignments]
+    return [extract(a) for a in floaty]
+
+
+@pytest.fixture(scope="module")
+def trained(run_uri, extracted) -> str:
+    from components.train import train
+
+    return train(run_uri, "pod", 1, extracted, "", "", "job-1")
+
+
+def test_components_are_thin_typed_kfp_components():
+    import components
+    from peagle.pipeline.profile import ClusterProfile
+
+    built = components.build(ClusterProfile())
+    for module in components.MODULES:
+        name = module.__name__.rsplit(".", 1)[-1]
+        comp = getattr(built, name)
+        assert comp.python_func is getattr(module, name)
+        image = comp.component_spec.implementation.container.image
+        assert image == getattr(ClusterProfile().images, module.IMAGE)
+        # thin: the body imports the library and calls it
+        import inspect
+
+        body = inspect.getsource(comp.python_func)
+        assert "from peagle.pipeline" in body and len(body.splitlines()) < 25, name
+    ev = built.evaluate.component_spec
+    assert set(ev.outputs) == {"metrics", "report", "Output"}
+    assert "List" in built.prepare.component_spec.outputs["Output"].type
+
+
+def test_init_run_writes_the_resolved_settings_and_the_target(run_uri):
+    from peagle.pipeline.objects import is_published, read_json
+
+    assert run_uri.endswith("/runs/direct")
+    run = read_json(run_uri + "/run.json")
+    assert run["config"]["draft"]["num_depths"] == 2 and run["config"]["train"]["max_steps"] == 2
+    assert run["config"]["prepare"]["max_samples"] is None  # num_samples=0: all rows
+    assert run["params"]["extract_shards"] == 2
+    assert is_published(run_uri + "/models/target")
+    assert (Path(run_uri) / "models" / "target" / "config.json").is_file()
+
+
+def test_init_run_fails_fast_on_bad_settings(qwen3_target, tmp_path):
+    from components.init_run import init_run
+
+    src = conversations(tmp_path / "c.jsonl", 2)
+    bad = config_text({"draft": {"num_depths": 3}})
+    with pytest.raises(ConfigError, match="'draft.num_depths'.*num_speculative_tokens"):
+        init_run(**init_args(tmp_path, qwen3_target, src, config=bad))
+    with pytest.raises(ConfigError, match="train.output"):
+        init_run(**init_args(tmp_path, qwen3_target, src, config=config_text({"train": {"output": "/x"}})))
+    with pytest.raises(ConfigError, match="needs train_mode=trainjob"):
+        init_run(**init_args(tmp_path, qwen3_target, src, num_nodes=2))
+    with pytest.raises(ValueError, match="deploy_mode"):
+        init_run(**init_args(tmp_path, qwen3_target, src, deploy_mode="kservee"))
+    with pytest.raises(ValueError, match="run name"):
+        init_run(**init_args(tmp_path, qwen3_target, src, run_name="bad/name"))
+    assert not (tmp_path / "direct").exists()  # nothing written before validation passed
+
+
+def test_prepare_returns_one_assignment_per_extract_worker(run_uri, assignments):
+    from peagle.pipeline.objects import is_published
+
+    assert [json.loads(a) for a in assignments] == [
+        {"run_uri": run_uri, "shard_index": i, "num_shards": 2} for i in range(2)]
+    assert is_published(run_uri + "/data")
+
+
+def test_extract_workers_complete_both_splits_and_skip_on_rerun(run_uri, assignments, extracted):
+    from components.extract import extract
+    from peagle.extract import HiddenStatesDataset
+
+    summaries = [json.loads(s) for s in extracted]
+    assert [s["shard_index"] for s in summaries] == [0, 1]
+    assert summaries[-1]["train"]["complete"] is True  # the last worker wrote the manifest
+    for split in ("train", "validation"):
+        ds = HiddenStatesDataset(f"{run_uri}/hidden_states/{split}")
+        assert len(ds) == sum(s[split]["rows"] for s in summaries) > 0
+    again = json.loads(extract(assignments[0]))  # a retried worker: everything already published
+    assert again["train"]["written"] == 0 and again["train"]["skipped"] > 0
+
+
+def test_train_in_the_pod_publishes_a_servable_draft(run_uri, trained):
+    from peagle.model import read_spec
+    from peagle.pipeline.objects import is_published
+
+    assert trained == run_uri + "/models/draft" and is_published(trained)
+    spec = read_spec(trained)
+    assert spec.num_depths == 2 and spec.num_layers == 1
+
+
+def test_train_through_a_trainjob_runs_the_node_command(run_uri, trained):
+    """The launcher path end to end, with a FAKE API server (none runs on these machines): when the
+    TrainJob is created, the fake executes its command the way a Trainer node would (PET_* env)."""
+    from peagle.pipeline.profile import ClusterProfile
+    from peagle.pipeline.training import train
+    from peagle.pipeline.trainjob import TrainJobLauncher
+    from seaweed import free_ports
+    from test_trainjob import FakeCluster, cond, run_node_command
+
+    results = {}
+
+    def node(job):
+        env = {**os.environ, "PET_NNODES": "1", "PET_NPROC_PER_NODE": str(job["spec"]["trainer"]["numProcPerNode"]),
+               "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_ports(1)[0])}
+        results[job["metadata"]["name"]] = run_node_command(job, env)
+
+    def lifecycle(name, obj, n):
+        proc = results[name]
+        return [cond("Complete")] if proc.returncode == 0 else [cond("Failed", "NodeFailed", proc.stderr[-300:])]
+
+    cluster = FakeCluster(lifecycle=lifecycle, on_create=node)
+    lines = []
+    launcher = TrainJobLauncher(cluster, cluster, poll_interval_s=0, out=lines.append, stream_logs=False)
+    draft = train(run_uri, "trainjob", [], cluster=ClusterProfile().trainjob_json(),
+                  data_connection="aws-connection-peagle", job_id="job-1", launcher=launcher)
+    assert draft == trained
+    (name, proc), = results.items()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "torch.distributed.run" in proc.stdout  # multi-node launch line: torchrun with Trainer's PET_* env
+    assert name == "peagle-train-job-1" and lines[-1].endswith("complete")
+
+
+def test_deploy_renders_the_serving_manifests(run_uri, trained):
+    from components.deploy import deploy
+    from peagle.pipeline.profile import ClusterProfile
+
+    where = deploy(run_uri, "tiny-draft", "render", "aws-connection-peagle", 2, ClusterProfile().serving_json())
+    assert where == run_uri + "/deploy"
+    docs = {p.name: yaml.safe_load(p.read_text()) for p in Path(where).glob("*.yaml")}
+    isvc = next(d for d in docs.values() if d["kind"] == "InferenceService")
+    assert isvc["metadata"]["name"] == "tiny-draft"
+    # the data connection serves <run>/models, which holds target/ and draft/
+    assert isvc["spec"]["predictor"]["model"]["storage"] == {"key": "aws-connection-peagle",
+                                                             "path": run_uri + "/models"}
+    runtime = next(d for d in docs.values() if d["kind"] == "ServingRuntime")
+    assert '"num_speculative_tokens":2' in json.dumps(runtime).replace('\\"', '"')
+    assert deploy(run_uri, "tiny-draft", "none", "x", 2, "") == ""
+    with pytest.raises(ValueError, match="unknown deploy mode"):
+        deploy(run_uri, "tiny-draft", "helm", "x", 2, "")

@@ -1,0 +1,197 @@
+"""The compiled pipeline (pipelines/compiled/peagle-default.yaml): current, loadable, and carrying the
+cluster profile -- GPU accelerator limits, tolerations, node selectors, /dev/shm, the data-connection
+secret as env by name -- and no credential literal."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILED = ROOT / "pipelines" / "compiled" / "peagle-default.yaml"
+GPU_EXECUTORS = {"exec-regenerate", "exec-extract", "exec-evaluate", "exec-train-2"}  # train-2: the pod branch
+DC_KEYS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET", "AWS_DEFAULT_REGION"}
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> Path:
+    from peagle.pipeline.build import compile_pipeline
+
+    return compile_pipeline("default", tmp_path_factory.mktemp("compiled") / "peagle-default.yaml")
+
+
+@pytest.fixture(scope="module")
+def docs(fresh) -> tuple[dict, dict]:
+    spec, platform = list(yaml.safe_load_all(fresh.read_text()))
+    return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def test_committed_yaml_is_current(fresh):
+    assert COMPILED.is_file(), "run: python -m peagle.pipeline compile"
+    assert COMPILED.read_text() == fresh.read_text(), (
+        "pipelines/compiled/peagle-default.yaml is stale: run `python -m peagle.pipeline compile`")
+
+
+def test_loads_with_the_kfp_sdk():
+    """What the dashboard does with an uploaded file: parse it as a pipeline spec (+ platform spec)."""
+    from google.protobuf import json_format
+    from kfp import components
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    comp = components.load_component_from_file(str(COMPILED))
+    assert comp.name == "peagle"
+    assert "target" in comp.component_spec.inputs and comp.component_spec.inputs["target"].optional is False
+    spec, platform = list(yaml.safe_load_all(COMPILED.read_text()))
+    json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec())
+    json_format.ParseDict(platform, pipeline_spec_pb2.PlatformSpec())
+
+
+def test_parameters_are_typed_for_the_run_form(docs):
+    spec, _ = docs
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    types = {k: v["parameterType"] for k, v in params.items()}
+    assert types["target"] == "STRING" and "defaultValue" not in params["target"]  # required
+    for name in ("num_samples", "num_speculative_tokens", "extract_shards", "num_gpus", "num_nodes",
+                 "train_max_steps", "train_epochs", "max_length", "draft_layers"):
+        assert types[name] == "NUMBER_INTEGER", name
+    assert types["min_acceptance_length"] == "NUMBER_DOUBLE"
+    assert types["regenerate"] == "BOOLEAN"
+    for name in ("data_source", "data_connection", "output_root", "config", "train_mode", "deploy_mode"):
+        assert types[name] == "STRING", name
+
+
+def test_gpu_steps_get_accelerators_tolerations_selectors_and_shm(docs):
+    spec, k8s = docs
+    for name, ex in spec["deploymentSpec"]["executors"].items():
+        acc = ex["container"].get("resources", {}).get("accelerator")
+        cfg = k8s[name]
+        if name in GPU_EXECUTORS:
+            assert acc and acc["resourceType"] == "nvidia.com/gpu", name
+            assert cfg["nodeSelector"]["labels"] == {"nvidia.com/gpu.present": "true"}, name
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in cfg["tolerations"], name
+            shm = [m for m in cfg["emptyDirMounts"] if m["mountPath"] == "/dev/shm"]
+            assert shm and shm[0]["medium"] == "Memory" and shm[0]["sizeLimit"] == "16Gi", name
+        else:  # CPU steps stay off the GPU pool (the TrainJob launcher included)
+            assert acc is None, name
+            assert "nodeSelector" not in cfg and "tolerations" not in cfg, name
+    # the training pod's accelerator limit is the num_gpus pipeline parameter
+    train_pod = spec["deploymentSpec"]["executors"]["exec-train-2"]["container"]["resources"]["accelerator"]
+    assert "num_gpus" in train_pod["resourceCount"]
+    extract = spec["deploymentSpec"]["executors"]["exec-extract"]["container"]["resources"]["accelerator"]
+    assert extract["resourceCount"] == "1"
+
+
+def test_every_step_reads_the_data_connection_secret_by_parameter(docs):
+    spec, k8s = docs
+    assert set(k8s) == set(spec["deploymentSpec"]["executors"])
+    for name, cfg in k8s.items():
+        keys = set()
+        for entry in cfg["secretAsEnv"]:
+            param = entry["secretNameParameter"]["componentInputParameter"]
+            assert param in ("data_connection", "pipelinechannel--data_connection"), (name, param)
+            assert "secretName" not in entry or not entry["secretName"], name  # never a fixed name
+            keys |= {k["secretKey"] for k in entry["keyToEnv"]}
+            assert all(k["secretKey"] == k["envVar"] for k in entry["keyToEnv"])
+        assert keys == DC_KEYS, name
+
+
+def _strings(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+    elif isinstance(node, str):
+        yield node
+
+
+def test_no_credential_literal(docs):
+    spec, _ = docs
+    text = COMPILED.read_text()
+    assert not re.search(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b", text), "AWS access key id literal"
+    assert "REPLACE_WITH" not in text  # the data-connection template's placeholders
+    for s in _strings(list(yaml.safe_load_all(text))):
+        # AWS secret keys are 40 characters of base64; nothing else in the spec looks like that
+        assert not re.fullmatch(r"[A-Za-z0-9/+=]{40}", s), f"credential-like literal {s!r}"
+    for name, ex in spec["deploymentSpec"]["executors"].items():
+        for env in ex["container"].get("env", []):
+            assert not env["name"].startswith("AWS_"), f"{name} sets {env['name']} literally"
+            assert not re.search(r"(?i)secret|token|password", env["name"]), (name, env["name"])
+    for pname, p in spec["root"]["inputDefinitions"]["parameters"].items():
+        default = str(p.get("defaultValue", ""))
+        assert "@" not in default and not re.search(r"(?i)secret|token|password", default), pname
+
+
+def test_side_effecting_steps_are_not_cached_and_retry(docs):
+    spec, _ = docs
+    tasks = []
+
+    def walk(dag):
+        for name, t in dag.get("tasks", {}).items():
+            ref = t["componentRef"]["name"]
+            if "dag" in spec["components"][ref]:
+                walk(spec["components"][ref]["dag"])
+            else:
+                tasks.append((name, t))
+
+    walk(spec["root"]["dag"])
+    assert {n for n, _ in tasks} >= {"init-run", "init-run-2", "regenerate", "prepare", "extract", "train",
+                                     "train-2", "evaluate", "deploy"}
+    for name, t in tasks:
+        assert not t.get("cachingOptions", {}).get("enableCache"), name
+        assert t["retryPolicy"]["maxRetryCount"] == 2, name
+
+
+def test_control_flow(docs):
+    """ParallelFor over prepare's shard assignments, If/Else for regenerate and train mode, the gate."""
+    spec, _ = docs
+    comps = spec["components"]
+    root_tasks = spec["root"]["dag"]["tasks"]
+    loop_task = next(t for t in root_tasks.values() if t.get("parameterIterator"))
+    assert loop_task["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--prepare-Output"
+    assert loop_task["dependentTasks"] == ["prepare"]
+    conditions = [t["triggerPolicy"]["condition"] for c in comps.values() if "dag" in c
+                  for t in c["dag"]["tasks"].values() if "triggerPolicy" in t]
+    conditions += [t["triggerPolicy"]["condition"] for t in root_tasks.values() if "triggerPolicy" in t]
+    text = " ".join(conditions)
+    assert "pipelinechannel--regenerate" in text and "pipelinechannel--train_mode" in text
+    assert "pipelinechannel--evaluate-Output" in text  # the acceptance gate before deploy
+    deploy_parent = next(n for n, c in comps.items() if "dag" in c and "deploy" in c["dag"]["tasks"])
+    gate = next(t for t in root_tasks.values() if t["componentRef"]["name"] == deploy_parent)
+    assert "evaluate-Output" in gate["triggerPolicy"]["condition"]
+
+
+def test_images_come_from_the_profile(docs):
+    spec, _ = docs
+    images = {n: ex["container"]["image"] for n, ex in spec["deploymentSpec"]["executors"].items()}
+    assert images["exec-extract"] == images["exec-evaluate"] == "quay.io/peagle/peagle-vllm:0.1.0"
+    assert images["exec-train"] == images["exec-train-2"] == "quay.io/peagle/peagle-trainer:0.1.0"
+    assert images["exec-prepare"] == images["exec-deploy"] == "quay.io/peagle/peagle-base:0.1.0-cpu"
+
+
+def test_cli_compile_with_another_profile(tmp_path):
+    from peagle.pipeline.__main__ import main
+
+    prof = tmp_path / "mycluster.yaml"
+    prof.write_text("name: mycluster\nimages: {vllm: registry.example/vllm:1}\naccelerator:\n"
+                    "  type: amd.com/gpu\n  node_selector: {amd.com/gpu.present: 'true'}\n  tolerations: []\n")
+    out = tmp_path / "p.yaml"
+    assert main(["compile", "--profile", str(prof), "--out", str(out)]) == 0
+    spec, platform = list(yaml.safe_load_all(out.read_text()))
+    ex = spec["deploymentSpec"]["executors"]["exec-extract"]["container"]
+    assert ex["image"] == "registry.example/vllm:1" and ex["resources"]["accelerator"]["resourceType"] == "amd.com/gpu"
+    assert "tolerations" not in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-extract"]
+
+
+def test_profile_rejects_unknown_keys(tmp_path):
+    from peagle.config import ConfigError
+    from peagle.pipeline.profile import load_profile
+
+    p = tmp_path / "bad.yaml"
+    p.write_text("imagez: {}\n")
+    with pytest.raises(ConfigError, match="imagez"):
+        load_profile(p)

@@ -1,0 +1,112 @@
+"""Run layout, the typed parameters + config YAML resolution, the embedded-run arguments, the train
+worker's launch line and submission (against a fake kfp client: no pipeline server here)."""
+from __future__ import annotations
+
+import pytest
+
+from peagle.config import ConfigError
+from peagle.pipeline.layout import RunLayout, normalize_uri, run_uri
+from peagle.pipeline.params import PipelineParams, config_text, resolve_run
+
+
+def params(**kw) -> PipelineParams:
+    return PipelineParams(**{"target": "smollm2", **kw})
+
+
+def test_layout_is_fixed_per_run():
+    assert run_uri("s3:///peagle/runs", "", "3f1c") == "s3:///peagle/runs/3f1c"
+    assert run_uri("s3://b/x/", "mine", "3f1c") == "s3://b/x/mine"
+    assert run_uri("file:///tmp/r", "a", "") == "/tmp/r/a"
+    assert normalize_uri("file:///tmp/a%20b/") == "/tmp/a b"
+    lay = RunLayout("s3://b/runs/r1")
+    assert lay.remote and lay.target == "s3://b/runs/r1/models/target" and lay.draft == "s3://b/runs/r1/models/draft"
+    assert lay.hidden_states("validation") == "s3://b/runs/r1/hidden_states/validation"
+    assert RunLayout("/tmp/r").data == "/tmp/r/data" and not RunLayout("/tmp/r").remote
+    for bad in ("", "a/b", "../x", "x" * 200):
+        with pytest.raises(ValueError):
+            run_uri("/tmp", bad, "")
+    with pytest.raises(ValueError):
+        RunLayout("/tmp/r").hidden_states("test")
+
+
+def test_typed_parameters_fill_the_config():
+    run = resolve_run(params(data_source="a.jsonl, hf:x", num_samples=0, num_speculative_tokens=6,
+                             train_max_steps=100, min_acceptance_length=0.0),
+                      config_text({"train": {"lr": 3e-4}, "evaluate": {"max_tokens": 32}}), "/tmp/r")
+    c = run.config
+    assert c.prepare.sources == ["a.jsonl", "hf:x"] == c.regenerate.sources
+    assert c.prepare.max_samples is None and c.regenerate.max_conversations is None
+    assert c.draft.num_depths == 6 and c.train.max_steps == 100 and c.train.lr == 3e-4
+    assert run.config.evaluate.min_acceptance_length is None and run.config.evaluate.max_tokens == 32
+    same = resolve_run(params(max_length=512), "prepare: {max_length: 512}", "/tmp/r")  # agreeing is fine
+    assert same.config.prepare.max_length == 512
+
+
+@pytest.mark.parametrize("config, match", [
+    ("prepare: {max_length: 512}", "'prepare.max_length'.*max_length"),
+    ("train: {data: /x}", "train.data"),
+    ("work_dir: /x", "work_dir"),
+    ("evaluate: {draft: /x}", "evaluate.draft"),
+    ("trian: {lr: 1}", "trian"),
+    ("evaluate: {max_tokenz: 3}", "evaluate.max_tokenz"),
+    ("- a list", "mapping"),
+    ("a: [", "not valid YAML"),
+    ("train: {global_batch_rows: 3}", "not divisible"),
+])
+def test_bad_config_is_refused_naming_the_key(config, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve_run(params(num_gpus=2), config, "/tmp/r")
+
+
+def test_embedded_arguments_move_covered_keys_to_parameters():
+    from peagle.local_run import pipeline_arguments, user_settings
+
+    user = user_settings(None, ["draft.num_depths=3", "prepare.max_samples=50", "train.lr=0.01",
+                                "evaluate.max_tokens=16", "target.path=/models/t", "work_dir=/tmp/w"])
+    args = pipeline_arguments(user, prompts=1, regenerate=True)
+    assert (args["num_speculative_tokens"], args["num_samples"], args["target"], args["regenerate"]) == (
+        3, 50, "/models/t", True)
+    run = resolve_run(PipelineParams(**{k: v for k, v in args.items() if k in PipelineParams.model_fields}),
+                      args["config"], "/tmp/r")
+    assert run.config.train.lr == 0.01 and run.config.draft.draft_vocab_size == 8192
+    ev = run.config.evaluate
+    assert ev.num_speculative_tokens == [3] and ev.max_tokens == 16 and ev.prompts_per_category == 1
+    with pytest.raises(ConfigError):
+        user_settings(None, ["evaluate.nope=1"])
+
+
+def test_train_worker_launch_line():
+    import sys
+
+    from peagle.pipeline.train_worker import command
+
+    assert command("c.yaml", 1, {}) == [sys.executable, "-m", "peagle.train", "--config", "c.yaml"]
+    assert command("c.yaml", 4, {})[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                             "--nproc-per-node=4"]
+    multi = command("c.yaml", 8, {"PET_NNODES": "4"})
+    assert "--standalone" not in multi and multi[2] == "torch.distributed.run"
+
+
+def test_submit_uses_the_client_and_env(tmp_path, monkeypatch):
+    from peagle.pipeline.submit import SubmitError, make_client, submit
+
+    class FakeClient:  # no pipeline server on these machines
+        _uihost = "https://ds-pipeline.example"
+
+        def create_run_from_pipeline_package(self, path, arguments, run_name, experiment_name, namespace,
+                                             enable_caching):
+            self.args = (path, arguments, run_name, experiment_name, namespace, enable_caching)
+            return type("Run", (), {"run_id": "r-123"})()
+
+    pkg = tmp_path / "p.yaml"
+    pkg.write_text("x")
+    client = FakeClient()
+    done = submit(pkg, {"target": "s3:///m"}, client=client, experiment="e", run_name="n")
+    assert done.run_id == "r-123" and done.url == "https://ds-pipeline.example/#/runs/details/r-123"
+    assert client.args[1] == {"target": "s3:///m"} and client.args[5] is False
+    for name in ("KF_PIPELINES_ENDPOINT", "KFP_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SubmitError, match="KF_PIPELINES_ENDPOINT"):
+        make_client()
+    with pytest.raises(SubmitError, match="not found"):
+        submit(tmp_path / "missing.yaml", {}, client=client)

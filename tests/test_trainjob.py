@@ -1,0 +1,274 @@
+"""The TrainJob the train component creates, and its launcher (create / watch / logs / failure).
+
+No Kubernetes API server runs on these machines, so the launcher is tested against
+:class:`FakeCluster`, a FAKE of the two kubernetes client APIs it uses (CustomObjectsApi,
+CoreV1Api) -- the one fake allowed in these tests. The object itself is checked for real against the
+Trainer CRD schema from ../shared/crds (missing schemas fail, not skip, when CI=true).
+"""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from typing import Any, Callable
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from k8s_schemas import crd_dir, validate
+from peagle.pipeline.training import TrainJobSettings, trainjob_for
+from peagle.pipeline.trainjob import (RUN_LABEL, TrainJobError, TrainJobFailed, TrainJobLauncher, TrainJobSpec,
+                                      TrainJobTimeout, build_trainjob, dns_label)
+
+TS = "2026-11-29T10:00:00Z"
+
+
+def cond(kind: str, reason: str = "Done", message: str = "") -> dict[str, Any]:
+    return {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": TS}
+
+
+class FakeCluster:
+    """FAKE CustomObjectsApi + CoreV1Api (no API server on these machines; see the module docstring).
+
+    ``lifecycle(name, obj, polls)`` returns the conditions a TrainJob shows at its ``polls``-th read;
+    ``on_create(obj)`` runs when a TrainJob is created (e.g. runs its command, like a node would).
+    Pods: one node-0 pod per TrainJob once it has a condition; its log is ``logs[name]``.
+    """
+
+    def __init__(self, lifecycle: Callable[[str, dict, int], list] | None = None, runtimes=("peagle-torch",),
+                 on_create: Callable[[dict], None] | None = None):
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.polls: dict[str, int] = {}
+        self.lifecycle = lifecycle or (lambda name, obj, n: [cond("Complete")] if n >= 2 else [])
+        self.runtimes, self.on_create = set(runtimes), on_create
+        self.calls: list[tuple] = []
+        self.logs: dict[str, list[bytes]] = {}
+
+    # -- CustomObjectsApi
+    def get_cluster_custom_object(self, group, version, plural, name):
+        self.calls.append(("get_cluster", plural, name))
+        if plural != "clustertrainingruntimes" or name not in self.runtimes:
+            raise ApiException(status=404, reason="Not Found")
+        return {"metadata": {"name": name}}
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        assert (group, version, plural) == ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+        name = body["metadata"]["name"]
+        self.calls.append(("create", name))
+        if (namespace, name) in self.objects:
+            raise ApiException(status=409, reason="AlreadyExists")
+        obj = copy.deepcopy(body)
+        self.objects[(namespace, name)] = obj
+        if self.on_create:
+            self.on_create(obj)
+        return copy.deepcopy(obj)
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        self.calls.append(("get", name))
+        obj = self.objects.get((namespace, name))
+        if obj is None:
+            raise ApiException(status=404, reason="Not Found")
+        n = self.polls[name] = self.polls.get(name, 0) + 1
+        conditions = self.lifecycle(name, obj, n)
+        if conditions:
+            obj["status"] = {"conditions": conditions}
+        return copy.deepcopy(obj)
+
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
+        self.calls.append(("patch", name, body))
+        self.objects[(namespace, name)]["spec"].update(body["spec"])
+        return copy.deepcopy(self.objects[(namespace, name)])
+
+    # -- CoreV1Api
+    def list_namespaced_pod(self, namespace, label_selector):
+        name = label_selector.split("=", 1)[1]
+        obj = self.objects.get((namespace, name))
+        if not obj or not (obj.get("status") or {}).get("conditions"):
+            return {"items": []}
+        return {"items": [
+            {"metadata": {"name": f"{name}-node-0-1-x", "labels": {"batch.kubernetes.io/job-completion-index": "1"}},
+             "status": {"phase": "Running"}},
+            {"metadata": {"name": f"{name}-node-0-0-x", "labels": {"batch.kubernetes.io/job-completion-index": "0"}},
+             "status": {"phase": "Running"}}]}
+
+    def read_namespaced_pod_log(self, name, namespace, container, follow, _preload_content):
+        self.calls.append(("logs", name, container, follow))
+        job = name.rsplit("-node-", 1)[0]
+
+        class Stream:
+            def __init__(self, chunks):
+                self.chunks = chunks
+
+            def stream(self):
+                yield from self.chunks
+
+        return Stream(self.logs.get(job, [b"step 1/2 | loss 1.0\nstep 2", b"/2 | loss 0.5\n"]))
+
+
+def spec(**kw) -> TrainJobSpec:
+    base = dict(name="peagle-train-abc", namespace="team-a", run_uri="s3://bucket/peagle/runs/abc",
+                image="quay.io/peagle/peagle-trainer:0.1.0", data_connection="aws-connection-peagle",
+                labels={RUN_LABEL: "abc"})
+    base.update(kw)
+    return TrainJobSpec(**base)
+
+
+def launcher(cluster: FakeCluster, **kw) -> tuple[TrainJobLauncher, list[str]]:
+    lines: list[str] = []
+    kw.setdefault("poll_interval_s", 0.0)
+    return TrainJobLauncher(cluster, cluster, out=lines.append, sleep=lambda s: None, **kw), lines
+
+
+# ----------------------------------------------------------------------------------------------
+# The object
+
+
+def test_trainjob_from_the_profile_validates_against_the_trainer_crd():
+    crd_dir()  # fails (CI=true) or skips when ../shared/crds is missing
+    from peagle.pipeline.profile import ClusterProfile
+
+    settings = TrainJobSettings.model_validate_json(ClusterProfile().trainjob_json())
+    job = trainjob_for("s3:///peagle/runs/3f1c", num_nodes=4, num_gpus=8, settings=settings,
+                       data_connection="aws-connection-peagle", namespace="team-a",
+                       job_id="3f1c2d4e-aaaa-bbbb-cccc-0123456789ab")
+    assert validate(job) == "crd"
+    t = job["spec"]["trainer"]
+    assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                                         "name": "peagle-torch"}
+    assert (t["numNodes"], t["numProcPerNode"]) == (4, 8)
+    assert t["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
+    assert t["command"] == ["python", "-m", "peagle.pipeline.train_worker"]
+    assert t["args"] == ["--run-uri", "s3:///peagle/runs/3f1c"]
+    patch = job["spec"]["runtimePatches"][0]
+    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["name"] == "node"
+    assert job["metadata"]["name"] == "peagle-train-3f1c2d4e-aaaa-bbbb-cccc-0123456789ab"
+    assert job["spec"]["activeDeadlineSeconds"] == 86400
+
+
+def test_trainjob_carries_credentials_only_as_secret_references():
+    job = build_trainjob(spec(env={"NCCL_DEBUG": "WARN"}))
+    assert validate(job) == "crd"
+    env = {e["name"]: e for e in job["spec"]["trainer"]["env"]}
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET"):
+        assert "value" not in env[key]
+        assert env[key]["valueFrom"]["secretKeyRef"] == {"name": "aws-connection-peagle", "key": key}
+    assert env["AWS_DEFAULT_REGION"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert env["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "WARN"}
+
+
+def test_minimal_trainjob_validates_and_names_are_dns_labels():
+    job = build_trainjob(spec())
+    assert validate(job) == "crd"
+    assert "runtimePatches" not in job and "resourcesPerNode" not in job["spec"]["trainer"]
+    assert dns_label("Peagle_Train--Run.1") == "peagle-train-run-1"
+    assert dns_label("123abc") == "p-123abc"
+    assert len(dns_label("x" * 200)) == 50
+
+
+# ----------------------------------------------------------------------------------------------
+# The launcher, against the fake
+
+
+def test_create_watch_complete_and_stream_node0_logs():
+    cluster = FakeCluster(lifecycle=lambda name, obj, n: [cond("Complete")] if n >= 4 else [
+        {"type": "Suspended", "status": "False", "reason": "Resumed", "message": "", "lastTransitionTime": TS}])
+    run, lines = launcher(cluster)
+    done = run.run(build_trainjob(spec()))
+    assert done["metadata"]["name"] == "peagle-train-abc"
+    assert ("get_cluster", "clustertrainingruntimes", "peagle-torch") in cluster.calls
+    assert [c for c in cluster.calls if c[0] == "create"] == [("create", "peagle-train-abc")]
+    logs = [c for c in cluster.calls if c[0] == "logs"]
+    assert logs == [("logs", "peagle-train-abc-node-0-0-x", "node", True)]  # node-0, followed once
+    assert "[peagle-train-abc-node-0-0-x] step 2/2 | loss 0.5" in lines
+    assert lines[-1] == "TrainJob team-a/peagle-train-abc complete"
+
+
+def test_failed_trainjob_raises_with_the_reason():
+    cluster = FakeCluster(lifecycle=lambda name, obj, n: [cond("Failed", "BackoffLimitExceeded",
+                                                               "node-0 exited with code 1")] if n >= 2 else [])
+    run, _ = launcher(cluster)
+    with pytest.raises(TrainJobFailed, match="BackoffLimitExceeded: node-0 exited with code 1"):
+        run.run(build_trainjob(spec()))
+
+
+def test_create_is_idempotent_adopts_a_running_job():
+    cluster = FakeCluster()
+    job = build_trainjob(spec())
+    cluster.objects[("team-a", "peagle-train-abc")] = copy.deepcopy(job)  # an earlier attempt created it
+    run, lines = launcher(cluster)
+    run.run(job)
+    assert [c for c in cluster.calls if c[0] == "create"] == [("create", "peagle-train-abc")]
+    assert any("already exists" in ln for ln in lines)
+    assert len(cluster.objects) == 1
+
+
+def test_a_failed_earlier_attempt_gets_a_successor():
+    cluster = FakeCluster(lifecycle=lambda name, obj, n: [cond("Failed")] if name == "peagle-train-abc"
+                          else ([cond("Complete")] if n >= 2 else []))
+    job = build_trainjob(spec())
+    cluster.objects[("team-a", "peagle-train-abc")] = copy.deepcopy(job)
+    run, _ = launcher(cluster)
+    done = run.run(job)
+    assert done["metadata"]["name"] == "peagle-train-abc-r1"
+    assert ("create", "peagle-train-abc-r1") in cluster.calls
+
+
+def test_an_already_complete_job_is_not_rerun():
+    cluster = FakeCluster(lifecycle=lambda name, obj, n: [cond("Complete")])
+    job = build_trainjob(spec())
+    cluster.objects[("team-a", "peagle-train-abc")] = copy.deepcopy(job)
+    run, lines = launcher(cluster)
+    run.run(job)
+    assert not [c for c in cluster.calls if c[0] in ("logs", "patch")]
+    assert any("already complete" in ln for ln in lines)
+
+
+def test_a_job_of_another_run_is_not_adopted():
+    cluster = FakeCluster()
+    other = build_trainjob(spec(labels={RUN_LABEL: "other-run"}))
+    cluster.objects[("team-a", "peagle-train-abc")] = other
+    run, _ = launcher(cluster)
+    with pytest.raises(TrainJobError, match="belongs to run 'other-run'"):
+        run.run(build_trainjob(spec()))
+
+
+def test_timeout_suspends_the_job_and_raises():
+    now = [0.0]
+    cluster = FakeCluster(lifecycle=lambda name, obj, n: [])
+    run, _ = launcher(cluster, timeout_s=100.0, poll_interval_s=30.0)
+    run.clock = lambda: now[0]
+    run.sleep = lambda s: now.__setitem__(0, now[0] + s)
+    with pytest.raises(TrainJobTimeout, match="not complete after 100s"):
+        run.run(build_trainjob(spec()))
+    assert ("patch", "peagle-train-abc", {"spec": {"suspend": True}}) in cluster.calls
+    assert cluster.objects[("team-a", "peagle-train-abc")]["spec"]["suspend"] is True
+
+
+def test_missing_runtime_fails_before_creating_anything():
+    cluster = FakeCluster(runtimes=())
+    run, _ = launcher(cluster)
+    with pytest.raises(TrainJobError, match="kubectl apply -k manifests/training"):
+        run.run(build_trainjob(spec()))
+    assert not [c for c in cluster.calls if c[0] == "create"]
+
+
+def test_api_errors_other_than_conflict_propagate():
+    class Broken(FakeCluster):
+        def create_namespaced_custom_object(self, *a, **k):
+            raise ApiException(status=403, reason="Forbidden")
+
+    run, _ = launcher(Broken())
+    with pytest.raises(ApiException):
+        run.run(build_trainjob(spec()))
+
+
+def run_node_command(job: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """What a Trainer node would execute for ``job`` (used by the component tests): its command with
+    this interpreter as ``python`` and the literal env (secret references resolve to ``env``)."""
+    t = job["spec"]["trainer"]
+    cmd = [sys.executable if t["command"][0] == "python" else t["command"][0], *t["command"][1:], *t["args"]]
+    literal = {e["name"]: e["value"] for e in t.get("env", []) if "value" in e}
+    return subprocess.run(cmd, env={**env, **literal}, capture_output=True, text=True)
