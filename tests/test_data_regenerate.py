@@ -74,6 +74,26 @@ def test_offline_vllm_regeneration_resumes_and_feeds_prepare(source, tmp_path, q
     assert res.counts["kept"] == len(recs)
 
 
+@pytest.mark.vllm
+def test_max_turns_and_prompts_beyond_the_context(tmp_path, qwen3_target):
+    """max_turns=1 ends a multi-turn conversation after its first regenerated reply; a prompt longer
+    than the engine's context drops that conversation instead of failing the batch."""
+    src = tmp_path / "conv.jsonl"
+    long_prompt = {"id": "long", "messages": [{"role": "user", "content": "word " * 600},
+                                              {"role": "assistant", "content": "ORIGINAL"}]}
+    src.write_text(json.dumps(CONVERSATIONS[1]) + "\n" + json.dumps(long_prompt) + "\n")
+    out = tmp_path / "regen.jsonl"
+    s = RegenerateSettings(sources=[str(src)], max_tokens=8, max_turns=1, max_model_len=256)
+    res = run_regenerate(s, qwen3_target, out)
+    assert res.counts == {"already_done": 0, "regenerated": 1, "dropped_empty": 1}
+    # max_prompt_tokens drops what is longer even within the context (here: every prompt)
+    short = run_regenerate(s.model_copy(update={"max_prompt_tokens": 3}), qwen3_target, tmp_path / "short.jsonl")
+    assert short.counts == {"already_done": 0, "regenerated": 0, "dropped_empty": 2}
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [m["role"] for m in rec["messages"]] == ["system", "user", "assistant"]
+    assert rec["messages"][1]["content"] == "One?" and "ORIGINAL" not in rec["messages"][2]["content"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -213,3 +213,25 @@ def test_bad_input_is_refused_naming_the_sample(qwen3_target, tmp_path):
         run_extract([], qwen3_target, tmp_path / "empty", ExtractSettings(**HF))
     with pytest.raises(ValueError, match="shard_index"):
         run_extract(make_rows(2), qwen3_target, tmp_path / "x", ExtractSettings(**HF), shard_index=2, num_shards=2)
+
+
+def test_trainer_dataset_reads_each_shard_once_when_it_fits(base, monkeypatch):
+    """The trainer's view (peagle.train.data.ExtractedDataset) keeps decoded shards up to a byte budget:
+    a dataset that fits is read (and sha256-verified) once, in any access order; a small budget
+    still keeps two shards and re-reads the rest."""
+    from peagle.train.data import ExtractedDataset
+
+    reads: list[str] = []
+    original = HiddenStatesDataset.read_shard
+    monkeypatch.setattr(HiddenStatesDataset, "read_shard", lambda self, name: reads.append(name) or original(self, name))
+    order = [7, 0, 5, 1, 6, 2, 4, 3] * 2
+    ds = ExtractedDataset(str(base))
+    samples = {i: ds[i] for i in order}
+    assert sorted(reads) == sorted(set(reads)) and len(reads) == 3  # the opening pass only
+    reads.clear()
+    small = ExtractedDataset(str(base), cache_bytes=1)
+    again = {i: small[i] for i in order}
+    assert len(small._cache) == 2 and len(reads) > 3
+    for i in order:  # same samples either way
+        assert again[i]["sample_id"] == samples[i]["sample_id"]
+        assert torch.equal(again[i]["aux_hidden"], samples[i]["aux_hidden"])

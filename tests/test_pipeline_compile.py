@@ -195,3 +195,15 @@ def test_profile_rejects_unknown_keys(tmp_path):
     p.write_text("imagez: {}\n")
     with pytest.raises(ConfigError, match="imagez"):
         load_profile(p)
+
+
+def test_steps_use_the_kfp_runtime_the_images_ship(docs):
+    """The default profile's images ship kfp (images/*/Containerfile install the "pipeline" extra), so no
+    step pip-installs it at pod start -- that would need a package index from inside the cluster."""
+    spec, _ = docs
+    for name, ex in spec["deploymentSpec"]["executors"].items():
+        script = " ".join(ex["container"].get("command", []) + ex["container"].get("args", []))
+        assert "pip install" not in script and "pip3 install" not in script, name
+    for image in ("base", "vllm"):
+        text = (ROOT / "images" / image / "Containerfile").read_text()
+        assert re.search(r'"\.\[[a-z,]*pipeline[a-z,]*\]"', text), image

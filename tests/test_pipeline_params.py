@@ -71,6 +71,7 @@ def test_embedded_arguments_move_covered_keys_to_parameters():
     assert run.config.train.lr == 0.01 and run.config.draft.draft_vocab_size == 8192
     ev = run.config.evaluate
     assert ev.num_speculative_tokens == [3] and ev.max_tokens == 16 and ev.prompts_per_category == 1
+    assert pipeline_arguments(user, regenerate=False)["regenerate"] is False  # peagle run --no-regenerate
     with pytest.raises(ConfigError):
         user_settings(None, ["evaluate.nope=1"])
 

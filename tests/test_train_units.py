@@ -298,3 +298,23 @@ def test_metrics_lines_and_resume_refusals(qwen3_target, dataset, tmp_path):
         train(tiny_config(qwen3_target, tmp_path, max_steps=3, draft={"num_layers": 2}), dataset)
     with pytest.raises(ResumeError, match="another data plan"):
         train(tiny_config(qwen3_target, tmp_path, max_steps=3, val_fraction=0.2, seed=1), dataset)
+
+
+def test_precision_setting_and_fused_adamw(qwen3_target, dataset, tmp_path):
+    """bf16 autocast where the hardware runs it natively (auto), always when asked; AdamW uses the fused
+    kernel on plain parameters; and bf16 matmuls train to the same loss as float32 within bf16 noise."""
+    from peagle.train.loop import use_bf16
+    from peagle.train.optim import build_optimizer
+    from peagle.train.settings import TrainSettings
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert use_bf16("auto", cuda) and use_bf16("bf16", cpu) and not use_bf16("fp32", cuda)
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert use_bf16("auto", cpu) == native
+    assert build_optimizer(torch.nn.Linear(4, 4), TrainSettings()).defaults["fused"] is True
+
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        cfg = tiny_config(qwen3_target, tmp_path / precision, max_steps=4, precision=precision)
+        losses[precision] = train(cfg, dataset).metrics["loss"]
+    assert math.isfinite(losses["bf16"]) and abs(losses["bf16"] - losses["fp32"]) < 0.05 * losses["fp32"]

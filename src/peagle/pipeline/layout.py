@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
-
-from ..stage_io import is_remote, join
+from ..stage_io import is_remote, join, local_path
 
 SPLITS = ("train", "validation")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -33,10 +31,7 @@ def normalize_uri(uri: str) -> str:
     """``file:///abs/path`` -> ``/abs/path``; other URIs and paths unchanged (trailing ``/`` removed)."""
     uri = str(uri).strip()
     if uri.startswith("file://"):
-        parts = urlsplit(uri)
-        if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"file URI {uri!r} names a remote host; use file:///absolute/path")
-        return unquote(parts.path).rstrip("/") or "/"
+        return str(local_path(uri)).rstrip("/") or "/"
     return uri.rstrip("/") if uri not in ("/",) else uri
 
 

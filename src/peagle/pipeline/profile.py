@@ -83,7 +83,8 @@ class ClusterProfile(StrictModel):
     name: str = "default"
     images: Images = Field(default_factory=Images)
     install_kfp_package: bool = Field(
-        True, description="pip-install kfp in each step's pod at start (false when the images already have kfp)")
+        False, description="pip-install kfp in each step's pod at start (the images of images/ ship it; true for "
+        "images without it, at the price of a package index and a slower start)")
     accelerator: Accelerator = Field(default_factory=Accelerator)
     shm_size: str = Field("16Gi", description="/dev/shm (memory-backed emptyDir) on GPU steps, for NCCL")
     scratch_size: str | None = Field(

@@ -30,6 +30,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from ..stage_io import local_path
+
 Sample = dict[str, Any]
 SAMPLE_FILE_FORMAT = "peagle.train.samples/v1"
 
@@ -158,11 +160,12 @@ class ExtractedDataset:
     """The output of ``peagle extract`` (a directory or an ``s3://`` prefix) as a :class:`SampleDataset`.
 
     Opening reads every shard once (sha256-verified by the extract reader) to index sample lengths;
-    samples are then served from a small cache of decoded shards. Random access across many shards
-    re-reads shards, so at scale the sampler should visit samples shard by shard.
+    samples are then served from a cache of decoded shards holding up to ``cache_bytes`` (and at
+    least two shards). A dataset that fits is read exactly once; beyond that, random access across
+    many shards re-reads shards, so at scale the sampler should visit samples shard by shard.
     """
 
-    def __init__(self, uri: str, cache_shards: int = 2):
+    def __init__(self, uri: str, cache_bytes: int = 4 << 30):
         from collections import OrderedDict
 
         from ..extract import ExtractError, HiddenStatesDataset
@@ -170,15 +173,22 @@ class ExtractedDataset:
         try:
             self.hs = HiddenStatesDataset(uri, out_dtype=torch.float32)
             index = []
+            self._cache: OrderedDict = OrderedDict()
+            self._cache_bytes = cache_bytes
             for shard in self.hs.iter_shards():
                 for i, sid in enumerate(shard.sample_ids):
                     index.append((shard.name, i, sid, int(shard.offsets[i + 1] - shard.offsets[i])))
+                self._keep(shard)  # the first pass fills the cache: a dataset that fits is read once
         except ExtractError as exc:
             raise DatasetError(str(exc)) from None
         self.info = DatasetInfo(self.hs.aux_layer_ids, self.hs.hidden_size, self.hs.manifest.get("target_fingerprint"))
         self._index = index
-        self._cache: OrderedDict = OrderedDict()
-        self._cache_shards = cache_shards
+
+    def _keep(self, shard) -> None:
+        """Cache ``shard`` as the most recent; evict the oldest beyond the byte budget (keeping two)."""
+        self._cache[shard.name] = shard
+        while len(self._cache) > 2 and sum(map(_shard_bytes, self._cache.values())) > self._cache_bytes:
+            self._cache.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -192,19 +202,22 @@ class ExtractedDataset:
     def __getitem__(self, index: int) -> Sample:
         name, local, _, _ = self._index[index]
         shard = self._cache.pop(name, None) or self.hs.read_shard(name)
-        self._cache[name] = shard
-        while len(self._cache) > self._cache_shards:
-            self._cache.popitem(last=False)
+        self._keep(shard)
         s = shard.sample(local)
         return {"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask.float(),
                 "aux_hidden": s.aux_hidden_flat, "last_hidden": s.last_hidden}
+
+
+def _shard_bytes(shard) -> int:
+    return sum(t.numel() * t.element_size() for t in (shard.token_ids, shard.loss_mask, shard.aux_hidden,
+                                                      shard.last_hidden))
 
 
 def open_dataset(uri: str) -> SampleDataset:
     """Open the dataset named by ``train.data``: a ``peagle extract`` output (directory or s3:// prefix),
     or a single samples file (*.safetensors) written by :func:`write_sample_file`."""
     if uri.endswith(".safetensors"):
-        return SampleFileDataset(Path(uri.removeprefix("file://")))
+        return SampleFileDataset(local_path(uri))
     if not uri:
         raise DatasetError("no training data: set train.data to a peagle extract output (directory or s3:// URI)")
     return ExtractedDataset(uri)

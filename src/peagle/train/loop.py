@@ -66,6 +66,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     device = env.device
     cuda = device.type == "cuda"
     attention = s.attention if s.attention != "auto" else ("flex" if cuda else "dense")
+    bf16 = use_bf16(s.precision, device)
     if attention == "flex" and not cuda:
         raise ConfigError("train.attention=flex needs CUDA (flex attention has no backward pass on CPU); use dense")
     if s.global_batch_rows % env.world_size:
@@ -111,9 +112,10 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         raise DatasetError(f"{info.path}: no final norm weight (model.norm.weight) to rebuild teacher logits")
     teacher = Teacher(norm, model.lm_head.weight, float(info.config.rms_norm_eps)).to(device)
     model.to(device)
+    no_decay = limit_embedding_training(model, s.embeddings, spec.mask_token_id, s.distributed if env.distributed else None)
     wrapped = wrap_model(model, s.distributed, env)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
-    optimizer = build_optimizer(wrapped, s)
+    optimizer = build_optimizer(wrapped, s, no_decay)
     scheduler = build_scheduler(optimizer, s, total_steps)
 
     # ---- 3. Resume --------------------------------------------------------------------------
@@ -136,7 +138,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         rows = sum(len(st.rows) for st in steps)
         print(f"[peagle.train] {total_steps} steps ({s.epochs} epoch(s), {rows} rows of <= {s.row_tokens} tokens, "
               f"{len(train_idx)} train / {len(val_idx)} validation samples), world size {env.world_size} "
-              f"({s.distributed if env.distributed else 'single process'}, {attention} attention, {device})"
+              f"({s.distributed if env.distributed else 'single process'}, {attention} attention, {device}, "
+              f"{'bf16' if bf16 else 'fp32'} matmuls)"
               + (f"; resuming after step {start} from {store.uri_for(latest[1])}" if start else ""),
               file=sys.stderr, flush=True)
 
@@ -158,7 +161,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         row = row.to(device)
         masks = row.dense_masks if attention == "dense" else layer_masks(
             spec.layer_types, row.anchors, row.depths[0], row.document_ids, spec.sliding_window, "flex")
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             out = wrapped(row.input_ids, row.aux_hidden, row.position_ids, row.depths, masks)
         return row_loss(out.logits[0, row.supervised], teacher(row.teacher_hidden), row.supervised_depths,
                         spec.num_depths, s.loss)
@@ -241,6 +244,32 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
 
 # ----------------------------------------------------------------------------------------------
 # Helpers used by the loop
+
+
+def limit_embedding_training(model, mode: str, mask_token_id: int, strategy: str | None) -> tuple:
+    """Apply ``train.embeddings``; returns the parameters to exempt from weight decay."""
+    weight = model.embed_tokens.weight
+    if mode == "frozen":
+        weight.requires_grad_(False)
+        return ()
+    if mode == "mask_row":
+        if strategy == "fsdp":
+            raise ConfigError("train.embeddings=mask_row needs ddp or a single process (FSDP shards the embedding rows)")
+        keep = torch.zeros(weight.shape[0], 1, dtype=weight.dtype, device=weight.device)
+        keep[mask_token_id] = 1.0
+        weight.register_hook(lambda grad: grad * keep)  # only the mask token's row learns
+        return (weight,)
+    return ()
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """Whether the forward/backward runs under bf16 autocast (see ``TrainSettings.precision``)."""
+    if precision != "auto":
+        return precision == "bf16"
+    if device.type == "cuda":
+        return True
+    # CPUs without native bf16 emulate it, which is slower than float32.
+    return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def scan_samples(dataset: SampleDataset, train_idx: list[int], val_idx: list[int], spec, *, validate: bool,

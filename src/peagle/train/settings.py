@@ -47,6 +47,9 @@ class TrainSettings(StrictModel):
     )
 
     # Optimisation
+    embeddings: Literal["train", "mask_row", "frozen"] = Field(
+        "train", description="draft token embeddings: train all rows (the P-EAGLE recipe), only the mask token's "
+        "row (the rest stay the target's; less to overfit on small data), or none")
     epochs: int = Field(1, ge=1, description="passes over the training split")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps (default: all epochs)")
     lr: float = Field(6e-4, gt=0.0, description="peak AdamW learning rate")
@@ -59,6 +62,10 @@ class TrainSettings(StrictModel):
 
     # Execution
     distributed: Literal["ddp", "fsdp"] = Field("ddp", description="multi-process strategy under torchrun")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="matmul precision of the draft's forward/backward (bf16 autocast; weights, optimiser "
+        "and loss stay float32). auto: bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32"
+    )
     attention: Literal["auto", "dense", "flex"] = Field(
         "auto", description="auto: flex-attention BlockMask on CUDA, dense SDPA mask on CPU"
     )

@@ -1,0 +1,37 @@
+"""Stage inputs/outputs named by a plain path or a ``file://`` URI land in the same local directory."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from peagle.stage_io import fetched_input, is_remote, join, local_path, staged_output
+
+
+def test_file_uris_are_local_paths(tmp_path):
+    uri = tmp_path.as_uri()  # file:///...
+    assert not is_remote(uri) and is_remote("s3://b/p")
+    assert local_path(uri) == tmp_path == local_path(str(tmp_path))
+    assert local_path("file://localhost/a%20b/c") == Path("/a b/c")
+    with pytest.raises(ValueError, match="remote host"):
+        local_path("file://otherhost/x")
+    with pytest.raises(ValueError, match="object-store"):
+        local_path("s3://bucket/x")
+
+
+def test_join_keeps_the_uri_form():
+    assert join("file:///runs/r1/", "data", "/train") == "file:///runs/r1/data/train"
+    assert join("s3://b/runs", "data") == "s3://b/runs/data"
+    assert join("/runs/r1", "data") == "/runs/r1/data"
+
+
+def test_staged_output_and_fetched_input_at_a_file_uri(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a wrongly relative "file:/..." directory would appear here
+    out = join((tmp_path / "run").as_uri(), "data")
+    with staged_output(out) as d:
+        assert d == tmp_path / "run" / "data"
+        d.mkdir(parents=True)
+        (d / "x.txt").write_text("hello")
+    assert (tmp_path / "run" / "data" / "x.txt").read_text() == "hello"
+    assert fetched_input(out) == tmp_path / "run" / "data"
+    assert not (tmp_path / "file:").exists()
