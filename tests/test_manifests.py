@@ -75,6 +75,24 @@ def test_rbac_is_least_privilege(objs):
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster["rules"])
 
 
+def test_runner_may_apply_every_kind_the_serving_chart_renders(objs):
+    """The pipeline's deploy step applies the chart's objects (any deploy mode) as the runner."""
+    import re
+
+    from peagle.deploy.kube import BUILTIN, CUSTOM_PLURALS
+
+    plural = {kind: res for (_, kind), res in CUSTOM_PLURALS.items()}
+    plural |= {"Deployment": "deployments", "Service": "services"}
+    role = objs[("Role", "peagle-pipeline-runner")]
+    grants = {(g, res): set(r["verbs"]) for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]}
+    for template in sorted((ROOT / "charts" / "peagle-serving" / "templates").glob("*.yaml")):
+        text = template.read_text()
+        for api, kind in re.findall(r"^apiVersion: (\S+)\n(?:.*\n)*?^kind: (\w+)", text, re.M):
+            assert kind in plural and (kind in BUILTIN or any(k == kind for _, k in CUSTOM_PLURALS)), kind
+            group = api.rpartition("/")[0]
+            assert grants.get((group, plural[kind]), set()) >= {"create", "get", "patch"}, (template.name, kind)
+
+
 def test_bindings_grant_the_roles_to_the_pipeline_runner(objs):
     for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
         (binding,) = [o for (k, _), o in objs.items() if k == kind]
