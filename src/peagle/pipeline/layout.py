@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
 from ..stage_io import is_remote, join, local_path
 
 SPLITS = ("train", "validation")
