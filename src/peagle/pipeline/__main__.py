@@ -3,7 +3,7 @@
     python -m peagle.pipeline compile [--profile default] [--out FILE]
     python -m peagle.pipeline submit --host URL [--token T] [--profile default | --package FILE] \\
         --param target=s3:///models/Qwen3-8B [--param K=V ...] [--config run.yaml] [--experiment E]
-    python -m peagle.pipeline run [--s3] [--regenerate] [--config run.yaml] [--set key=value ...]
+    python -m peagle.pipeline run [--s3] [--no-regenerate] [--config run.yaml] [--set key=value ...]
 
 ``compile`` writes the IR YAML the OpenShift AI dashboard imports (default
 ``pipelines/compiled/peagle-<profile>.yaml``). ``submit`` creates a run on a pipeline server
@@ -60,7 +60,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     settings = user_settings(ns.config, ns.overrides)
     return run_local(settings=settings, prompts=ns.prompts, max_tokens=ns.max_tokens, s3=ns.s3,
-                     regenerate=True if ns.regenerate else None, verbose=ns.verbose, run_name=ns.run_name)
+                     regenerate=ns.regenerate, verbose=ns.verbose, run_name=ns.run_name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one setting, e.g. --set train.lr=1e-3 (repeatable)")
     r.add_argument("--s3", action="store_true", help="keep the stage data in a local SeaweedFS S3 server")
-    r.add_argument("--regenerate", action="store_true", help="let the target regenerate the responses (slow)")
+    r.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=None,
+                   help="let the target regenerate the responses first (default: the embedded run's, which does)")
     r.add_argument("--prompts", type=int, default=None, help="evaluation prompts per category")
     r.add_argument("--max-tokens", type=int, default=None, help="tokens generated per evaluation prompt")
     r.add_argument("--run-name", help="run name (default local-<timestamp>); reuse one to resume a run")
