@@ -15,9 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
-
-from .storage import open_published, open_store, publish_dir
+from .storage import file_uri_path, open_published, open_store, publish_dir
 
 
 def is_remote(uri: str | os.PathLike) -> bool:
@@ -30,12 +28,7 @@ def local_path(uri: str | os.PathLike) -> Path:
     s = str(uri)
     if is_remote(s):
         raise ValueError(f"{s!r} is an object-store URI, not a local path")
-    if s.startswith("file://"):
-        parts = urlsplit(s)
-        if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"file URI {s!r} names a remote host; use file:///absolute/path")
-        return Path(unquote(parts.path) or "/")
-    return Path(s)
+    return Path(file_uri_path(s)) if s.startswith("file://") else Path(s)
 
 
 def join(uri: str | os.PathLike, *parts: str) -> str:

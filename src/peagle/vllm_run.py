@@ -31,10 +31,7 @@ import sys
 import time
 from typing import Any
 
-from .evaluate.counters import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, counts_from_vllm_metrics
-
-SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED)
-SPEC_PER_POS = ACCEPTED_PER_POS
+from .evaluate.counters import counts_from_vllm_metrics
 
 
 def _in_process_env() -> dict[str, str]:
@@ -110,11 +107,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         seed=int(job.get("seed", 0)),
         ignore_eos=bool(job.get("ignore_eos", False)),
     )
-    prompts = job["prompts"]
-    if prompts and isinstance(prompts[0], list):
-        outs = llm.chat(prompts, params, use_tqdm=False)
-    else:
-        outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = _generate(llm, job["prompts"], params)
     result = {
         "texts": [o.outputs[0].text for o in outs],
         "token_ids": [list(o.outputs[0].token_ids) for o in outs],

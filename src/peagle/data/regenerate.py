@@ -189,10 +189,11 @@ class VllmGenerator:
     def generate(self, batch: list[list[dict]]) -> list[tuple[str, str]]:
         # vLLM refuses a whole batch when one prompt exceeds the context; such a prompt (or one over
         # max_prompt_tokens) gets an empty reply instead, which ends its conversation (_regenerate_batch).
-        fits = [self._prompt_tokens(m) <= self.max_prompt for m in batch]
-        outs = iter(self.llm.chat([m for m, ok in zip(batch, fits) if ok], self.params, use_tqdm=False))
-        return [(o.outputs[0].text, o.outputs[0].finish_reason or "") if ok else ("", "prompt_too_long")
-                for ok, o in ((ok, next(outs) if ok else None) for ok in fits)]
+        replies = [("", "prompt_too_long")] * len(batch)
+        kept = [i for i, m in enumerate(batch) if self._prompt_tokens(m) <= self.max_prompt]
+        for i, o in zip(kept, self.llm.chat([batch[i] for i in kept], self.params, use_tqdm=False)):
+            replies[i] = (o.outputs[0].text, o.outputs[0].finish_reason or "")
+        return replies
 
 
 # ----------------------------------------------------------------------------------------------

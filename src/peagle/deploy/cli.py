@@ -64,10 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _namespace(ns: argparse.Namespace) -> str:
-    if ns.namespace:
-        return ns.namespace
-    sa_ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-    return sa_ns.read_text().strip() if sa_ns.is_file() else "default"
+    return ns.namespace or kube.current_namespace()
 
 
 def values_from_args(ns: argparse.Namespace) -> dict:

@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,12 @@ class Apis:
             except config.ConfigException:
                 config.load_kube_config()
         return cls(client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi())
+
+
+def current_namespace(default: str = "default") -> str:
+    """The pod's namespace in-cluster (service account mount), else ``default``."""
+    p = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return p.read_text().strip() if p.is_file() else default
 
 
 def _status_code(exc: BaseException) -> int | None:

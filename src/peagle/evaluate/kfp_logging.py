@@ -14,11 +14,11 @@ page itself), so the same call serves local runs.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
+from ..storage.base import atomic_path
 from .html_report import render_html
 
 
@@ -80,9 +80,6 @@ def log_to_kfp(report: dict[str, Any], metrics: Any = None, html: Any = None,
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps(scalars, indent=2, sort_keys=True) + "\n")
     if html is not None:
-        p = _path_of(html)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-        tmp.write_text(html_text if html_text is not None else render_html(report), encoding="utf-8")
-        os.replace(tmp, p)
+        with atomic_path(_path_of(html), fsync=False) as tmp:
+            tmp.write_text(html_text if html_text is not None else render_html(report), encoding="utf-8")
     return scalars

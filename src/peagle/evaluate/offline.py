@@ -54,6 +54,7 @@ import torch
 from ..model import PEagleDraftModel, load_draft
 from ..model.target import inspect_target, target_embedding_and_head
 from ..train.elements import ShiftedRow, build_elements, shift_row
+from ..train.loss import Teacher
 
 
 @dataclass
@@ -135,18 +136,16 @@ class TargetGreedy:
         _, head, norm = target_embedding_and_head(info)
         if norm is None:
             raise ValueError(f"{target_dir}: no final norm weight to rebuild the target's logits")
-        self.head = head.float().to(device)
-        self.norm = norm.float().to(device)
-        self.eps = float(getattr(info.config, "rms_norm_eps", 1e-6))
+        # the trainer's teacher over the full target vocabulary
+        self.logits = Teacher(norm, head, float(getattr(info.config, "rms_norm_eps", 1e-6))).to(device)
+        self.device = torch.device(device)
 
     @torch.no_grad()
     def __call__(self, last_hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:
         """[n, H] -> [n] int64 token ids (argmax over the full target vocabulary)."""
         out = []
         for i in range(0, last_hidden.shape[0], chunk):
-            h = last_hidden[i:i + chunk].float().to(self.head.device)
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm
-            out.append((h @ self.head.T).argmax(-1).cpu())
+            out.append(self.logits(last_hidden[i:i + chunk].to(self.device)).argmax(-1).cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..storage.base import atomic_path
 from .counters import CounterError
 from .html_report import render_html
 from .live import build_workloads, run_offline_api, samplings_of
@@ -69,15 +70,15 @@ def sweep_ks(settings: EvaluateSettings, trained_depths: int | None) -> list[int
     return ks
 
 
-def _offline(settings: EvaluateSettings, target_dir: str, draft_dir: str, spec, num_depths: int) -> dict[str, Any]:
+def _offline(settings: EvaluateSettings, target_dir: str, target_fingerprint: str, draft_dir: str, spec,
+             num_depths: int) -> dict[str, Any]:
     import torch
 
     from ..extract import HiddenStatesDataset
-    from ..model.target import fingerprint
     from .offline import offline_agreement
 
     ds = HiddenStatesDataset(settings.hidden_states, expect_aux_layer_ids=spec.aux_layer_ids,
-                             expect_hidden_size=spec.hidden_size, expect_fingerprint=fingerprint(target_dir),
+                             expect_hidden_size=spec.hidden_size, expect_fingerprint=target_fingerprint,
                              out_dtype=torch.float32)
     result = offline_agreement(draft_dir, target_dir, ds, num_depths=num_depths,
                                max_samples=settings.offline_max_samples, device=settings.offline_device)
@@ -119,7 +120,7 @@ def evaluate(cfg: EvaluateRunConfig) -> EvaluationOutcome:
     # ---- Offline agreement (no vLLM), before the long live runs so a bad dataset fails early ------
     offline = None
     if s.hidden_states:
-        offline = _offline(s, target_dir, s.draft, spec, max([spec.num_depths, *ks]))
+        offline = _offline(s, target_dir, target["fingerprint"], s.draft, spec, max([spec.num_depths, *ks]))
 
     # ---- Live measurement -------------------------------------------------------------------
     if s.endpoint:
@@ -156,9 +157,8 @@ def write_report(report: dict[str, Any], out: str | os.PathLike) -> tuple[Path, 
     paths = []
     for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"), (REPORT_HTML, render_html(report))):
         p = out / name
-        tmp = p.with_name(f".{name}.tmp-{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, p)
+        with atomic_path(p, fsync=False) as tmp:
+            tmp.write_text(text, encoding="utf-8")
         paths.append(p)
     return paths[0], paths[1]
 

@@ -44,7 +44,7 @@ def deploy(run_uri: str, name: str, mode: str, data_connection: str, num_specula
     """Deploy (or render) the run's draft; returns the endpoint URL, or the manifests' location."""
     from ..deploy import deploy as apply_and_wait, render, values_for, write_manifests
     from .steps import staged
-    from .trainjob import current_namespace
+    from ..deploy.kube import current_namespace
 
     if mode == "none":
         print("deploy_mode=none: not deploying", flush=True)

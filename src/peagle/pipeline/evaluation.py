@@ -46,8 +46,9 @@ def evaluate(run_uri: str, draft_uri: str, metrics: Any = None, html: Any = None
                                                           trust_remote_code=t.trust_remote_code),
                                     evaluate=settings, work_dir=str(work))
             outcome = run_evaluation(cfg)
+            html_text = outcome.report_html.read_text(encoding="utf-8")  # rendered once, with its plots
         report = outcome.report
-        scalars = log_to_kfp(report, metrics=metrics, html=html)
+        scalars = log_to_kfp(report, metrics=metrics, html=html, html_text=html_text)
         summary = report["summary"]
         info.update({"acceptance_length": summary.get("acceptance_length"),
                      "per_position_acceptance": summary.get("per_position_acceptance"),

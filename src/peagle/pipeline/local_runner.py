@@ -84,9 +84,8 @@ class _TaskClock:
     """Wraps kfp.local's per-task entry point to record each task's wall interval (thread-safe:
     ParallelFor iterations run on a thread pool)."""
 
-    def __init__(self, say):
+    def __init__(self):
         self.tasks: list[dict[str, Any]] = []
-        self.say = say
         self.lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -238,7 +237,7 @@ def run_pipeline_locally(arguments: dict[str, Any], work_dir: str | os.PathLike,
     events.write_text("")
     t0 = time.time()
     display = _Display(events, log_path, out, t0)
-    clock = _TaskClock(display.line)
+    clock = _TaskClock()
     pipeline = pipeline_for(profile)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(work / "kfp"), raise_on_error=True)
     print(f"peagle pipeline on kfp.local: run {uri}\n  task logs: {log_path}", file=out, flush=True)

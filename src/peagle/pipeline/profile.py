@@ -18,11 +18,9 @@ from pydantic import Field, field_validator
 
 from ..config import ConfigError, StrictModel
 from .deployment import ServingSettings
+from .trainjob import OPTIONAL_KEYS, REQUIRED_KEYS  # OpenShift AI data-connection keys (values stay in the Secret)
 from .training import TrainJobSettings
 
-# OpenShift AI data-connection keys (values stay in the Secret; the steps read them as env).
-DATA_CONNECTION_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET")
-OPTIONAL_DATA_CONNECTION_KEYS = ("AWS_DEFAULT_REGION",)
 STEPS = ("init_run", "regenerate", "prepare", "extract", "train", "train_launcher", "evaluate", "deploy")
 SCRATCH_MOUNT = "/scratch"
 
@@ -165,9 +163,9 @@ def apply_step(task: Any, step: str, profile: ClusterProfile, data_connection: A
     if r.memory:
         task.set_memory_request(r.memory).set_memory_limit(r.memory)
     kubernetes.use_secret_as_env(task, secret_name=data_connection,
-                                 secret_key_to_env={k: k for k in DATA_CONNECTION_KEYS})
+                                 secret_key_to_env={k: k for k in REQUIRED_KEYS})
     kubernetes.use_secret_as_env(task, secret_name=data_connection, optional=True,
-                                 secret_key_to_env={k: k for k in OPTIONAL_DATA_CONNECTION_KEYS})
+                                 secret_key_to_env={k: k for k in OPTIONAL_KEYS})
     if profile.scratch_size:
         kubernetes.empty_dir_mount(task, volume_name="scratch", mount_path=SCRATCH_MOUNT,
                                    size_limit=profile.scratch_size)

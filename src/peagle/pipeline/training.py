@@ -18,7 +18,8 @@ from ..stage_io import join
 from .layout import RunLayout
 from .objects import copy_published
 from .progress import stage
-from .trainjob import RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob, current_namespace, dns_label
+from ..deploy.kube import current_namespace
+from .trainjob import RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob, dns_label
 
 
 class TrainError(RuntimeError):

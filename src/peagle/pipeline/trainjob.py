@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..deploy.kube import _status_code
+
 log = logging.getLogger(__name__)
 
 GROUP = "trainer.kubeflow.org"
@@ -39,9 +41,9 @@ TRAINER_NODE = "node"  # replicated job and container name in the peagle-torch r
 PATCH_MANAGER = "peagle.io/pipeline"
 RUN_LABEL = "peagle.io/run"
 # OpenShift AI data-connection keys the training pods read (values stay in the Secret).
-DATA_CONNECTION_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET",
-                        "AWS_DEFAULT_REGION")
+REQUIRED_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET")
 OPTIONAL_KEYS = ("AWS_DEFAULT_REGION",)
+DATA_CONNECTION_KEYS = REQUIRED_KEYS + OPTIONAL_KEYS
 MAX_ATTEMPTS = 10
 
 
@@ -147,9 +149,6 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return None
 
 
-def _status(exc: BaseException) -> int | None:
-    return getattr(exc, "status", None)
-
 
 class TrainJobLauncher:
     """Create a TrainJob idempotently and follow it to completion (see the module docstring)."""
@@ -169,7 +168,7 @@ class TrainJobLauncher:
         try:
             self.custom.get_cluster_custom_object(group=GROUP, version=VERSION, plural=RUNTIME_PLURAL, name=name)
         except Exception as exc:
-            if _status(exc) == 404:
+            if _status_code(exc) == 404:
                 raise TrainJobError(f"ClusterTrainingRuntime {name!r} is not installed; a cluster admin applies "
                                     "it with `kubectl apply -k manifests/training`") from None
             raise
@@ -179,7 +178,7 @@ class TrainJobLauncher:
             return self.custom.get_namespaced_custom_object(group=GROUP, version=VERSION, namespace=namespace,
                                                             plural=PLURAL, name=name)
         except Exception as exc:
-            if _status(exc) == 404:
+            if _status_code(exc) == 404:
                 return None
             raise
 
@@ -197,7 +196,7 @@ class TrainJobLauncher:
                 self.out(f"created TrainJob {namespace}/{name}")
                 return created
             except Exception as exc:
-                if _status(exc) != 409:
+                if _status_code(exc) != 409:
                     raise
             existing = self._get(name, namespace)
             if existing is None:  # deleted between create and get: try the same name again
@@ -312,12 +311,3 @@ class TrainJobLauncher:
             self.out(f"TrainJob {meta['namespace']}/{meta['name']} already complete")
             return live
         return self.wait(meta["name"], meta.get("namespace") or job["metadata"]["namespace"])
-
-
-def current_namespace(default: str = "default") -> str:
-    """The pod's namespace in-cluster (service account mount), else ``default``."""
-    from pathlib import Path
-
-    p = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-    return p.read_text().strip() if p.is_file() else default
-

@@ -33,11 +33,19 @@ from .settings import S3Settings, Secret, TransferSettings
 __all__ = [
     "ChecksumMismatchError", "IncompletePrefixError", "LocalStore", "MANIFEST", "Manifest",
     "ObjectInfo", "ObjectNotFoundError", "PrefixExistsError", "PrefixWriter", "Published",
-    "RetryPolicy", "S3Settings", "S3Store", "SUCCESS", "Secret", "Store", "StorageConfigError",
+    "RetryPolicy", "S3Settings", "S3Store", "file_uri_path", "SUCCESS", "Secret", "Store", "StorageConfigError",
     "StorageError", "TransferSettings", "check_key", "is_complete", "list_complete",
     "open_published", "open_store", "publish", "publish_dir", "read_verified", "sha256_bytes",
     "sha256_file",
 ]
+
+
+def file_uri_path(uri: str) -> str:
+    """The local path of a ``file://`` URI (``file:///abs/path`` or ``file://localhost/abs/path``)."""
+    parts = urlsplit(uri)
+    if parts.netloc not in ("", "localhost"):
+        raise StorageConfigError(f"file URI {uri!r} names a remote host; use file:///absolute/path")
+    return url2pathname(parts.path) or "/"
 
 
 def open_store(uri: str | os.PathLike, *, settings: S3Settings | None = None,
@@ -58,9 +66,7 @@ def open_store(uri: str | os.PathLike, *, settings: S3Settings | None = None,
     if parts.query or parts.fragment:
         raise StorageConfigError(f"storage URI {uri!r} must not have a query or fragment")
     if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise StorageConfigError(f"file URI {uri!r} names a remote host; use file:///absolute/path")
-        return LocalStore(url2pathname(unquote(parts.path)))
+        return LocalStore(file_uri_path(uri))
     if scheme == "s3":
         settings = settings if settings is not None else S3Settings.from_env(env)
         bucket = parts.netloc or settings.bucket

@@ -175,12 +175,14 @@ class RowMaker:
     hidden_dtype: torch.dtype
     dense_layer_types: list[str] | None
     sliding_window: int | None
+    check: bool = True  # False when every sample was already checked before step 1 (scan_samples)
 
     def __call__(self, row: tuple[tuple[int, int], ...], seed: int) -> PreparedRow:
         samples = []
         for index, n in row:
             s = self.dataset[index]
-            check_sample(s, self.hidden_size, self.num_aux, self.vocab_size)  # corrupt data fails loudly, by name
+            if self.check:
+                check_sample(s, self.hidden_size, self.num_aux, self.vocab_size)  # corrupt data fails loudly, by name
             samples.append((s, n))
         return prepare_row(samples, num_depths=self.num_depths, generator=torch.Generator().manual_seed(seed),
                            cod_ratio=self.cod_ratio, cod_ratio_min=self.cod_ratio_min, max_anchors=self.max_anchors,

@@ -166,6 +166,7 @@ class ExtractedDataset:
     """
 
     def __init__(self, uri: str, cache_bytes: int = 4 << 30):
+        import threading
         from collections import OrderedDict
 
         from ..extract import ExtractError, HiddenStatesDataset
@@ -173,8 +174,11 @@ class ExtractedDataset:
         try:
             self.hs = HiddenStatesDataset(uri, out_dtype=torch.float32)
             index = []
-            self._cache: OrderedDict = OrderedDict()
+            self._cache: OrderedDict = OrderedDict()  # shard name -> (decoded shard, its bytes)
+            self._cached_bytes = 0
             self._cache_bytes = cache_bytes
+            # The prefetch thread and a validation pass on the main thread read samples concurrently.
+            self._lock = threading.Lock()
             for shard in self.hs.iter_shards():
                 for i, sid in enumerate(shard.sample_ids):
                     index.append((shard.name, i, sid, int(shard.offsets[i + 1] - shard.offsets[i])))
@@ -186,9 +190,11 @@ class ExtractedDataset:
 
     def _keep(self, shard) -> None:
         """Cache ``shard`` as the most recent; evict the oldest beyond the byte budget (keeping two)."""
-        self._cache[shard.name] = shard
-        while len(self._cache) > 2 and sum(map(_shard_bytes, self._cache.values())) > self._cache_bytes:
-            self._cache.popitem(last=False)
+        nbytes = _shard_bytes(shard)
+        self._cache[shard.name] = (shard, nbytes)
+        self._cached_bytes += nbytes
+        while len(self._cache) > 2 and self._cached_bytes > self._cache_bytes:
+            self._cached_bytes -= self._cache.popitem(last=False)[1][1]
 
     def __len__(self) -> int:
         return len(self._index)
@@ -201,8 +207,13 @@ class ExtractedDataset:
 
     def __getitem__(self, index: int) -> Sample:
         name, local, _, _ = self._index[index]
-        shard = self._cache.pop(name, None) or self.hs.read_shard(name)
-        self._keep(shard)
+        with self._lock:
+            if name in self._cache:
+                self._cache.move_to_end(name)
+                shard = self._cache[name][0]
+            else:
+                shard = self.hs.read_shard(name)
+                self._keep(shard)
         s = shard.sample(local)
         return {"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask.float(),
                 "aux_hidden": s.aux_hidden_flat, "last_hidden": s.last_hidden}

@@ -78,10 +78,6 @@ def wrap_model(model: nn.Module, strategy: str, env: DistEnv) -> nn.Module:
     raise ValueError(f"unknown distributed strategy {strategy!r}; expected 'ddp' or 'fsdp'")
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "no_sync") and hasattr(model, "module") else model
-
-
 def gradient_sync(model: nn.Module, enabled: bool):
     """Context in which backward does (``enabled``) or does not all-reduce gradients (accumulation)."""
     if hasattr(model, "no_sync") and hasattr(model, "module"):  # DDP
@@ -109,15 +105,6 @@ def all_gather_objects(obj, env: DistEnv) -> list:
     out = [None] * env.world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def broadcast_object(obj, env: DistEnv):
-    """Rank 0's ``obj`` on every rank."""
-    if not env.distributed:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def barrier(env: DistEnv) -> None:

@@ -89,8 +89,9 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     if not train_idx:
         raise DatasetError(f"{where}: all {len(dataset)} samples fell into the validation split "
                            f"(train.val_fraction={s.val_fraction})")
+    count_tokens = spec.draft_vocab_size < spec.vocab_size
     token_counts = scan_samples(dataset, train_idx, val_idx, spec, validate=s.validate_samples,
-                                count_tokens=spec.draft_vocab_size < spec.vocab_size, env=env)
+                                count_tokens=count_tokens, env=env)
 
     # ---- 2. Plan, model, teacher, optimiser -----------------------------------------------------
     steps = plan_run(dataset, train_idx, row_tokens=s.row_tokens, global_batch_rows=s.global_batch_rows,
@@ -112,10 +113,11 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         raise DatasetError(f"{info.path}: no final norm weight (model.norm.weight) to rebuild teacher logits")
     teacher = Teacher(norm, model.lm_head.weight, float(info.config.rms_norm_eps)).to(device)
     model.to(device)
-    no_decay = limit_embedding_training(model, s.embeddings, spec.mask_token_id, s.distributed if env.distributed else None)
+    if s.embeddings == "frozen":
+        model.embed_tokens.weight.requires_grad_(False)
     wrapped = wrap_model(model, s.distributed, env)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
-    optimizer = build_optimizer(wrapped, s, no_decay)
+    optimizer = build_optimizer(wrapped, s)
     scheduler = build_scheduler(optimizer, s, total_steps)
 
     # ---- 3. Resume --------------------------------------------------------------------------
@@ -149,7 +151,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         num_depths=spec.num_depths, cod_ratio=s.cod_ratio, cod_ratio_min=s.cod_ratio_min,
         max_anchors=s.max_anchors, pad_to_multiple=s.pad_to_multiple,
         hidden_dtype=torch.bfloat16 if cuda else torch.float32,
-        dense_layer_types=spec.layer_types if attention == "dense" else None, sliding_window=spec.sliding_window)
+        dense_layer_types=spec.layer_types if attention == "dense" else None, sliding_window=spec.sliding_window,
+        check=not (s.validate_samples or count_tokens))  # else scan_samples checked every sample already
 
     def rows_of_step(step: int) -> list[PreparedRow]:
         # Disjoint rows per rank; COD seeded by the row's place in the global batch, not by the rank.
@@ -244,22 +247,6 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
 
 # ----------------------------------------------------------------------------------------------
 # Helpers used by the loop
-
-
-def limit_embedding_training(model, mode: str, mask_token_id: int, strategy: str | None) -> tuple:
-    """Apply ``train.embeddings``; returns the parameters to exempt from weight decay."""
-    weight = model.embed_tokens.weight
-    if mode == "frozen":
-        weight.requires_grad_(False)
-        return ()
-    if mode == "mask_row":
-        if strategy == "fsdp":
-            raise ConfigError("train.embeddings=mask_row needs ddp or a single process (FSDP shards the embedding rows)")
-        keep = torch.zeros(weight.shape[0], 1, dtype=weight.dtype, device=weight.device)
-        keep[mask_token_id] = 1.0
-        weight.register_hook(lambda grad: grad * keep)  # only the mask token's row learns
-        return (weight,)
-    return ()
 
 
 def use_bf16(precision: str, device: torch.device) -> bool:

@@ -9,19 +9,16 @@ from torch import nn
 from .settings import TrainSettings
 
 
-def build_optimizer(model: nn.Module, s: TrainSettings, no_decay: tuple[nn.Parameter, ...] = ()) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, s: TrainSettings) -> torch.optim.AdamW:
     """AdamW over every parameter that requires grad: all but ``lm_head`` (frozen target rows),
-    including ``embed_tokens`` (unless ``train.embeddings=frozen``) and ``mask_hidden``. Parameters in
-    ``no_decay`` get no weight decay (embeddings of which only some rows train: decay would shrink the others)."""
+    including ``embed_tokens`` (unless ``train.embeddings=frozen``) and ``mask_hidden``."""
     params = [p for p in model.parameters() if p.requires_grad]
     # The fused kernel (CPU and CUDA) is several times faster than the per-tensor loop torch picks
     # on CPU, which matters for the 28M-entry embedding of a small target; FSDP2's sharded
     # parameters (DTensors) keep torch's default implementation.
     plain = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params)
-    groups = [{"params": [p for p in params if not any(p is q for q in no_decay)]},
-              {"params": [p for p in params if any(p is q for q in no_decay)], "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=s.lr, betas=tuple(s.betas),
-                             weight_decay=s.weight_decay, fused=True if plain else None)
+    return torch.optim.AdamW(params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay,
+                             fused=True if plain else None)
 
 
 def warmup_steps(s: TrainSettings, total_steps: int) -> int:

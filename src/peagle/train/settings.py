@@ -47,9 +47,9 @@ class TrainSettings(StrictModel):
     )
 
     # Optimisation
-    embeddings: Literal["train", "mask_row", "frozen"] = Field(
-        "train", description="draft token embeddings: train all rows (the P-EAGLE recipe), only the mask token's "
-        "row (the rest stay the target's; less to overfit on small data), or none")
+    embeddings: Literal["train", "frozen"] = Field(
+        "train", description="draft token embeddings: train them (the P-EAGLE recipe) or keep the target's "
+        "(no optimiser state for the vocabulary-sized table)")
     epochs: int = Field(1, ge=1, description="passes over the training split")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps (default: all epochs)")
     lr: float = Field(6e-4, gt=0.0, description="peak AdamW learning rate")
