@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..localfs import publish, staging_dir
+from ..localfs import staged
 
 log = logging.getLogger(__name__)
 
@@ -273,8 +273,7 @@ def prepare_target(source: str, out: str | os.PathLike, dtype: str = "bfloat16",
     src = embedded_smollm2_gguf() if source == "smollm2" else Path(source)
     if not src.exists():
         raise TargetError(f"target source {src} does not exist")
-    tmp = staging_dir(out)
-    try:
+    with staged(out) as tmp:
         if src.is_file():
             if src.suffix != ".gguf":
                 raise TargetError(f"target source {src} is a file but not a .gguf")
@@ -310,8 +309,4 @@ def prepare_target(source: str, out: str | os.PathLike, dtype: str = "bfloat16",
             "fingerprint": fingerprint(tmp),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")  # manifest last
-        publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

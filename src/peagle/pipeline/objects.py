@@ -6,13 +6,12 @@ directory exercises the code the cluster runs against the data-connection bucket
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..stage_io import is_remote
+from ..stage_io import is_remote, local_path
 from ..storage import is_complete, open_published, open_store, publish_dir
 
 
@@ -23,43 +22,28 @@ def _split(uri: str) -> tuple[str, str]:
     return parent or "/", name
 
 
-def write_json(uri: str, obj: Any) -> None:
-    """Write ``obj`` as JSON at ``uri`` (one object; replaced atomically on local disks)."""
-    data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+def _store_and_name(uri: str):
     if is_remote(uri):
         parent, name = _split(uri)
-        open_store(parent).put_bytes(name, data)
-        return
-    path = Path(uri)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+        return open_store(parent), name
+    path = local_path(uri)
+    return open_store(str(path.parent)), path.name
+
+
+def write_json(uri: str, obj: Any) -> None:
+    """Write ``obj`` as JSON at ``uri`` (one object; replaced atomically on local disks)."""
+    store, name = _store_and_name(uri)
+    store.put_bytes(name, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_json(uri: str) -> Any:
-    if is_remote(uri):
-        parent, name = _split(uri)
-        return json.loads(open_store(parent).get_bytes(name))
-    return json.loads(Path(uri).read_text())
+    store, name = _store_and_name(uri)
+    return json.loads(store.get_bytes(name))
 
 
 def is_published(uri: str) -> bool:
     """True when ``uri`` is a complete published prefix (``_SUCCESS`` after ``_MANIFEST.json``)."""
     return is_complete(open_store(uri), "")
-
-
-def download_prefix(uri: str, dest: str | os.PathLike) -> Path:
-    """Copy every object under ``uri`` into ``dest`` (for prefixes nobody published, e.g. a model
-    directory a user uploaded to the bucket). Published prefixes should use ``fetched_input``."""
-    store = open_store(uri)
-    keys = store.list("")
-    if not keys:
-        raise FileNotFoundError(f"{uri} holds no objects")
-    dest = Path(dest)
-    for key in keys:
-        store.get_file(key, dest / key)
-    return dest
 
 
 def copy_published(src: str, dst: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 from ..stage_io import fetched_input, is_remote
 from ..storage import open_store, publish_dir
 from .layout import SPLITS, RunLayout, run_uri as make_run_uri
-from .objects import download_prefix, is_published, read_json, write_json
+from .objects import is_published, read_json, write_json
 from .params import PipelineParams, PipelineRun, resolve_run
 from .progress import stage
 
@@ -70,8 +70,11 @@ def ensure_target(source: str, target_uri: str, dtype: str, trust_remote_code: b
         return fetch(target_uri)
     with scratch("target") as work:
         src = source
-        if is_remote(source):
-            src = str(download_prefix(source, work / "source"))
+        if is_remote(source):  # e.g. a model directory a user uploaded to the bucket
+            from ..deploy.fetch import fetch as download
+
+            download(source, work / "source")
+            src = str(work / "source")
         out = prepare_target(src, work / "target", dtype, trust_remote_code)
         publish_dir(open_store(target_uri), "", out, {"source": source}, overwrite=True)
     return fetch(target_uri)

@@ -2,7 +2,7 @@
 
 Layout under ``train.output`` (any :func:`peagle.storage.open_store` URI)::
 
-    checkpoints/step-000000100/      one prefix per checkpoint, published with PrefixWriter
+    checkpoints/step-000000100/      one prefix per checkpoint, published with publish_dir
         model.safetensors            full float32 state dict of the draft (parameters and d2t/t2d)
         optimizer.safetensors        AdamW state, keys "<parameter name>/<exp_avg|exp_avg_sq|step>"
         rng.safetensors              "rank<r>/torch_cpu" (+ "rank<r>/torch_cuda") generator states
@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..model import PEagleDraftModel, save_draft
 from ..model.spec import DraftSpec
-from ..storage import PrefixWriter, Store, list_complete, open_published, publish_dir
+from ..storage import Store, list_complete, open_published, publish_dir
 from .distributed import DistEnv, all_gather_objects, barrier
 
 CHECKPOINTS = "checkpoints"
@@ -131,10 +131,8 @@ def save_checkpoint(*, store: Store, step: int, model: torch.nn.Module, optimize
         (out / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
         if metrics_path.is_file():
             shutil.copyfile(metrics_path, out / "metrics.jsonl")
-        writer = PrefixWriter(store, step_prefix(step), overwrite=True)
-        for f in sorted(out.iterdir()):
-            writer.put_file(f.name, f)
-        writer.commit({"step": step, "kind": "peagle-train-checkpoint"})  # manifest, then _SUCCESS: now resumable
+        # manifest, then _SUCCESS: now resumable
+        publish_dir(store, step_prefix(step), out, {"step": step, "kind": "peagle-train-checkpoint"}, overwrite=True)
         shutil.rmtree(out, ignore_errors=True)
     barrier(env)
     return model_sd if env.is_main else None
