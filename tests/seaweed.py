@@ -20,7 +20,8 @@ SECRET_KEY = "peagle-test-secret-Zq8xV2mN4pL7rT1w"
 BUCKET = "peagle-test"
 # Every listener weed mini opens gets its own free port (PORT_FLAGS), so parallel sessions (and a
 # leftover server from a crashed run) never collide on the defaults. Shared with the local-run server.
-from peagle.pipeline.seaweed import PORT_FLAGS as _PORT_FLAGS, find_weed, free_ports  # noqa: E402,F401
+from peagle.pipeline.seaweed import (PORT_FLAGS as _PORT_FLAGS, find_weed, free_ports,  # noqa: E402,F401
+                                     remove_sockets, weed_command)
 
 
 class SeaweedS3:
@@ -40,10 +41,7 @@ class SeaweedS3:
         self.proc: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
-        return [str(self.binary), "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                f"-s3.config={self.config}", "-webdav=false", "-admin.ui=false",
-                "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                *(f"-{flag}={port}" for flag, port in self.ports.items())]
+        return weed_command(self.binary, self.data, self.config, self.ports)
 
     def start(self, timeout: float = 30.0) -> None:
         """Launch and wait (polling) until S3 answers an authenticated request."""
@@ -79,9 +77,7 @@ class SeaweedS3:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
-        for port in self.ports.values():  # weed leaves /tmp/seaweedfs-<svc>-<port>.sock behind
-            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
-                sock.unlink(missing_ok=True)
+        remove_sockets(self.ports)
 
     def log_tail(self, n: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""

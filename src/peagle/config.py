@@ -127,8 +127,12 @@ def build_config(
     yaml_path: str | Path | None = None,
     overrides: list[str] | None = None,
     values: dict[str, Any] | None = None,
+    own_sections_only: bool = False,
 ) -> StrictModel:
-    """Merge YAML file, ``key=value`` overrides and already-typed ``values`` (dotted keys) and validate."""
+    """Merge YAML file, ``key=value`` overrides and already-typed ``values`` (dotted keys) and validate.
+
+    ``own_sections_only``: read only the YAML's top-level keys ``model`` has (a stage entry point
+    reading a full run configuration, which carries every stage's section); overrides stay strict."""
     data: dict[str, Any] = {}
     source = None
     if yaml_path is not None:
@@ -143,7 +147,7 @@ def build_config(
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{yaml_path}: top level must be a mapping, got {type(loaded).__name__}")
-        data = loaded
+        data = {k: v for k, v in loaded.items() if k in model.model_fields} if own_sections_only else loaded
     for ov in overrides or []:
         k, v = parse_override(ov)
         _set_dotted(data, k, v)

@@ -21,9 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
-
 from .. import config as C
 from .settings import EvaluateRunConfig, EvaluateSettings
 
@@ -45,41 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _nest(data: dict[str, Any], dotted: str, value: Any) -> None:
-    cur = data
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        nxt = cur.setdefault(part, {})
-        if not isinstance(nxt, dict):
-            raise C.ConfigError(f"cannot set '{dotted}': '{part}' is not a section")
-        cur = nxt
-    cur[parts[-1]] = value
-
-
 def load_config(config: str | None, overrides: list[str], values: dict[str, Any]) -> EvaluateRunConfig:
     """YAML (only this stage's sections) < ``--set`` overrides < explicit flags; validated strictly."""
-    data: dict[str, Any] = {}
-    if config:
-        try:
-            loaded = yaml.safe_load(Path(config).read_text()) or {}
-        except FileNotFoundError:
-            raise C.ConfigError(f"config file not found: {config}") from None
-        except yaml.YAMLError as exc:
-            raise C.ConfigError(f"{config}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise C.ConfigError(f"{config}: top level must be a mapping")
-        # A full run configuration carries every stage's section; this entry reads only its own.
-        data = {k: v for k, v in loaded.items() if k in EvaluateRunConfig.model_fields}
-    for text in overrides:
-        key, value = C.parse_override(text)
-        _nest(data, key, value)
-    for key, value in values.items():
-        _nest(data, key, value)
-    try:
-        return EvaluateRunConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise C.ConfigError(f"configuration error{f' in {config}' if config else ''}: {problems}") from None
+    return C.build_config(EvaluateRunConfig, config, overrides, values, own_sections_only=True)
 
 
 def _check(report_path: str, cfg: EvaluateRunConfig) -> int:

@@ -44,6 +44,20 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def weed_command(binary: Path, data: Path, config: Path, ports: dict[str, int]) -> list[str]:
+    """``weed mini`` serving S3 only, on 127.0.0.1, with ``ports`` (PORT_FLAGS -> port) and ``config``'s keys."""
+    return [str(binary), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={config}",
+            "-webdav=false", "-admin.ui=false", "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            *(f"-{flag}={port}" for flag, port in ports.items())]
+
+
+def remove_sockets(ports: dict[str, int]) -> None:
+    """weed leaves /tmp/seaweedfs-<svc>-<port>.sock behind."""
+    for port in ports.values():
+        for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+            sock.unlink(missing_ok=True)
+
+
 class LocalS3:
     """``with LocalS3(dir) as s3:`` -- a running server; :meth:`env` gives data-connection variables."""
 
@@ -70,11 +84,8 @@ class LocalS3:
         os.chmod(config, 0o600)
         data = self.workdir / "data"
         data.mkdir(exist_ok=True)
-        cmd = [str(self.binary), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-               f"-s3.config={config}", "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-               "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{f}={p}" for f, p in self.ports.items())]
         with open(self.workdir / "weed.log", "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(weed_command(self.binary, data, config, self.ports), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self._wait_and_create_bucket()
         return self
 
@@ -112,6 +123,4 @@ class LocalS3:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=15)
-        for port in self.ports.values():  # weed leaves /tmp/seaweedfs-<svc>-<port>.sock behind
-            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
-                sock.unlink(missing_ok=True)
+        remove_sockets(self.ports)
