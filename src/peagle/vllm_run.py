@@ -6,7 +6,9 @@ its JSON result. The same module is the engine-side entry for the evaluation sta
 
 Job keys: ``model`` (target dir, or a draft dir for the short form), ``draft`` (optional draft dir,
 long form), ``num_speculative_tokens``, ``prompts`` (list of chat message lists or strings),
-``max_tokens``, ``temperature``, ``max_model_len``, ``dtype``, ``seed``.
+``max_tokens``, ``temperature``, ``max_model_len``, ``dtype``, ``seed``, ``logprobs`` (optional: the
+top-k log-probabilities of every generated position are returned as ``logprobs``, one
+``{token_id: logprob}`` per position, with the prompt's ``prompt_token_ids``).
 
 Measurement jobs (the evaluation stage) also give
 
@@ -106,6 +108,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         temperature=float(job.get("temperature", 0.0)),
         seed=int(job.get("seed", 0)),
         ignore_eos=bool(job.get("ignore_eos", False)),
+        logprobs=job.get("logprobs"),
     )
     outs = _generate(llm, job["prompts"], params)
     result = {
@@ -114,6 +117,10 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         "spec_decode": spec_decode_counts(llm.get_metrics()),
         "speculative_config": _spec_config_of(llm),
     }
+    if job.get("logprobs"):
+        result["prompt_token_ids"] = [list(o.prompt_token_ids or []) for o in outs]
+        result["logprobs"] = [[{str(tok): lp.logprob for tok, lp in pos.items()} for pos in o.outputs[0].logprobs]
+                              for o in outs]
     _shutdown(llm)
     return result
 
