@@ -38,12 +38,16 @@ CRD_FILES = {
     ("trainer.kubeflow.org", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
     ("trainer.kubeflow.org", "ClusterTrainingRuntime"): "trainer.kubeflow.org_clustertrainingruntimes.yaml",
     ("trainer.kubeflow.org", "TrainingRuntime"): "trainer.kubeflow.org_trainingruntimes.yaml",
+    ("datasciencepipelinesapplications.opendatahub.io", "DataSciencePipelinesApplication"):
+        "dspa/datasciencepipelinesapplications.opendatahub.io_datasciencepipelinesapplications.yaml",
 }
+# Other API generations of the same kinds, validated with validate(obj, crds=...): OpenShift AI 3.5's
+# Trainer has podTemplateOverrides and neither runtimePatches nor activeDeadlineSeconds.
+CRD_SETS = {"upstream": "", "rhoai-3.5": "trainer-rhoai-3.5/"}
 UNSCHEMED = {
     ("route.openshift.io", "Route"),
     ("monitoring.coreos.com", "ServiceMonitor"),
     ("monitoring.coreos.com", "PodMonitor"),
-    ("datasciencepipelinesapplications.opendatahub.io", "DataSciencePipelinesApplication"),
 }
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -73,13 +77,16 @@ def strict_schema(schema: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def crd_validator(group: str, kind: str, version: str) -> jsonschema.protocols.Validator:
+def crd_validator(group: str, kind: str, version: str, crds: str = "upstream") -> jsonschema.protocols.Validator:
     """Built once per kind: jsonschema.validate() would re-check the (large) schema on every call."""
-    return jsonschema.Draft7Validator(crd_schema(group, kind, version))
+    return jsonschema.Draft7Validator(crd_schema(group, kind, version, crds))
 
 
-def crd_schema(group: str, kind: str, version: str) -> dict:
-    path = crd_dir() / CRD_FILES[(group, kind)]
+def crd_schema(group: str, kind: str, version: str, crds: str = "upstream") -> dict:
+    name = CRD_FILES[(group, kind)]
+    path = crd_dir() / (CRD_SETS[crds] + name)
+    if not path.is_file():  # a set holds only the kinds that differ
+        path = crd_dir() / name
     crd = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 2 MB: use libyaml
     for v in crd["spec"]["versions"]:
         if v["name"] == version:
@@ -100,13 +107,15 @@ def check_metadata(obj: dict) -> None:
                 assert len(v) <= 63 and LABEL_VALUE.match(v), f"bad label value {k}={v!r}"
 
 
-def validate(obj: dict) -> str:
-    """Validate one object; returns "builtin", "crd" or "unchecked". Raises on a schema violation."""
+def validate(obj: dict, crds: str = "upstream") -> str:
+    """Validate one object; returns "builtin", "crd" or "unchecked". Raises on a schema violation.
+
+    ``crds``: which generation of the custom resources (:data:`CRD_SETS`) to validate against."""
     api, kind = obj["apiVersion"], obj["kind"]
     group, _, version = api.rpartition("/")
     check_metadata(obj)
     if (group, kind) in CRD_FILES:
-        error = jsonschema.exceptions.best_match(crd_validator(group, kind, version).iter_errors(obj))
+        error = jsonschema.exceptions.best_match(crd_validator(group, kind, version, crds).iter_errors(obj))
         if error is not None:
             raise error
         return "crd"

@@ -122,8 +122,40 @@ def test_kserve_data_connection_wiring():
     c = sr["spec"]["containers"][0]
     assert c["name"] == "kserve-container"
     assert "--max-model-len=8192" in c["args"] and "--gpu-memory-utilization=0.9" in c["args"]
-    assert objs["PodMonitor"]["spec"]["selector"]["matchLabels"] == {"serving.kserve.io/inferenceservice": "qwen3-peagle"}
-    assert objs["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["port"] == c["ports"][0]["name"]
+    # OpenShift AI creates the monitor from the runtime's prometheus.kserve.io annotations: no second one
+    assert "PodMonitor" not in objs and sr["spec"]["annotations"]["prometheus.kserve.io/port"] == "8080"
+    v = load("kserve-data-connection")
+    v.setdefault("kserve", {})["openshiftAI"] = False
+    plain = objs_for(v)
+    assert plain["PodMonitor"]["spec"]["selector"]["matchLabels"] == {"serving.kserve.io/inferenceservice": "qwen3-peagle"}
+    assert plain["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["port"] == c["ports"][0]["name"]
+
+
+def test_any_image_gets_a_writable_home_and_caches():
+    for name, container, volumes in (
+            ("kserve-data-connection", lambda o: o["ServingRuntime"]["spec"]["containers"][0],
+             lambda o: o["ServingRuntime"]["spec"]["volumes"]),
+            ("deployment-pvc", container_of, lambda o: o["Deployment"]["spec"]["template"]["spec"]["volumes"])):
+        objs = objs_for(load(name))
+        c = container(objs)
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        cache = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "cache")
+        for key in ("HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "HF_HOME"):
+            assert env[key].startswith(cache + "/"), (name, key, env[key])
+        assert next(v for v in volumes(objs) if v["name"] == "cache")["emptyDir"]["sizeLimit"]
+
+
+def test_a_bucket_other_than_the_connections_reaches_kserve_and_the_fetcher():
+    v = load("kserve-data-connection")
+    v["storage"]["dataConnection"]["bucket"] = "team-runs"
+    model = objs_for(v)["InferenceService"]["spec"]["predictor"]["model"]
+    assert model["storage"]["parameters"] == {"bucket": "team-runs"}
+    v["mode"] = "deployment"
+    init = objs_for(v)["Deployment"]["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["args"][0] == "s3://team-runs/runs/qwen3-8b-peagle-0001/"
+    v["storage"]["dataConnection"]["bucket"] = "Bad_Bucket"
+    with pytest.raises(RenderError):
+        objs_for(v)
 
 
 def test_kserve_storage_uris_and_service_account():

@@ -1,20 +1,21 @@
-"""manifests/ (kustomize): pipeline server, pipeline-runner RBAC, trainer runtime, data-connection template.
+"""manifests/ (kustomize): the project's pipeline server and Role, the admin overlay, the data-connection template.
 
 Rendered with a tiny kustomize (``k8s_schemas.kustomize_build``: resources + namespace only; it
 refuses other kustomization features) and, where ``kubectl`` happens to be installed, cross-checked
 against ``kubectl kustomize``. Objects are validated like the chart's: built-in kinds with
-kubernetes-validate (strict), the ClusterTrainingRuntime against the Trainer CRD schema in
-../shared/crds; the DSPA has no schema here, so its structure is asserted directly.
+kubernetes-validate (strict), the ClusterTrainingRuntime against both Trainer CRD sets and the DSPA
+against its CRD, all in ../shared/crds.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
 import pytest
 import yaml
 
-from k8s_schemas import ROOT, kustomize_build, validate
+from k8s_schemas import CLUSTER_SCOPED, CRD_SETS, ROOT, kustomize_build, validate
 
 MANIFESTS = ROOT / "manifests"
 NAMESPACE = "peagle"
@@ -27,8 +28,13 @@ def objs() -> dict[tuple[str, str], dict]:
 
 
 @pytest.fixture(scope="module")
-def runtime() -> dict:
-    (obj,) = kustomize_build(MANIFESTS / "training")
+def admin() -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in kustomize_build(MANIFESTS / "admin")}
+
+
+@pytest.fixture(scope="module")
+def runtime(admin) -> dict:
+    (obj,) = [o for (kind, _), o in admin.items() if kind == "ClusterTrainingRuntime"]
     return obj
 
 
@@ -38,41 +44,73 @@ def secret() -> dict:
     return obj
 
 
-def test_every_object_validates(objs, runtime, secret):
+def test_every_object_validates(objs, admin, runtime, secret):
     kinds = sorted(k for k, _ in objs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "DataSciencePipelinesApplication", "Role", "RoleBinding"]
+    assert kinds == ["DataSciencePipelinesApplication", "Role", "RoleBinding"]
     how = {kind: validate(o) for (kind, _), o in objs.items()}
-    assert how["Role"] == "builtin" and how["DataSciencePipelinesApplication"] == "unchecked"
-    assert validate(runtime) == "crd"
+    assert how["Role"] == "builtin" and how["DataSciencePipelinesApplication"] == "crd"
+    assert sorted(k for k, _ in admin) == ["ClusterRole", "ClusterRoleBinding", "ClusterTrainingRuntime"]
+    for crds in CRD_SETS:  # upstream Trainer v2.3 and OpenShift AI 3.5's
+        assert validate(runtime, crds) == "crd"
     assert validate(secret) == "builtin"
 
 
-def test_namespace_is_applied_to_namespaced_objects_only(objs):
+def test_a_project_admin_may_apply_the_project_manifests(objs, admin):
+    """Namespaced objects only (no cluster admin needed); the cluster-scoped ones are the admin overlay's."""
     for (kind, name), o in objs.items():
-        if kind.startswith("Cluster"):
-            assert "namespace" not in o["metadata"], (kind, name)
-        else:
-            assert o["metadata"]["namespace"] == NAMESPACE, (kind, name)
+        assert kind not in CLUSTER_SCOPED and o["metadata"]["namespace"] == NAMESPACE, (kind, name)
+    for (kind, name), o in admin.items():
+        assert kind in CLUSTER_SCOPED and "namespace" not in o["metadata"], (kind, name)
+    assert "namespace" not in yaml.safe_load((MANIFESTS / "admin" / "kustomization.yaml").read_text())
 
 
-def test_rbac_is_least_privilege(objs):
-    rules = [r for (kind, _), o in objs.items() if kind in ("Role", "ClusterRole") for r in o["rules"]]
+def test_the_committed_runtime_is_the_default_profiles(runtime):
+    from peagle.pipeline.build import profile_path
+    from peagle.pipeline.profile import load_profile
+    from peagle.pipeline.runtime import cluster_training_runtime
+
+    profile = load_profile(profile_path("default"))
+    assert runtime == cluster_training_runtime(profile), "regenerate: peagle pipeline render --profile default"
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env["PEAGLE_CACHE"].startswith("/scratch/") and env["TMPDIR"] == "/scratch"
+    assert {"name": "scratch", "emptyDir": {"sizeLimit": "200Gi"}} in pod["volumes"]
+
+
+def test_role_verbs_are_the_ones_the_code_calls(objs):
+    """Every verb of the Role is one a kubernetes client call in the code needs, and no more."""
+    verb_of = {"create": "create", "patch": "patch", "get": "get", "read": "get", "list": "list"}
+    used = set()
+    for path in ("src/peagle/pipeline/trainjob.py", "src/peagle/deploy/kube.py"):
+        text = (ROOT / path).read_text()
+        used |= {verb_of[m] for m in re.findall(r"\b(create|patch|get|read|list)_namespaced_\w+", text)}
+        used |= {verb_of[m] for m in re.findall(r'f"(create|patch|read)_\{suffix\}"', text)}
+    role = objs[("Role", "peagle-pipeline-runner")]
+    granted = {v for r in role["rules"] for v in r["verbs"]}
+    assert granted == used == {"create", "get", "patch", "list"}
+
+
+def test_rbac_is_least_privilege(objs, admin):
+    rules = [r for o in (*objs.values(), *admin.values()) if o["kind"] in ("Role", "ClusterRole") for r in o["rules"]]
     for r in rules:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in r[field], r
         assert not set(r["verbs"]) & {"delete", "deletecollection", "escalate", "bind", "impersonate"}, r
         assert not set(r["resources"]) & {"secrets", "roles", "rolebindings", "clusterroles"}, r
     grants = {(g, res): set(r["verbs"]) for r in rules for g in r["apiGroups"] for res in r["resources"]}
-    write = {"create", "get", "list", "watch", "patch"}
+    write = {"create", "get", "patch"}
     assert grants[("trainer.kubeflow.org", "trainjobs")] == write
     assert grants[("serving.kserve.io", "inferenceservices")] == write
     assert grants[("serving.kserve.io", "servingruntimes")] == write
     assert grants[("", "pods/log")] == {"get"}
-    assert grants[("", "pods")] == {"get", "list", "watch"}
-    assert grants[("trainer.kubeflow.org", "clustertrainingruntimes")] == {"get", "list", "watch"}
+    assert grants[("", "pods")] == {"list"} and grants[("", "events")] == {"list"}
+    assert grants[("trainer.kubeflow.org", "clustertrainingruntimes")] == {"get"}
+    assert ("trainer.kubeflow.org", "trainingruntimes") not in grants  # never read
     # the cluster-wide part is read-only
-    cluster = objs[("ClusterRole", "peagle-clustertrainingruntime-reader")]
-    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster["rules"])
+    cluster = admin[("ClusterRole", "peagle-clustertrainingruntime-reader")]
+    assert all(set(r["verbs"]) <= {"get"} for r in cluster["rules"])
 
 
 def test_runner_may_apply_every_kind_the_serving_chart_renders(objs):
@@ -93,10 +131,11 @@ def test_runner_may_apply_every_kind_the_serving_chart_renders(objs):
             assert grants.get((group, plural[kind]), set()) >= {"create", "get", "patch"}, (template.name, kind)
 
 
-def test_bindings_grant_the_roles_to_the_pipeline_runner(objs):
+def test_bindings_grant_the_roles_to_the_pipeline_runner(objs, admin):
+    both = {**objs, **admin}
     for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
-        (binding,) = [o for (k, _), o in objs.items() if k == kind]
-        assert binding["roleRef"]["kind"] == role_kind and (role_kind, binding["roleRef"]["name"]) in objs
+        (binding,) = [o for (k, _), o in both.items() if k == kind]
+        assert binding["roleRef"]["kind"] == role_kind and (role_kind, binding["roleRef"]["name"]) in both
         # kustomize rewrites only subjects named "default": the subject namespace must be spelt out.
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RUNNER_SA, "namespace": NAMESPACE}]
 
@@ -160,7 +199,7 @@ def test_image_references_agree_with_the_build_script(runtime):
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed (optional cross-check)")
 def test_tiny_kustomize_agrees_with_kubectl_kustomize():
-    for d in (MANIFESTS, MANIFESTS / "training", MANIFESTS / "data-connection"):
+    for d in (MANIFESTS, MANIFESTS / "admin", MANIFESTS / "data-connection"):
         r = subprocess.run(["kubectl", "kustomize", str(d)], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         ref = sorted((yaml.safe_load_all(r.stdout)), key=lambda o: (o["kind"], o["metadata"]["name"]))

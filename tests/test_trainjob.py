@@ -8,6 +8,7 @@ Trainer CRD schema from ../shared/crds (missing schemas fail, not skip, when CI=
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from typing import Any, Callable
@@ -15,10 +16,11 @@ from typing import Any, Callable
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from k8s_schemas import crd_dir, validate
+from k8s_schemas import CRD_SETS, crd_dir, validate
 from peagle.pipeline.training import TrainJobSettings, trainjob_for
-from peagle.pipeline.trainjob import (RUN_LABEL, TrainJobError, TrainJobFailed, TrainJobLauncher, TrainJobSpec,
-                                      TrainJobTimeout, build_trainjob, dns_label)
+from peagle.pipeline.trainjob import (JOB_ID_LABEL, MAX_ATTEMPTS, MAX_NODES, NAME_MAX, POD_NAME_MAX, QUEUE_LABEL,
+                                      RUN_LABEL, TrainJobError, TrainJobFailed, TrainJobLauncher, TrainJobSpec,
+                                      TrainJobTimeout, build_trainjob, dns_label, longest_pod_name, trainjob_name)
 
 TS = "2026-11-29T10:00:00Z"
 
@@ -43,6 +45,7 @@ class FakeCluster:
         self.runtimes, self.on_create = set(runtimes), on_create
         self.calls: list[tuple] = []
         self.logs: dict[str, list[bytes]] = {}
+        self.events: dict[str, list[dict]] = {}  # by involvedObject.name
 
     # -- CustomObjectsApi
     def get_cluster_custom_object(self, group, version, plural, name):
@@ -51,8 +54,9 @@ class FakeCluster:
             raise ApiException(status=404, reason="Not Found")
         return {"metadata": {"name": name}}
 
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, field_validation=None):
         assert (group, version, plural) == ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+        assert field_validation == "Strict"  # unknown fields must fail, not be pruned
         name = body["metadata"]["name"]
         self.calls.append(("create", name))
         if (namespace, name) in self.objects:
@@ -91,6 +95,10 @@ class FakeCluster:
             {"metadata": {"name": f"{name}-node-0-0-x", "labels": {"batch.kubernetes.io/job-completion-index": "0"}},
              "status": {"phase": "Running"}}]}
 
+    def list_namespaced_event(self, namespace, field_selector):
+        name = field_selector.split("=", 1)[1]
+        return {"items": copy.deepcopy(self.events.get(name, []))}
+
     def read_namespaced_pod_log(self, name, namespace, container, follow, _preload_content):
         self.calls.append(("logs", name, container, follow))
         job = name.rsplit("-node-", 1)[0]
@@ -123,15 +131,23 @@ def launcher(cluster: FakeCluster, **kw) -> tuple[TrainJobLauncher, list[str]]:
 # The object
 
 
-def test_trainjob_from_the_profile_validates_against_the_trainer_crd():
-    crd_dir()  # fails (CI=true) or skips when ../shared/crds is missing
+RUN_ID = "3f1c2d4e-aaaa-bbbb-cccc-0123456789ab"
+
+
+def profile_trainjob(**kw) -> dict:
     from peagle.pipeline.profile import ClusterProfile
 
     settings = TrainJobSettings.model_validate_json(ClusterProfile().trainjob_json())
-    job = trainjob_for("s3:///peagle/runs/3f1c", num_nodes=4, num_gpus=8, settings=settings,
-                       data_connection="aws-connection-peagle", namespace="team-a",
-                       job_id="3f1c2d4e-aaaa-bbbb-cccc-0123456789ab")
-    assert validate(job) == "crd"
+    return trainjob_for("s3:///peagle/runs/3f1c", num_nodes=kw.pop("num_nodes", 4), num_gpus=8,
+                        settings=settings.model_copy(update=kw), data_connection="aws-connection-peagle",
+                        namespace="team-a", job_id=RUN_ID)
+
+
+@pytest.mark.parametrize("crds", sorted(CRD_SETS))
+def test_trainjob_from_the_profile_validates_strictly_against_every_trainer_api(crds):
+    crd_dir()  # fails (CI=true) or skips when ../shared/crds is missing
+    job = profile_trainjob(queue_name="gpu-queue")
+    assert validate(job, crds) == "crd"  # unknown fields fail: nothing a Trainer would prune
     t = job["spec"]["trainer"]
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                          "name": "peagle-torch"}
@@ -139,13 +155,30 @@ def test_trainjob_from_the_profile_validates_against_the_trainer_crd():
     assert t["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
     assert t["command"] == ["python", "-m", "peagle.pipeline.train_worker"]
     assert t["args"] == ["--run-uri", "s3:///peagle/runs/3f1c"]
-    patch = job["spec"]["runtimePatches"][0]
-    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["name"] == "node"
-    assert job["metadata"]["name"] == "peagle-train-3f1c2d4e-aaaa-bbbb-cccc-0123456789ab"
-    assert job["spec"]["activeDeadlineSeconds"] == 86400
+    # Scheduling lives in the ClusterTrainingRuntime (test_manifests), the deadline in the launcher.
+    assert set(job["spec"]) == {"runtimeRef", "trainer"}
+    labels = job["metadata"]["labels"]
+    assert labels[JOB_ID_LABEL] == RUN_ID and labels[QUEUE_LABEL] == "gpu-queue"
+    assert job["metadata"]["name"].startswith("peagle-train-3f1c2d4e") and len(job["metadata"]["name"]) <= NAME_MAX
+
+
+@pytest.mark.parametrize("run_id", [RUN_ID, "x" * 300, "Run_With.Odd--Chars!" * 5, "0" * 63, "-", "a",
+                                    "local-20261201-113000", "ü" * 40])
+@pytest.mark.parametrize("num_nodes", [1, 9, 10, 99, 100, MAX_NODES])
+def test_trainjob_names_leave_room_for_jobset_pod_names(run_id, num_nodes):
+    name = trainjob_name(run_id)
+    for attempt in range(MAX_ATTEMPTS):  # retries of the step append -r<attempt>
+        created = name if attempt == 0 else f"{name}-r{attempt}"
+        pod = longest_pod_name(created, num_nodes)
+        assert len(pod) <= POD_NAME_MAX and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", pod), pod
+    assert trainjob_name(run_id) == name  # stable: a retried step finds its job
+    if len(run_id) > 30:
+        assert trainjob_name(run_id + "2") != name  # long ids that share a prefix still differ
+
+
+def test_an_overlong_name_is_refused_before_the_cluster_sees_it():
+    with pytest.raises(TrainJobError, match="JobSet would reject its pod names"):
+        build_trainjob(spec(name="peagle-train-" + "a" * 40, num_nodes=16))
 
 
 def test_trainjob_carries_credentials_only_as_secret_references():
@@ -250,9 +283,68 @@ def test_timeout_suspends_the_job_and_raises():
 def test_missing_runtime_fails_before_creating_anything():
     cluster = FakeCluster(runtimes=())
     run, _ = launcher(cluster)
-    with pytest.raises(TrainJobError, match="kubectl apply -k manifests/training"):
+    with pytest.raises(TrainJobError, match="kubectl apply -k manifests/admin"):
         run.run(build_trainjob(spec()))
     assert not [c for c in cluster.calls if c[0] == "create"]
+
+
+def test_a_runtime_the_step_may_not_read_is_not_a_failure():
+    class NoClusterReads(FakeCluster):
+        def get_cluster_custom_object(self, *a, **k):
+            raise ApiException(status=403, reason="Forbidden")
+
+    run, lines = launcher(NoClusterReads())
+    run.run(build_trainjob(spec()))
+    assert any("cannot check ClusterTrainingRuntime" in ln for ln in lines)
+
+
+def test_a_field_the_cluster_does_not_know_fails_at_create():
+    class Strict(FakeCluster):
+        def create_namespaced_custom_object(self, *a, **k):
+            raise ApiException(http_resp=type("R", (), {"status": 400, "reason": "Bad Request", "data": (
+                b'{"message": "TrainJob in version \\"v1alpha1\\" cannot be handled as a TrainJob: strict '
+                b'decoding error: unknown field \\"spec.runtimePatches\\""}'), "getheaders": lambda self: {}})())
+
+    run, _ = launcher(Strict())
+    with pytest.raises(TrainJobError, match='refused TrainJob team-a/peagle-train-abc: .*unknown field'):
+        run.run(build_trainjob(spec()))
+
+
+def test_a_refused_jobset_fails_the_step_within_the_grace_with_the_events_message():
+    """Trainer reports a JobSet the webhook refused only as a Warning event and keeps the TrainJob
+    without conditions; the launcher must not poll for 24 hours."""
+    now = [0.0]
+    cluster = FakeCluster(lifecycle=lambda name, obj, n: [])
+    message = ("admission webhook \"vjobset.kb.io\" denied the request: spec.replicatedJobs[0].name: Invalid "
+               "value: \"node\": JobSet name is too long, job names generated for this JobSet will exceed 63 characters")
+
+    def warn(count):
+        return {"metadata": {"uid": "e1"}, "type": "Warning", "reason": "FailedCreate", "count": count,
+                "message": message, "involvedObject": {"kind": "TrainJob", "name": "peagle-train-abc"}}
+    run, lines = launcher(cluster, poll_interval_s=30.0, startup_grace_s=120.0)
+    run.clock = lambda: now[0]
+
+    def sleep(s):
+        now[0] += s
+        cluster.events["peagle-train-abc"] = [warn(int(now[0] // 30))]
+    run.sleep = sleep
+    with pytest.raises(TrainJobFailed, match="did not start: FailedCreate: admission webhook .*too long"):
+        run.run(build_trainjob(spec()))
+    assert now[0] <= 180.0  # minutes, not the 24-hour timeout
+    assert sum("warning: TrainJob/peagle-train-abc: FailedCreate" in ln for ln in lines) >= 2
+
+
+def test_warnings_of_a_running_job_are_shown_not_fatal():
+    cluster = FakeCluster(lifecycle=lambda name, obj, n: [cond("Complete")] if n >= 6 else [
+        {"type": "Suspended", "status": "False", "reason": "Resumed", "message": "", "lastTransitionTime": TS}])
+    cluster.events["peagle-train-abc"] = [
+        {"metadata": {"uid": "e2"}, "type": "Warning", "reason": "BackOff", "count": 1, "message": "pulling image",
+         "involvedObject": {"kind": "JobSet", "name": "peagle-train-abc"}},
+        {"metadata": {"uid": "e3"}, "type": "Normal", "reason": "Created", "count": 1, "message": "ok",
+         "involvedObject": {"kind": "TrainJob", "name": "peagle-train-abc"}}]
+    run, lines = launcher(cluster, startup_grace_s=0.0)
+    run.run(build_trainjob(spec()))
+    assert [ln for ln in lines if ln.startswith("warning:")] == ["warning: JobSet/peagle-train-abc: BackOff: pulling image"]
 
 
 def test_api_errors_other_than_conflict_propagate():

@@ -91,8 +91,15 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
 # Models are local files: never reach for the Hugging Face Hub.
 - name: HF_HUB_OFFLINE
   value: "1"
+# HOME and every cache on the writable cache volume: any image, any UID.
+- name: HOME
+  value: /cache/home
+- name: VLLM_CACHE_ROOT
+  value: /cache/vllm
+- name: TRITON_CACHE_DIR
+  value: /cache/triton
 - name: HF_HOME
-  value: /tmp/hf_home
+  value: /cache/hf
 {{- with .Values.vllm.env }}
 {{ toYaml . }}
 {{- end }}

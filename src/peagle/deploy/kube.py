@@ -84,7 +84,7 @@ def current_namespace(default: str = "default") -> str:
     return p.read_text().strip() if p.is_file() else default
 
 
-def _status_code(exc: BaseException) -> int | None:
+def status_code(exc: BaseException) -> int | None:
     return getattr(exc, "status", None)
 
 
@@ -115,7 +115,7 @@ def read(apis: Apis, kind: str, api_version: str, name: str, namespace: str) -> 
         api, suffix = _builtin(kind)
         return to_dict(getattr(getattr(apis, api), f"read_{suffix}")(name=name, namespace=namespace))
     except Exception as e:  # kubernetes.client.ApiException; the fake raises the same class
-        if _status_code(e) == 404:
+        if status_code(e) == 404:
             return None
         raise
 
@@ -143,12 +143,12 @@ def apply_one(apis: Apis, obj: dict) -> str:
         create()
         return "created"
     except Exception as e:
-        if _status_code(e) != 409:
-            raise DeployError(f"creating {obj['kind']}/{name} in {ns} failed: {_reason(e)}") from e
+        if status_code(e) != 409:
+            raise DeployError(f"creating {obj['kind']}/{name} in {ns} failed: {api_message(e)}") from e
     try:
         patch()
     except Exception as e:
-        raise DeployError(f"patching {obj['kind']}/{name} in {ns} failed: {_reason(e)}") from e
+        raise DeployError(f"patching {obj['kind']}/{name} in {ns} failed: {api_message(e)}") from e
     return "patched"
 
 
@@ -163,7 +163,7 @@ def apply(apis: Apis, objs: list[dict]) -> list[tuple[str, str]]:
     return done
 
 
-def _reason(e: BaseException) -> str:
+def api_message(e: BaseException) -> str:
     body = getattr(e, "body", None)
     if body:
         try:

@@ -53,6 +53,7 @@ def deep_merge(base: dict, override: Mapping) -> dict:
 
 
 def values_for(*, mode: str = "kserve", data_connection: str | None = None, path: str | None = None,
+               bucket: str | None = None,
                storage_uri: str | None = None, target_uri: str | None = None, draft_uri: str | None = None,
                pvc: str | None = None, service_account: str | None = None,
                num_speculative_tokens: int | None = None, gpus: int | None = None,
@@ -61,7 +62,8 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
                extra_args: Iterable[str] = (), extra_values: Iterable[Mapping] = ()) -> dict:
     """Chart values for one deployment. Exactly one model source:
 
-    * ``data_connection`` (+ ``path``): OpenShift AI data connection, prefix holding target/ and draft/;
+    * ``data_connection`` (+ ``path``, + ``bucket`` when not the connection's own): OpenShift AI data
+      connection, prefix holding target/ and draft/;
     * ``storage_uri``: one URI holding target/ and draft/ (kserve mode; ``service_account`` for creds);
     * ``target_uri`` + ``draft_uri``: KServe >= 0.16 ``storageUris`` (kserve mode);
     * ``pvc`` (+ ``path``): a PersistentVolumeClaim sub-path holding target/ and draft/.
@@ -77,6 +79,8 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
     v: dict[str, Any] = {"mode": mode, "storage": {"type": kind}}
     if kind == "dataConnection":
         _set(v, "storage.dataConnection", {"name": data_connection, "path": path or ""})
+        if bucket:
+            _set(v, "storage.dataConnection.bucket", bucket)
     elif kind == "uri":
         _set(v, "storage.uri", {"uri": storage_uri, "serviceAccountName": service_account or ""})
     elif kind == "uris":

@@ -4,11 +4,14 @@
     python -m peagle.pipeline submit --host URL [--token T] [--profile default | --package FILE] \\
         --param target=s3:///models/Qwen3-8B [--param K=V ...] [--config run.yaml] [--experiment E]
     python -m peagle.pipeline run [--s3] [--no-regenerate] [--config run.yaml] [--set key=value ...]
+    python -m peagle.pipeline render --out DIR [--run-id ID] [--num-nodes N] [--profile P]
 
 ``compile`` writes the IR YAML the OpenShift AI dashboard imports (default
 ``pipelines/compiled/peagle-<profile>.yaml``). ``submit`` creates a run on a pipeline server
 (host/token also from KF_PIPELINES_ENDPOINT / KF_PIPELINES_TOKEN). ``run`` executes the same
-pipeline locally with kfp.local on the embedded default (SmolLM2 + ShareGPT, vLLM-cpu).
+pipeline locally with kfp.local on the embedded default (SmolLM2 + ShareGPT, vLLM-cpu). ``render``
+writes every Kubernetes object a run would create (ClusterTrainingRuntime, TrainJob, serving objects)
+for review before a run.
 """
 from __future__ import annotations
 
@@ -55,6 +58,20 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_render(ns: argparse.Namespace) -> int:
+    from .build import profile_path
+    from .profile import load_profile
+    from .review import run_objects, write_objects
+
+    profile = load_profile(profile_path(ns.profile))
+    objs = run_objects(profile, run_id=ns.run_id, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus,
+                       namespace=ns.namespace, data_connection=ns.data_connection, output_root=ns.output_root,
+                       deploy_name=ns.deploy_name, deploy_mode=ns.deploy_mode)
+    for path in write_objects(objs, ns.out):
+        print(path)
+    return 0
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from ..local_run import run_local, user_settings
 
@@ -88,6 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-name", help="display name of the run")
     s.add_argument("--insecure", action="store_true", help="do not verify the server's TLS certificate")
     s.set_defaults(func=cmd_submit)
+
+    from .review import SAMPLE_RUN_ID
+
+    v = sub.add_parser("render", help="write every Kubernetes object a run would create, for review")
+    v.add_argument("--out", required=True, help="directory for the objects (one YAML file each)")
+    v.add_argument("--profile", default="default", help="profile name under pipelines/profiles, or a YAML file")
+    v.add_argument("--run-id", default=SAMPLE_RUN_ID, help="the KFP run id (names the TrainJob)")
+    v.add_argument("--num-nodes", type=int, default=1, help="training nodes (num_nodes)")
+    v.add_argument("--num-gpus", type=int, default=1, help="GPUs per training node (num_gpus)")
+    v.add_argument("--namespace", default="peagle", help="the project's namespace")
+    v.add_argument("--data-connection", default="aws-connection-peagle", help="data connection Secret")
+    v.add_argument("--output-root", default="s3:///peagle/runs", help="the output_root pipeline parameter")
+    v.add_argument("--deploy-name", default="peagle", help="the deploy_name pipeline parameter")
+    v.add_argument("--deploy-mode", default="kserve", choices=["kserve", "deployment", "none"])
+    v.set_defaults(func=cmd_render)
 
     r = sub.add_parser("run", help="run the pipeline here with kfp.local on the embedded default")
     r.add_argument("--config", help="YAML run configuration (sections as for peagle; evaluate too)")

@@ -32,17 +32,32 @@ class ServingSettings(StrictModel):
     timeout_s: float = Field(1800.0, gt=0, description="wait this long for Ready")
 
 
-def model_path(layout: RunLayout) -> str:
-    """The bucket-relative prefix holding target/ and draft/ (the data connection's ``path``)."""
+def model_location(layout: RunLayout) -> tuple[str, str]:
+    """(bucket, prefix) holding target/ and draft/: the data connection's ``path`` and, when the run's
+    ``output_root`` names a bucket (``s3://bucket/...``), that bucket -- it need not be the connection's."""
     if layout.remote:
-        return bucket_and_key(layout.models)[1]
-    return layout.models  # local runs: only rendered, the path is informative
+        return bucket_and_key(layout.models)
+    return "", layout.models  # local runs: only rendered, the path is informative
+
+
+def serving_objects(run_uri: str, name: str, mode: str, data_connection: str, num_speculative_tokens: int,
+                    settings: ServingSettings, namespace: str) -> list[dict[str, Any]]:
+    """The objects that serve the run's target + draft (``mode`` kserve or deployment; render = kserve)."""
+    from ..deploy import render, values_for
+
+    bucket, path = model_location(RunLayout(run_uri))
+    s = settings
+    values = values_for(mode="kserve" if mode == "render" else mode, data_connection=data_connection,
+                        path=path, bucket=bucket, num_speculative_tokens=int(num_speculative_tokens),
+                        gpus=s.gpus, image=s.image or None, max_model_len=s.max_model_len,
+                        extra_args=s.extra_args, extra_values=[s.values] if s.values else [])
+    return render(values, name, namespace)
 
 
 def deploy(run_uri: str, name: str, mode: str, data_connection: str, num_speculative_tokens: int,
            serving: str = "", namespace: str = "", apis: Any = None) -> str:
     """Deploy (or render) the run's draft; returns the endpoint URL, or the manifests' location."""
-    from ..deploy import deploy as apply_and_wait, render, values_for, write_manifests
+    from ..deploy import deploy as apply_and_wait, write_manifests
     from .steps import staged
     from ..deploy.kube import current_namespace
 
@@ -54,12 +69,8 @@ def deploy(run_uri: str, name: str, mode: str, data_connection: str, num_specula
     s = ServingSettings.model_validate(json.loads(serving or "{}"))
     layout = RunLayout(run_uri)
     with stage(f"deploy[{mode}]") as info:
-        values = values_for(mode="kserve" if mode == "render" else mode, data_connection=data_connection,
-                            path=model_path(layout), num_speculative_tokens=int(num_speculative_tokens),
-                            gpus=s.gpus, image=s.image or None, max_model_len=s.max_model_len,
-                            extra_args=s.extra_args, extra_values=[s.values] if s.values else [])
         ns = namespace or current_namespace()
-        objs = render(values, name, ns)
+        objs = serving_objects(run_uri, name, mode, data_connection, num_speculative_tokens, s, ns)
         with staged(layout.deploy) as out:
             write_manifests(objs, out)
         info["objects"] = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]

@@ -19,7 +19,8 @@ from .layout import RunLayout
 from .objects import copy_published
 from .progress import stage
 from ..deploy.kube import current_namespace
-from .trainjob import RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob, dns_label
+from .trainjob import (JOB_ID_LABEL, RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob, dns_label,
+                       label_value, trainjob_name)
 
 
 class TrainError(RuntimeError):
@@ -30,14 +31,20 @@ class TrainJobSettings(StrictModel):
     """Cluster side of ``train_mode=trainjob`` (from the cluster profile, fixed at compile time)."""
 
     image: str = Field("quay.io/peagle/peagle-trainer:0.1.0", description="image of the TrainJob's nodes")
-    runtime: str = Field("peagle-torch", description="ClusterTrainingRuntime the TrainJob references")
+    runtime: str = Field("peagle-torch", description="ClusterTrainingRuntime the TrainJob references: the one "
+                         "of this profile's GPU pool (`peagle pipeline render` writes it)")
     resources: dict[str, dict[str, str]] = Field(default_factory=dict,
                                                  description="per-node requests/limits besides the GPUs")
     accelerator: str = Field("nvidia.com/gpu", description="extended resource name of the GPUs")
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of the training processes")
-    timeout_s: float = Field(86400.0, gt=0, description="give up (and suspend the job) after this long")
+    queue_name: str = Field("", description="Kueue LocalQueue for the TrainJob (label kueue.x-k8s.io/queue-name); "
+                            "empty: none", pattern=r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$")
+    timeout_s: float = Field(86400.0, gt=0, description="give up (and suspend the job) after this long; the "
+                             "launcher enforces it (not every Trainer API has a deadline field)")
+    startup_grace_s: float = Field(300.0, gt=0, description="fail when the job shows only Warning events "
+                                   "(e.g. its JobSet was refused) for this long")
     poll_interval_s: float = Field(30.0, gt=0, description="status poll interval")
 
 
@@ -57,12 +64,14 @@ def trainjob_for(run_uri: str, num_nodes: int, num_gpus: int, settings: TrainJob
     for kind in ("requests", "limits"):
         resources.setdefault(kind, {})[settings.accelerator] = str(num_gpus)
     run_name = run_uri.rstrip("/").rsplit("/", 1)[-1]
+    labels = {RUN_LABEL: label_value(run_name)}
+    if job_id:
+        labels[JOB_ID_LABEL] = label_value(job_id)
     spec = TrainJobSpec(
-        name=dns_label(f"peagle-train-{job_id or run_name}"), namespace=namespace, run_uri=run_uri,
+        name=trainjob_name(job_id or run_name), namespace=namespace, run_uri=run_uri,
         image=settings.image, data_connection=data_connection, num_nodes=num_nodes, num_proc_per_node=num_gpus,
-        runtime=settings.runtime, resources=resources, node_selector=settings.node_selector,
-        tolerations=settings.tolerations, env=settings.env, active_deadline_seconds=int(settings.timeout_s),
-        labels={RUN_LABEL: dns_label(run_name, 63)})
+        runtime=settings.runtime, resources=resources, env=settings.env, labels=labels,
+        queue_name=settings.queue_name)
     return build_trainjob(spec)
 
 
@@ -96,7 +105,7 @@ def train(run_uri: str, mode: str, extracted: list[str] | None = None, num_gpus:
 
                 apis = Apis.from_environment()
                 launcher = TrainJobLauncher(apis.custom, apis.core, poll_interval_s=settings.poll_interval_s,
-                                            timeout_s=settings.timeout_s)
+                                            timeout_s=settings.timeout_s, startup_grace_s=settings.startup_grace_s)
             done = launcher.run(job)
             info["trainjob"] = done["metadata"]["name"]
         else:
