@@ -11,7 +11,9 @@ init_run       base      validate settings, write <run>/run.json, normalise the 
 regenerate     vllm      target rewrites the assistant turns (optional)
 prepare        base      tokenise + mask + split; returns one shard assignment per extract worker
 extract        vllm      target hidden states of one shard set (ParallelFor fan-out)
-train          trainer   torchrun in the pod, or a Kubeflow Trainer TrainJob it creates and watches
+train          trainer   torchrun in the pod (train_mode=pod)
+train_launcher base      the same function for train_mode=trainjob: creates and watches a Kubeflow
+                         Trainer TrainJob, holds no GPU, so it needs no multi-GB CUDA image
 evaluate       vllm      vLLM-measured acceptance, report, KFP Metrics/HTML; returns the gate verdict
 deploy         base      KServe (or Deployment) serving target + draft; or render the manifests
 =============  ========  =====================================================================
@@ -39,4 +41,6 @@ def build(profile: Any) -> SimpleNamespace:
         name = module.__name__.rsplit(".", 1)[-1]
         out[name] = dsl.component(getattr(module, name), base_image=images[module.IMAGE],
                                   install_kfp_package=profile.install_kfp_package)
+    out["train_launcher"] = dsl.component(train.train, base_image=images[train.LAUNCHER_IMAGE],
+                                          install_kfp_package=profile.install_kfp_package)
     return SimpleNamespace(**out)

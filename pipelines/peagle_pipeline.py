@@ -12,8 +12,10 @@ Control flow, and why it has this shape:
   of the branch that ran.
 * Extraction fans out with ``dsl.ParallelFor`` over prepare's shard assignments (its single
   output: kfp.local iterates only a task's single output, and loop bodies cannot read ``OneOf``
-  values locally, so each assignment carries the run URI itself); train fans in with
-  ``dsl.Collected``.
+  values locally, so each assignment carries the run URI itself). Train fans in through the object
+  store: it runs ``.after()`` the whole loop and reads the published shard sets (their manifest is
+  written by the last worker). ``dsl.Collected`` would do the same through KFP, but needs a newer
+  backend than the KFP 2.5 that OpenShift AI 2.x ships (see ``peagle.support``).
 * Training runs either in its own pod (``torchrun``, accelerator limit = ``num_gpus``) or as a
   Kubeflow Trainer TrainJob created and watched by a light launcher pod that holds no GPU.
 * Deploy runs only when evaluate's gate verdict (its single output) is True.
@@ -79,17 +81,15 @@ def build_pipeline(profile: ClusterProfile):
         with dsl.ParallelFor(prep.output, parallelism=profile.extract_parallelism or None) as shard:
             ext = step(c.extract(shard=shard), "extract", "extract hidden states")
 
-        # dsl.Collected is created inside each branch: the compiler resolves it in the context it was made in.
         # num_gpus is also a plain input of train: that makes the compiler pass it into the branch, where
         # the pod's accelerator limit reads it.
         train_args = dict(run_uri=run_uri, num_gpus=num_gpus, cluster=profile.trainjob_json(),
                           data_connection=data_connection, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         with dsl.If(train_mode == "trainjob", name="train-with-trainjob"):
-            train_tj = step(c.train(mode="trainjob", extracted=dsl.Collected(ext.output), **train_args),
+            train_tj = step(c.train_launcher(mode="trainjob", **train_args).after(ext),
                             "train_launcher", "train (TrainJob)")
         with dsl.Else(name="train-in-pod"):
-            train_pod = step(c.train(mode="pod", extracted=dsl.Collected(ext.output), **train_args),
-                             "train", "train (torchrun)", gpus=num_gpus)
+            train_pod = step(c.train(mode="pod", **train_args).after(ext), "train", "train (torchrun)", gpus=num_gpus)
         draft_uri = dsl.OneOf(train_tj.output, train_pod.output)
 
         ev = step(c.evaluate(run_uri=run_uri, draft_uri=draft_uri), "evaluate", "evaluate (vLLM)")

@@ -69,7 +69,8 @@ def extracted(assignments) -> list[str]:
 def trained(run_uri, extracted) -> str:
     from components.train import train
 
-    return train(run_uri, "pod", 1, extracted, "", "", "job-1")
+    assert extracted  # the workers ran first (train reads what they published)
+    return train(run_uri, "pod", 1, "", "", "job-1")
 
 
 def test_components_are_thin_typed_kfp_components():
@@ -177,7 +178,7 @@ def test_train_through_a_trainjob_runs_the_node_command(run_uri, trained):
     cluster = FakeCluster(lifecycle=lifecycle, on_create=node)
     lines = []
     launcher = TrainJobLauncher(cluster, cluster, poll_interval_s=0, out=lines.append, stream_logs=False)
-    draft = train(run_uri, "trainjob", [], cluster=ClusterProfile().trainjob_json(),
+    draft = train(run_uri, "trainjob", cluster=ClusterProfile().trainjob_json(),
                   data_connection="aws-connection-peagle", job_id="job-1", launcher=launcher)
     assert draft == trained
     (name, proc), = results.items()

@@ -160,6 +160,14 @@ def test_control_flow(docs):
     text = " ".join(conditions)
     assert "pipelinechannel--regenerate" in text and "pipelinechannel--train_mode" in text
     assert "pipelinechannel--evaluate-Output" in text  # the acceptance gate before deploy
+    # train fans in through the object store: its branches run after the whole extraction loop
+    loop_name = next(n for n, t in root_tasks.items() if t.get("parameterIterator"))
+    train_branches = next(t for t in root_tasks.values()
+                          if any("train" in str(c.get("dag", {}).get("tasks", {})) for c in
+                                 [comps[t["componentRef"]["name"]]]) and "triggerPolicy" not in t
+                          and loop_name in t.get("dependentTasks", []))
+    assert loop_name in train_branches["dependentTasks"]
+    assert "Collected" not in yaml.safe_dump(spec) and "collected" not in yaml.safe_dump(spec).lower()
     deploy_parent = next(n for n, c in comps.items() if "dag" in c and "deploy" in c["dag"]["tasks"])
     gate = next(t for t in root_tasks.values() if t["componentRef"]["name"] == deploy_parent)
     assert "evaluate-Output" in gate["triggerPolicy"]["condition"]
@@ -169,8 +177,15 @@ def test_images_come_from_the_profile(docs):
     spec, _ = docs
     images = {n: ex["container"]["image"] for n, ex in spec["deploymentSpec"]["executors"].items()}
     assert images["exec-extract"] == images["exec-evaluate"] == "quay.io/peagle/peagle-vllm:0.1.0"
-    assert images["exec-train"] == images["exec-train-2"] == "quay.io/peagle/peagle-trainer:0.1.0"
     assert images["exec-prepare"] == images["exec-deploy"] == "quay.io/peagle/peagle-base:0.1.0-cpu"
+    # the TrainJob launcher holds no GPU: the base image, not the multi-GB CUDA trainer
+    by_mode = {}
+    for comp in spec["components"].values():
+        for task in (comp.get("dag") or {}).get("tasks", {}).values():
+            executor = spec["components"][task["componentRef"]["name"]].get("executorLabel")
+            if executor and "mode" in task.get("inputs", {}).get("parameters", {}) and "num_gpus" in task["inputs"]["parameters"]:
+                by_mode[task["inputs"]["parameters"]["mode"]["runtimeValue"]["constant"]] = images[executor]
+    assert by_mode == {"trainjob": "quay.io/peagle/peagle-base:0.1.0-cpu", "pod": "quay.io/peagle/peagle-trainer:0.1.0"}
 
 
 def test_cli_compile_with_another_profile(tmp_path):

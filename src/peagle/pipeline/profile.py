@@ -28,9 +28,9 @@ SCRATCH_MOUNT = "/scratch"
 class Images(StrictModel):
     """Container images by role (see images/README.md)."""
 
-    base: str = Field("quay.io/peagle/peagle-base:0.1.0-cpu", description="init_run, prepare, deploy")
+    base: str = Field("quay.io/peagle/peagle-base:0.1.0-cpu", description="init_run, prepare, deploy, the TrainJob launcher")
     vllm: str = Field("quay.io/peagle/peagle-vllm:0.1.0", description="regenerate, extract, evaluate")
-    trainer: str = Field("quay.io/peagle/peagle-trainer:0.1.0", description="train (pod mode and TrainJob launcher)")
+    trainer: str = Field("quay.io/peagle/peagle-trainer:0.1.0", description="train (pod mode) and the TrainJob's nodes")
 
 
 class Toleration(StrictModel):

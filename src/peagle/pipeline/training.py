@@ -48,13 +48,23 @@ class TrainJobSettings(StrictModel):
     poll_interval_s: float = Field(30.0, gt=0, description="status poll interval")
 
 
-def check_extraction(layout: RunLayout) -> None:
-    """Fail early and clearly when the training split was not completely extracted."""
+def check_extraction(layout: RunLayout) -> dict[str, Any]:
+    """The training split's extraction manifest; fails early and clearly when extraction did not complete.
+
+    This is the fan-in of the extract workers: train runs after all of them (``.after`` the loop) and
+    reads what they published, so no data passes through KFP."""
     from ..extract.output import ShardDir
 
-    if ShardDir(layout.hidden_states("train")).read_manifest() is None:
+    manifest = ShardDir(layout.hidden_states("train")).read_manifest()
+    if manifest is None:
         raise TrainError(f"{layout.hidden_states('train')} has no manifest.json: extraction did not complete "
                          "(an extract worker failed?)")
+    return manifest
+
+
+def _extraction_summary(manifest: dict[str, Any]) -> str:
+    keys = ("num_samples", "num_tokens", "num_shards", "backend", "storage_dtype")
+    return ", ".join(f"{k}={manifest[k]}" for k in keys if k in manifest) or "complete"
 
 
 def trainjob_for(run_uri: str, num_nodes: int, num_gpus: int, settings: TrainJobSettings, data_connection: str,
@@ -75,7 +85,7 @@ def trainjob_for(run_uri: str, num_nodes: int, num_gpus: int, settings: TrainJob
     return build_trainjob(spec)
 
 
-def train(run_uri: str, mode: str, extracted: list[str] | None = None, num_gpus: int | None = None,
+def train(run_uri: str, mode: str, num_gpus: int | None = None,
           cluster: str = "", data_connection: str = "", job_id: str = "",
           launcher: TrainJobLauncher | None = None) -> str:
     """Train the run's draft (``mode`` ``pod`` or ``trainjob``); returns the URI of the published draft.
@@ -87,9 +97,8 @@ def train(run_uri: str, mode: str, extracted: list[str] | None = None, num_gpus:
 
     with stage(f"train[{mode}]") as info:
         run, layout = load_run(run_uri)
-        for summary in extracted or []:
-            print(f"extraction worker: {summary}", flush=True)
-        check_extraction(layout)
+        manifest = check_extraction(layout)
+        print(f"extracted: {_extraction_summary(manifest)}", flush=True)
         if mode == "pod":
             code = run_training(run_uri, int(num_gpus or run.params.num_gpus))
             if code != 0:
