@@ -11,6 +11,7 @@ init_run       base      validate settings, write <run>/run.json, normalise the 
 regenerate     vllm      target rewrites the assistant turns (optional)
 prepare        base      tokenise + mask + split; returns one shard assignment per extract worker
 extract        vllm      target hidden states of one shard set (ParallelFor fan-out)
+gpu_limit      base      num_gpus as text for the train pod's accelerator limit (train_mode=pod)
 train          trainer   torchrun in the pod (train_mode=pod)
 train_launcher base      the same function for train_mode=trainjob: creates and watches a Kubeflow
                          Trainer TrainJob, holds no GPU, so it needs no multi-GB CUDA image
@@ -26,9 +27,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from . import deploy, evaluate, extract, init_run, prepare, regenerate, train
+from . import deploy, evaluate, extract, gpu_limit, init_run, prepare, regenerate, train
 
-MODULES = (init_run, regenerate, prepare, extract, train, evaluate, deploy)
+MODULES = (init_run, regenerate, prepare, extract, gpu_limit, train, evaluate, deploy)
 
 
 def build(profile: Any) -> SimpleNamespace:

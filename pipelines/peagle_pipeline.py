@@ -89,7 +89,9 @@ def build_pipeline(profile: ClusterProfile):
             train_tj = step(c.train_launcher(mode="trainjob", **train_args).after(ext),
                             "train_launcher", "train (TrainJob)")
         with dsl.Else(name="train-in-pod"):
-            train_pod = step(c.train(mode="pod", **train_args).after(ext), "train", "train (torchrun)", gpus=num_gpus)
+            limit = step(c.gpu_limit(num_gpus=num_gpus), "gpu_limit", "GPU limit")
+            train_pod = step(c.train(mode="pod", **train_args).after(ext), "train", "train (torchrun)",
+                             gpus=limit.output)
         draft_uri = dsl.OneOf(train_tj.output, train_pod.output)
 
         ev = step(c.evaluate(run_uri=run_uri, draft_uri=draft_uri), "evaluate", "evaluate (vLLM)")

@@ -12,7 +12,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED = ROOT / "pipelines" / "compiled" / "peagle-default.yaml"
 GPU_EXECUTORS = {"exec-regenerate", "exec-extract", "exec-evaluate", "exec-train-2"}  # train-2: the pod branch
-DC_KEYS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET", "AWS_DEFAULT_REGION"}
+DC_KEYS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET"}
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +76,12 @@ def test_gpu_steps_get_accelerators_tolerations_selectors_and_shm(docs):
         else:  # CPU steps stay off the GPU pool (the TrainJob launcher included)
             assert acc is None, name
             assert "nodeSelector" not in cfg and "tolerations" not in cfg, name
-    # the training pod's accelerator limit is the num_gpus pipeline parameter
+    # the training pod's accelerator limit is the num_gpus pipeline parameter, as TEXT (gpu_limit step):
+    # KFP's driver reads the count placeholder as a string and silently drops a number
     train_pod = spec["deploymentSpec"]["executors"]["exec-train-2"]["container"]["resources"]["accelerator"]
-    assert "num_gpus" in train_pod["resourceCount"]
+    assert "gpu-limit-Output" in train_pod["resourceCount"]
+    assert spec["components"]["comp-gpu-limit"]["outputDefinitions"]["parameters"]["Output"]["parameterType"] == "STRING"
+    assert spec["components"]["comp-gpu-limit"]["inputDefinitions"]["parameters"]["num_gpus"]["parameterType"] == "NUMBER_INTEGER"
     extract = spec["deploymentSpec"]["executors"]["exec-extract"]["container"]["resources"]["accelerator"]
     assert extract["resourceCount"] == "1"
 
@@ -95,6 +98,11 @@ def test_every_step_reads_the_data_connection_secret_by_parameter(docs):
             keys |= {k["secretKey"] for k in entry["keyToEnv"]}
             assert all(k["secretKey"] == k["envVar"] for k in entry["keyToEnv"])
         assert keys == DC_KEYS, name
+        # optional keys (AWS_DEFAULT_REGION) from the Secret mounted as files: no `optional` env (KFP >= 2.15)
+        assert not any(e.get("optional") for e in cfg["secretAsEnv"]), name
+        (vol,) = cfg["secretAsVolume"]
+        assert vol["secretNameParameter"]["componentInputParameter"].endswith("data_connection"), name
+        assert vol["mountPath"] == "/var/run/secrets/peagle/data-connection"
 
 
 def _strings(node):

@@ -289,3 +289,19 @@ def test_local_listing_matches_string_prefix(tmp_path_factory, keys, prefix):
     for name in names:
         store.put_bytes(name, name.encode())
     assert store.list(prefix) == sorted(n for n in names if n.startswith(prefix))
+
+
+def test_a_mounted_data_connection_fills_in_keys_the_environment_lacks(tmp_path):
+    """The pipeline mounts the Secret as files so an absent optional key (AWS_DEFAULT_REGION) is simply
+    absent; env values win; the kubelet's ..data bookkeeping entries are skipped."""
+    from peagle.storage.settings import S3Settings
+
+    d = tmp_path / "dc"
+    (d / "..data").mkdir(parents=True)
+    (d / "AWS_DEFAULT_REGION").write_text("eu-west-3\n")
+    (d / "AWS_S3_BUCKET").write_text("from-file")
+    env = {"PEAGLE_DATA_CONNECTION_DIR": str(d), "AWS_S3_BUCKET": "from-env", "AWS_S3_ENDPOINT": "http://127.0.0.1:1"}
+    s = S3Settings.from_env(env)
+    assert (s.region, s.bucket) == ("eu-west-3", "from-env")
+    (d / "AWS_DEFAULT_REGION").unlink()  # a connection without a region still works
+    assert S3Settings.from_env(env).region == "us-east-1"

@@ -18,10 +18,12 @@ from pydantic import Field, field_validator
 
 from ..config import ConfigError, StrictModel
 from .deployment import ServingSettings
-from .trainjob import OPTIONAL_KEYS, REQUIRED_KEYS  # OpenShift AI data-connection keys (values stay in the Secret)
+from ..storage.settings import DATA_CONNECTION_DIR_ENV
+from .trainjob import REQUIRED_KEYS  # OpenShift AI data-connection keys (values stay in the Secret)
 from .training import TrainJobSettings
 
-STEPS = ("init_run", "regenerate", "prepare", "extract", "train", "train_launcher", "evaluate", "deploy")
+DATA_CONNECTION_MOUNT = "/var/run/secrets/peagle/data-connection"  # the Secret as files (optional keys)
+STEPS = ("init_run", "regenerate", "prepare", "extract", "gpu_limit", "train", "train_launcher", "evaluate", "deploy")
 SCRATCH_MOUNT = "/scratch"
 
 
@@ -143,7 +145,8 @@ def apply_step(task: Any, step: str, profile: ClusterProfile, data_connection: A
                display_name: str | None = None) -> Any:
     """Put the profile's settings for ``step`` on a KFP task.
 
-    ``gpus``: a pipeline parameter (the train pod's ``num_gpus``) that replaces the profile's count.
+    ``gpus``: a STRING channel (the train pod's ``num_gpus`` as text) that replaces the profile's count:
+    KFP's driver reads an accelerator count placeholder as a string and silently drops a number.
     Every step: data-connection env, no caching (each step writes to the object store), retries,
     CPU/memory, scratch volume. GPU steps: accelerator type and limit, node selector, tolerations,
     ``/dev/shm``.
@@ -164,8 +167,10 @@ def apply_step(task: Any, step: str, profile: ClusterProfile, data_connection: A
         task.set_memory_request(r.memory).set_memory_limit(r.memory)
     kubernetes.use_secret_as_env(task, secret_name=data_connection,
                                  secret_key_to_env={k: k for k in REQUIRED_KEYS})
-    kubernetes.use_secret_as_env(task, secret_name=data_connection, optional=True,
-                                 secret_key_to_env={k: k for k in OPTIONAL_KEYS})
+    # Optional keys (AWS_DEFAULT_REGION) come from the Secret mounted as files: KFP backends before
+    # 2.15 ignore `optional` on secret env, and a missing key would then stop the pod from starting.
+    kubernetes.use_secret_as_volume(task, secret_name=data_connection, mount_path=DATA_CONNECTION_MOUNT)
+    task.set_env_variable(DATA_CONNECTION_DIR_ENV, DATA_CONNECTION_MOUNT)
     if profile.scratch_size:
         kubernetes.empty_dir_mount(task, volume_name="scratch", mount_path=SCRATCH_MOUNT,
                                    size_limit=profile.scratch_size)

@@ -48,6 +48,14 @@ class TrainJobSettings(StrictModel):
     poll_interval_s: float = Field(30.0, gt=0, description="status poll interval")
 
 
+def gpu_limit_text(num_gpus: int) -> str:
+    """``num_gpus`` as the text an accelerator limit takes (KFP resolves the count as a string)."""
+    n = int(float(num_gpus))  # kfp.local hands numbers over as floats
+    if not 1 <= n <= 64:
+        raise TrainError(f"num_gpus={num_gpus} must be between 1 and 64")
+    return str(n)
+
+
 def check_extraction(layout: RunLayout) -> dict[str, Any]:
     """The training split's extraction manifest; fails early and clearly when extraction did not complete.
 

@@ -20,6 +20,11 @@ to path-style addressing (MinIO, Ceph RGW, ODF and SeaweedFS do not serve bucket
 With no static keys, boto3's default chain (IRSA web identity, instance profile,
 ``~/.aws``) supplies credentials.
 
+A data connection mounted as files (``PEAGLE_DATA_CONNECTION_DIR``: the Secret as a volume, one
+file per key) fills in the keys the environment does not set. The pipeline mounts it so that an
+optional key such as AWS_DEFAULT_REGION may be absent from the Secret: a missing key is a missing
+file, where a missing env key would stop the pod on backends that ignore ``optional``.
+
 Tuning knobs (optional): PEAGLE_S3_MAX_ATTEMPTS, PEAGLE_S3_MULTIPART_THRESHOLD_MB,
 PEAGLE_S3_MULTIPART_CHUNK_MB.
 
@@ -147,6 +152,24 @@ def _register_secrets(*values: str) -> None:
                 logger.addFilter(_redact_filter)
 
 
+DATA_CONNECTION_DIR_ENV = "PEAGLE_DATA_CONNECTION_DIR"
+
+
+def with_mounted_connection(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` plus the keys of the Secret mounted at ``$PEAGLE_DATA_CONNECTION_DIR`` it lacks."""
+    directory = env.get(DATA_CONNECTION_DIR_ENV)
+    if not directory or not os.path.isdir(directory):
+        return env
+    merged = dict(env)
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.startswith(".") or not os.path.isfile(path) or merged.get(name):
+            continue  # "..data" and friends are the kubelet's bookkeeping
+        with open(path, encoding="utf-8", errors="replace") as f:
+            merged[name] = f.read().strip()
+    return merged
+
+
 @dataclass(frozen=True, repr=False)
 class S3Settings:
     """Everything needed to talk to one S3-compatible endpoint. Build with :meth:`from_env`."""
@@ -170,7 +193,7 @@ class S3Settings:
 
         Raises :class:`StorageConfigError` when only half of a static key pair is set.
         """
-        env = os.environ if env is None else env
+        env = with_mounted_connection(os.environ if env is None else env)
         sources: dict[str, str] = {}
 
         def pick(setting: str, *names: str) -> str | None:
