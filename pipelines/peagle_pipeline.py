@@ -90,7 +90,8 @@ def build_pipeline(profile: ClusterProfile):
                             "train_launcher", "train (TrainJob)")
         with dsl.Else(name="train-in-pod"):
             limit = step(c.gpu_limit(num_gpus=num_gpus), "gpu_limit", "GPU limit")
-            train_pod = step(c.train(mode="pod", **train_args).after(ext), "train", "train (torchrun)",
+            # .after(limit): the compiler does not make the limit's producer a dependency by itself
+            train_pod = step(c.train(mode="pod", **train_args).after(ext, limit), "train", "train (torchrun)",
                              gpus=limit.output)
         draft_uri = dsl.OneOf(train_tj.output, train_pod.output)
 

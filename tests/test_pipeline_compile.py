@@ -80,6 +80,9 @@ def test_gpu_steps_get_accelerators_tolerations_selectors_and_shm(docs):
     # KFP's driver reads the count placeholder as a string and silently drops a number
     train_pod = spec["deploymentSpec"]["executors"]["exec-train-2"]["container"]["resources"]["accelerator"]
     assert "gpu-limit-Output" in train_pod["resourceCount"]
+    (train_task,) = [t for c in spec["components"].values() for n, t in (c.get("dag") or {}).get("tasks", {}).items()
+                     if n == "train-2"]
+    assert "gpu-limit" in train_task["dependentTasks"]  # the compiler does not add it for a resource placeholder
     assert spec["components"]["comp-gpu-limit"]["outputDefinitions"]["parameters"]["Output"]["parameterType"] == "STRING"
     assert spec["components"]["comp-gpu-limit"]["inputDefinitions"]["parameters"]["num_gpus"]["parameterType"] == "NUMBER_INTEGER"
     extract = spec["deploymentSpec"]["executors"]["exec-extract"]["container"]["resources"]["accelerator"]

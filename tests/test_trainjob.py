@@ -319,7 +319,7 @@ def test_a_refused_jobset_fails_the_step_within_the_grace_with_the_events_messag
                "value: \"node\": JobSet name is too long, job names generated for this JobSet will exceed 63 characters")
 
     def warn(count):
-        return {"metadata": {"uid": "e1"}, "type": "Warning", "reason": "FailedCreate", "count": count,
+        return {"metadata": {"uid": "e1"}, "type": "Warning", "reason": "TrainJobResourcesCreationFailed", "count": count,
                 "message": message, "involvedObject": {"kind": "TrainJob", "name": "peagle-train-abc"}}
     run, lines = launcher(cluster, poll_interval_s=30.0, startup_grace_s=120.0)
     run.clock = lambda: now[0]
@@ -328,10 +328,10 @@ def test_a_refused_jobset_fails_the_step_within_the_grace_with_the_events_messag
         now[0] += s
         cluster.events["peagle-train-abc"] = [warn(int(now[0] // 30))]
     run.sleep = sleep
-    with pytest.raises(TrainJobFailed, match="did not start: FailedCreate: admission webhook .*too long"):
+    with pytest.raises(TrainJobFailed, match="did not start: TrainJobResourcesCreationFailed: admission webhook .*too long"):
         run.run(build_trainjob(spec()))
     assert now[0] <= 180.0  # minutes, not the 24-hour timeout
-    assert sum("warning: TrainJob/peagle-train-abc: FailedCreate" in ln for ln in lines) >= 2
+    assert sum("warning: TrainJob/peagle-train-abc: TrainJobResourcesCreationFailed" in ln for ln in lines) >= 2
 
 
 def test_warnings_of_a_running_job_are_shown_not_fatal():
@@ -345,6 +345,22 @@ def test_warnings_of_a_running_job_are_shown_not_fatal():
     run, lines = launcher(cluster, startup_grace_s=0.0)
     run.run(build_trainjob(spec()))
     assert [ln for ln in lines if ln.startswith("warning:")] == ["warning: JobSet/peagle-train-abc: BackOff: pulling image"]
+
+
+def test_a_running_job_without_conditions_is_not_mistaken_for_a_refused_one():
+    """Trainer need not set a condition while the JobSet runs: pods are the evidence."""
+    class PodsAlways(FakeCluster):
+        def list_namespaced_pod(self, namespace, label_selector):
+            name = label_selector.split("=", 1)[1]
+            return {"items": [{"metadata": {"name": f"{name}-node-0-0-x", "labels": {}}, "status": {"phase": "Running"}}]}
+
+    cluster = PodsAlways(lifecycle=lambda name, obj, n: [cond("Complete")] if n >= 5 else [])
+    cluster.events["peagle-train-abc"] = [
+        {"metadata": {"uid": "e4"}, "type": "Warning", "reason": "TrainJobResourcesCreationFailed", "count": 1,
+         "message": "conflict, retrying", "involvedObject": {"kind": "TrainJob", "name": "peagle-train-abc"}}]
+    run, lines = launcher(cluster, startup_grace_s=0.0, stream_logs=False)
+    assert run.run(build_trainjob(spec()))["metadata"]["name"] == "peagle-train-abc"
+    assert lines[-1].endswith("complete")
 
 
 def test_api_errors_other_than_conflict_propagate():

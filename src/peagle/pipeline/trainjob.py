@@ -266,6 +266,12 @@ class TrainJobLauncher:
 
         return sorted(pods, key=index)[0]
 
+    def _has_pods(self, name: str, namespace: str) -> bool:
+        try:
+            return self._node0_pod(name, namespace) is not None
+        except Exception:  # noqa: BLE001 - unknown counts as "not started"; the grace still applies
+            return False
+
     def _follow_logs(self, pod: str, namespace: str) -> None:
         try:
             resp = self.core.read_namespaced_pod_log(name=pod, namespace=namespace, container=TRAINER_NODE,
@@ -358,7 +364,10 @@ class TrainJobLauncher:
                 self.out(f"TrainJob {namespace}/{name}: {', '.join(phase) or 'created'}")
                 last_phase = phase
             warnings = self.new_warnings(name, namespace)
-            started = bool((obj.get("status") or {}).get("conditions")) or bool((obj.get("status") or {}).get("jobsStatus"))
+            status = obj.get("status") or {}
+            started = bool(status.get("conditions") or status.get("jobsStatus"))
+            if not started and (warnings or first_warning_at is not None):
+                started = self._has_pods(name, namespace)  # a running JobSet need not set a condition
             if warnings and not started:
                 last_warning = warnings[-1]
                 first_warning_at = self.clock() if first_warning_at is None else first_warning_at
