@@ -1,9 +1,14 @@
 """regenerate: the target rewrites the assistant turns into <run>/regenerated/ (optional stage)."""
+from kfp.dsl import Dataset, Output
+
 IMAGE = "vllm"
 
 
-def regenerate(run_uri: str) -> str:
-    """Returns the run URI (unchanged), so prepare runs after it."""
+def regenerate(run_uri: str, regenerated: Output[Dataset]) -> str:
+    """Returns the run URI (unchanged), so prepare runs after it; ``regenerated``: lineage pointer."""
+    from peagle.pipeline.lineage import record
     from peagle.pipeline.steps import regenerate as step
 
-    return step(run_uri)
+    out = step(run_uri)
+    record(regenerated, run_uri, "regenerate")
+    return out

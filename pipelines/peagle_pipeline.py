@@ -10,15 +10,18 @@ Control flow, and why it has this shape:
 * ``regenerate`` is optional. Stages exchange the run URI, and a task cannot depend on a task
   inside a condition, so init_run sits in both branches of If/Else and ``dsl.OneOf`` picks the URI
   of the branch that ran.
-* Extraction fans out with ``dsl.ParallelFor`` over prepare's shard assignments (its single
-  output: kfp.local iterates only a task's single output, and loop bodies cannot read ``OneOf``
-  values locally, so each assignment carries the run URI itself). Train fans in through the object
+* Extraction fans out with ``dsl.ParallelFor`` over prepare's shard assignments (its list
+  output; loop bodies cannot read ``OneOf`` values locally, so each assignment carries the run URI
+  itself). Train fans in through the object
   store: it runs ``.after()`` the whole loop and reads the published shard sets (their manifest is
   written by the last worker). ``dsl.Collected`` would do the same through KFP, but needs a newer
-  backend than the KFP 2.5 that OpenShift AI 2.x ships (see ``peagle.support``).
+  upstream backend than KFP 2.5.0, the declared minimum (see ``peagle.support``).
 * Training runs either in its own pod (``torchrun``, accelerator limit = ``num_gpus``) or as a
   Kubeflow Trainer TrainJob created and watched by a light launcher pod that holds no GPU.
-* Deploy runs only when evaluate's gate verdict (its single output) is True.
+* Deploy runs only when evaluate's gate verdict is True.
+* Lineage: every stage also declares what it published as an output artifact (a pointer whose
+  metadata names the object-store prefix, its manifest's sha256 and counts; ``peagle.pipeline.lineage``),
+  so the dashboard shows what each run wrote; no data passes through KFP.
 """
 # No `from __future__ import annotations`: KFP reads the parameter annotations as types.
 from kfp import dsl
@@ -71,14 +74,14 @@ def build_pipeline(profile: ClusterProfile):
 
         with dsl.If(regenerate == True, name="regenerate-data"):  # noqa: E712 (KFP condition, not Python)
             init_r = step(c.init_run(**init_args), "init_run", "init run")
-            regen = step(c.regenerate(run_uri=init_r.output), "regenerate", "regenerate responses")
+            regen = step(c.regenerate(run_uri=init_r.outputs["Output"]), "regenerate", "regenerate responses")
         with dsl.Else(name="data-as-is"):
             init_p = step(c.init_run(**init_args), "init_run", "init run")
-        run_uri = dsl.OneOf(regen.output, init_p.output)
+        run_uri = dsl.OneOf(regen.outputs["Output"], init_p.outputs["Output"])
 
         prep = step(c.prepare(run_uri=run_uri), "prepare", "prepare data")
         # (unnamed: a named ParallelFor breaks dsl.Collected in the KFP 2.17 compiler)
-        with dsl.ParallelFor(prep.output, parallelism=profile.extract_parallelism or None) as shard:
+        with dsl.ParallelFor(prep.outputs["Output"], parallelism=profile.extract_parallelism or None) as shard:
             ext = step(c.extract(shard=shard), "extract", "extract hidden states")
 
         # num_gpus is also a plain input of train: that makes the compiler pass it into the branch, where
@@ -93,7 +96,7 @@ def build_pipeline(profile: ClusterProfile):
             # .after(limit): the compiler does not make the limit's producer a dependency by itself
             train_pod = step(c.train(mode="pod", **train_args).after(ext, limit), "train", "train (torchrun)",
                              gpus=limit.output)
-        draft_uri = dsl.OneOf(train_tj.output, train_pod.output)
+        draft_uri = dsl.OneOf(train_tj.outputs["Output"], train_pod.outputs["Output"])
 
         ev = step(c.evaluate(run_uri=run_uri, draft_uri=draft_uri), "evaluate", "evaluate (vLLM)")
         with dsl.If(ev.outputs["Output"] == True, name="acceptance-gate"):  # noqa: E712

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,12 +32,24 @@ def conversations(path: Path, n: int = 16) -> Path:
     return path
 
 
+POINTERS: dict[str, list] = {}  # the lineage artifacts the components filled, by output name
+
+
+def pointer(name: str):
+    """The output artifact KFP would hand a component (a local path, as on kfp.local)."""
+    from kfp import dsl
+
+    artifact = dsl.Artifact(name=name, uri=str(Path(tempfile.mkdtemp(prefix="kfp-out-")) / name), metadata={})
+    POINTERS.setdefault(name, []).append(artifact)
+    return artifact
+
+
 def init_args(root: Path, target: Path, source: Path, **kw) -> dict:
     args = dict(output_root=str(root), run_name="direct", job_id="job-1", config=config_text(TINY_CONFIG),
                 target=str(target), data_source=str(source), num_samples=0, max_length=96, regenerate=False,
                 num_speculative_tokens=2, draft_layers=1, extract_shards=2, train_mode="pod", num_gpus=1,
                 num_nodes=1, train_epochs=1, train_max_steps=2, min_acceptance_length=0.0, deploy_mode="render",
-                deploy_name="tiny-draft")
+                deploy_name="tiny-draft", target_model=pointer("target_model"))
     args.update(kw)
     return args
 
@@ -53,7 +66,7 @@ def run_uri(qwen3_target, tmp_path_factory) -> str:
 def assignments(run_uri) -> list[str]:
     from components.prepare import prepare
 
-    return prepare(run_uri)
+    return prepare(run_uri, pointer("data"))
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +75,7 @@ def extracted(assignments) -> list[str]:
 
     # kfp.local hands numbers over as floats: the workers must cope
     floaty = [json.dumps({**json.loads(a), "shard_index": float(json.loads(a)["shard_index"])}) for a in assignments]
-    return [extract(a) for a in floaty]
+    return [extract(a, pointer("hidden_states")) for a in floaty]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +83,7 @@ def trained(run_uri, extracted) -> str:
     from components.train import train
 
     assert extracted  # the workers ran first (train reads what they published)
-    return train(run_uri, "pod", 1, "", "", "job-1")
+    return train(run_uri, "pod", 1, "", "", "job-1", pointer("draft"))
 
 
 def test_components_are_thin_typed_kfp_components():
@@ -90,7 +103,12 @@ def test_components_are_thin_typed_kfp_components():
         body = inspect.getsource(comp.python_func)
         assert "from peagle.pipeline" in body and len(body.splitlines()) < 25, name
     ev = built.evaluate.component_spec
-    assert set(ev.outputs) == {"metrics", "report", "Output"}
+    assert set(ev.outputs) == {"metrics", "report", "evaluation", "Output"}
+    # every stage that publishes declares it (lineage pointer); the helper step gpu_limit does not
+    lineage = {"init_run": "target_model", "regenerate": "regenerated", "prepare": "data", "extract": "hidden_states",
+               "train": "draft", "evaluate": "evaluation", "deploy": "manifests"}
+    for name, output in lineage.items():
+        assert output in getattr(built, name).component_spec.outputs, name
     assert "List" in built.prepare.component_spec.outputs["Output"].type
 
 
@@ -142,7 +160,7 @@ def test_extract_workers_complete_both_splits_and_skip_on_rerun(run_uri, assignm
     for split in ("train", "validation"):
         ds = HiddenStatesDataset(f"{run_uri}/hidden_states/{split}")
         assert len(ds) == sum(s[split]["rows"] for s in summaries) > 0
-    again = json.loads(extract(assignments[0]))  # a retried worker: everything already published
+    again = json.loads(extract(assignments[0], pointer("hidden_states")))  # a retried worker: everything already published
     assert again["train"]["written"] == 0 and again["train"]["skipped"] > 0
 
 
@@ -191,7 +209,8 @@ def test_deploy_renders_the_serving_manifests(run_uri, trained):
     from components.deploy import deploy
     from peagle.pipeline.profile import ClusterProfile
 
-    where = deploy(run_uri, "tiny-draft", "render", "aws-connection-peagle", 2, ClusterProfile().serving_json())
+    where = deploy(run_uri, "tiny-draft", "render", "aws-connection-peagle", 2, ClusterProfile().serving_json(),
+                   pointer("manifests"))
     assert where == run_uri + "/deploy"
     docs = {p.name: yaml.safe_load(p.read_text()) for p in Path(where).glob("*.yaml")}
     isvc = next(d for d in docs.values() if d["kind"] == "InferenceService")
@@ -201,6 +220,29 @@ def test_deploy_renders_the_serving_manifests(run_uri, trained):
                                                              "path": run_uri + "/models"}
     runtime = next(d for d in docs.values() if d["kind"] == "ServingRuntime")
     assert '"num_speculative_tokens":2' in json.dumps(runtime).replace('\\"', '"')
-    assert deploy(run_uri, "tiny-draft", "none", "x", 2, "") == ""
+    assert deploy(run_uri, "tiny-draft", "none", "x", 2, "", pointer("manifests")) == ""
     with pytest.raises(ValueError, match="unknown deploy mode"):
-        deploy(run_uri, "tiny-draft", "helm", "x", 2, "")
+        deploy(run_uri, "tiny-draft", "helm", "x", 2, "", pointer("manifests"))
+
+
+def test_every_stage_declares_what_it_published_for_lineage(run_uri, extracted, trained):
+    """Pointers, not copies: metadata names the prefix, its manifest's sha256 and counts."""
+    import hashlib
+
+    expect = {"target_model": "/models/target", "data": "/data", "hidden_states": "/hidden_states/train",
+              "draft": "/models/draft"}
+    filled = {name: [a for a in POINTERS[name] if a.metadata] for name in expect}  # failed calls record nothing
+    for name, suffix in expect.items():
+        artifact = filled[name][-1]
+        meta = artifact.metadata
+        assert meta["prefix"] == run_uri + suffix, (name, meta)
+        manifest = Path(meta["prefix"]) / meta["manifest"]
+        if name in ("target_model", "data"):  # (the draft and shard sets are republished by later tests)
+            assert meta["manifest_sha256"] == hashlib.sha256(manifest.read_bytes()).hexdigest(), name
+        assert manifest.is_file() and len(meta["manifest_sha256"]) == 64, name
+        assert json.loads(Path(artifact.path).read_text()) == meta  # the artifact's file is the pointer
+        assert Path(artifact.path).stat().st_size < 4096  # no data through KFP
+    assert any(k.startswith("count_") and v > 0 for k, v in filled["data"][-1].metadata.items())
+    assert filled["hidden_states"][-1].metadata["num_samples"] > 0
+    assert filled["draft"][-1].metadata["num_objects"] >= 2 and filled["draft"][-1].metadata["train_mode"] == "pod"
+    assert len(filled["target_model"][-1].metadata["target_fingerprint"]) == 64

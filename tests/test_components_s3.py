@@ -8,7 +8,7 @@ import json
 import pytest
 
 from seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, seaweed_server  # noqa: F401 (fixture)
-from test_components import conversations, init_args
+from test_components import conversations, init_args, pointer
 
 
 @pytest.fixture
@@ -37,13 +37,15 @@ def test_stages_exchange_only_s3_uris(qwen3_target, tmp_path, data_connection_en
     assert run == "s3:///pipeline-test/s3run"
     assert read_json(run + "/run.json")["run_uri"] == run
     assert is_published(run + "/models/target")
-    shards = prepare(run)
-    summaries = [json.loads(extract(s)) for s in shards]
+    data = pointer("data")
+    shards = prepare(run, data)
+    assert data.metadata["prefix"] == run + "/data" and len(data.metadata["manifest_sha256"]) == 64
+    summaries = [json.loads(extract(s, pointer("hidden_states"))) for s in shards]
     assert summaries[0]["train"]["complete"]
     assert summaries  # train reads what the workers published
-    draft = train(run, "pod", 1, "", "", "job")
+    draft = train(run, "pod", 1, "", "", "job", pointer("draft"))
     assert draft == run + "/models/draft" and is_published(draft)
-    where = deploy(run, "s3-draft", "render", "aws-connection-peagle", 2, "")
+    where = deploy(run, "s3-draft", "render", "aws-connection-peagle", 2, "", pointer("manifests"))
     assert is_published(where)
     keys = {o["Key"] for o in data_connection_env.client().list_objects_v2(
         Bucket=BUCKET, Prefix="pipeline-test/s3run/")["Contents"]}

@@ -71,8 +71,9 @@ def check_extraction(layout: RunLayout) -> dict[str, Any]:
 
 
 def _extraction_summary(manifest: dict[str, Any]) -> str:
+    flat = {**manifest, **(manifest.get("totals") or {})}
     keys = ("num_samples", "num_tokens", "num_shards", "backend", "storage_dtype")
-    return ", ".join(f"{k}={manifest[k]}" for k in keys if k in manifest) or "complete"
+    return ", ".join(f"{k}={flat[k]}" for k in keys if k in flat) or "complete"
 
 
 def trainjob_for(run_uri: str, num_nodes: int, num_gpus: int, settings: TrainJobSettings, data_connection: str,
