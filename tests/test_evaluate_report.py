@@ -290,3 +290,32 @@ def test_command_refuses_bad_input_and_reports_a_failed_measurement(tmp_path, qw
     code, err = run("--endpoint", f"http://127.0.0.1:{port}", "--request-timeout-s", "5")
     assert code == 3 and f"127.0.0.1:{port}" in err
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_confidence_intervals_reach_report_json_the_page_and_kfp(report_parts, tmp_path):
+    """Per-request histograms -> bootstrap intervals in report.json, the HTML and the KFP scalars."""
+    from peagle.evaluate import log_to_kfp
+    from peagle.evaluate.html_report import render_html
+
+    settings, prompt_sets, samplings, workloads = report_parts
+    runs = synthetic_runs(workloads)
+    rng = np.random.default_rng(0)
+    for run in runs[1:]:
+        for w in workloads:
+            run.results[w.name].acceptance_histograms = [
+                list(rng.integers(0, 5, size=run.num_speculative_tokens + 1)) for _ in w.chats]
+    r = build_report(mode="offline-api", runs=runs, workloads=workloads, samplings=samplings, prompt_sets=prompt_sets,
+                     target={"path": "/t", "fingerprint": "ab" * 32},
+                     draft={"path": "/d", "sha256": "cd" * 32, "trained_depths": 4})
+    ci = r["summary"]["confidence"]
+    assert ci["requests"] == 9 and len(ci["per_position_acceptance"]) == 4
+    assert ci["acceptance_length"][0] < ci["acceptance_length"][1]
+    assert len(r["summary"]["conditional_acceptance"]) == 4
+    json.dumps(r)
+    page = render_html(r)
+    assert "95% bootstrap intervals over the 9 prompts" in page and "conditional acceptance" in page
+    scalars = log_to_kfp(r, metrics=tmp_path / "m.json")
+    assert scalars["acceptance_length_ci_low"] == ci["acceptance_length"][0]
+    assert scalars["acceptance_position_0_ci_high"] == ci["per_position_acceptance"][0][1]
+    assert "conditional_acceptance_position_1" in scalars
+    assert make_report(report_parts)["summary"]["confidence"] is None  # no histograms: no interval, not a guess

@@ -145,6 +145,24 @@ def test_trained_draft_is_accepted_and_untrained_is_not(evaluated, qwen3_target)
             if e["sampling"]["name"] == "greedy":  # losslessness: same prompts, same batches, same tokens
                 lossless = e["overall"]["lossless"]
                 assert lossless["identical"] == lossless["compared"] == 2 * len(CATEGORIES), lossless
+    # vLLM's per-request histograms add up to its aggregate counters, and give intervals over prompts
+    raw = json.loads((evaluated["report1"].parent / "engine_outputs.json").read_text())
+    for engine in raw:
+        if not engine["num_speculative_tokens"]:
+            assert all(h is None for w in engine["workloads"] for h in w["acceptance_histograms"])
+            continue
+        for w in engine["workloads"]:
+            hists, counts = w["acceptance_histograms"], w["spec_decode"]
+            assert sum(sum(h) for h in hists) == counts["drafts"], (w["name"], hists, counts)
+            for i in range(engine["num_speculative_tokens"]):
+                assert sum(sum(h[i + 1:]) for h in hists) == counts["accepted_per_pos"][i]
+    ci = after["summary"]["confidence"]
+    assert ci["requests"] == 2 * len(CATEGORIES) and ci["level"] == 0.95
+    lo, hi = ci["acceptance_length"]
+    assert lo <= after["summary"]["acceptance_length"] <= hi
+    for p, bounds in zip(after["summary"]["per_position_acceptance"], ci["per_position_acceptance"]):
+        assert bounds[0] <= p <= bounds[1]
+    assert after["summary"]["conditional_acceptance"][0] == after["summary"]["per_position_acceptance"][0]
     pos = after["summary"]["per_position_acceptance"]
     assert len(pos) == K and all(a >= b for a, b in zip(pos, pos[1:])) and pos[0] > 0.5
     curve = after["acceptance_length_vs_k"]["greedy"]["overall"]

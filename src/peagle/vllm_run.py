@@ -15,7 +15,8 @@ Measurement jobs (the evaluation stage) also give
 * ``workloads``: a list of ``{"name", "prompts", "max_tokens", "temperature", "top_p", "top_k",
   "seed", "ignore_eos", "repeats"}``, run one after another on the same engine, each as one batch;
   every workload's result carries its own spec-decode counters (snapshot after minus snapshot
-  before, so earlier workloads and the warm-up are not counted), its outputs, token counts and wall
+  before, so earlier workloads and the warm-up are not counted), each request's acceptance
+  histogram (``acceptance_histograms``; None without a draft), its outputs, token counts and wall
   time (with ``repeats`` > 1 the batch is run again for timing only and the fastest pass counts);
 * ``warmup``: run one short request first, so the first workload does not pay one-off costs;
 * ``in_process``: run vLLM's engine core and worker inside this interpreter
@@ -90,6 +91,8 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         kwargs["distributed_executor_backend"] = "uni"
     kwargs.update(job.get("engine_args") or {})
     if job.get("draft"):
+        # per request: an acceptance histogram in each output (bootstrap intervals over prompts)
+        kwargs["per_request_spec_decode_metrics"] = "summary"
         kwargs["speculative_config"] = {
             "method": "eagle3",
             "model": job["draft"],
@@ -162,9 +165,16 @@ def _run_workloads(llm, job: dict[str, Any], engine_start_s: float) -> dict[str,
             "elapsed_s": min(timings),  # the least disturbed pass
             "elapsed_all_s": timings,
             "spec_decode": counts.as_dict(),
+            "acceptance_histograms": [_histogram(o) for o in outs],
         })
     return {"workloads": results, "speculative_config": _spec_config_of(llm), "engine_start_s": engine_start_s,
             "device": _device()}
+
+
+def _histogram(output) -> list[int] | None:
+    """vLLM's per-request acceptance histogram (h[j]: steps with j drafts accepted), if it kept one."""
+    metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
+    return list(metrics.histogram) if metrics is not None else None
 
 
 def _device() -> str:

@@ -23,6 +23,7 @@ th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f3f3f3; }
 .pass { color: #0a7a2a; font-weight: bold; } .fail { color: #b00020; font-weight: bold; }
+.ci { color: #666; font-size: 12px; }
 code { background: #f6f6f6; padding: 1px 4px; }
 figure { margin: 0 0 24px; } figcaption { font-size: 13px; color: #555; }
 """
@@ -38,6 +39,20 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 def _pct_list(vals: list[float] | None) -> str:
     return " / ".join(f"{100 * v:.1f}" for v in vals) if vals else "–"
+
+
+def _interval(bounds: list[float] | None, pct: bool = False) -> str:
+    if not bounds:
+        return ""
+    lo, hi = (100 * b for b in bounds) if pct else bounds
+    return f" <span class='ci'>[{lo:.1f}–{hi:.1f}]</span>" if pct else f" <span class='ci'>[{lo:.3f}–{hi:.3f}]</span>"
+
+
+def _pct_ci_list(vals: list[float | None] | None, cis: list | None) -> str:
+    if not vals:
+        return "–"
+    cis = cis or [None] * len(vals)
+    return " / ".join(("–" if v is None else f"{100 * v:.1f}") + _interval(b, pct=True) for v, b in zip(vals, cis))
 
 
 def _lossless(l: dict[str, Any] | None) -> str:
@@ -66,8 +81,12 @@ def render_html(report: dict[str, Any], plots: dict[str, bytes] | None = None) -
     rows = [["mode", _fmt(report["mode"])], ["device", _fmt(report.get("device"))],
             ["K (num_speculative_tokens)", _fmt(s["num_speculative_tokens"])],
             ["sampling", html.escape(json.dumps(s["sampling"]))],
-            ["acceptance length", _fmt(s["acceptance_length"])],
-            ["per-position acceptance (%)", _pct_list(s["per_position_acceptance"])],
+            ["acceptance length", _fmt(s["acceptance_length"]) + _interval((s.get("confidence") or {}).get(
+                "acceptance_length"))],
+            ["per-position acceptance (%)", _pct_ci_list(s["per_position_acceptance"],
+                                                         (s.get("confidence") or {}).get("per_position_acceptance"))],
+            ["conditional acceptance (%): at i given i−1", _pct_ci_list(
+                s.get("conditional_acceptance"), (s.get("confidence") or {}).get("conditional_acceptance"))],
             ["speedup (tokens/s ratio)", _fmt(s["speedup"])],
             ["greedy outputs identical", _lossless(s.get("lossless"))]]
     if "offline_expected_acceptance_length" in s:
@@ -112,6 +131,11 @@ def render_html(report: dict[str, Any], plots: dict[str, bytes] | None = None) -
         parts.append("<p><b>Measured on CPU:</b> a small target is compute-bound there, so speculation can lower "
                      "batched tokens/s even when drafts are accepted; acceptance length and per-position "
                      "acceptance are the figures that carry over to GPUs.</p>")
+    ci = s.get("confidence")
+    if ci:
+        parts.append(f"<p>[brackets]: {int(ci['level'] * 100)}% bootstrap intervals over the {ci['requests']} "
+                     f"prompts ({ci['resamples']} resamples of vLLM's per-request acceptance histograms): how much "
+                     "the figure would move with another draw of prompts like these.</p>")
     parts.append("<p>Acceptance length = 1 + accepted / drafts; per-position acceptance = accepted at position / "
                  "drafts (vLLM spec-decode counters, differenced around each workload). The offline estimate is "
                  "1 + &Sigma;<sub>k&lt;K</sub> &Pi;<sub>j&le;k</sub> p<sub>j</sub> from conditional top-1 agreement "

@@ -42,6 +42,16 @@ def kfp_scalar_metrics(report: dict[str, Any]) -> dict[str, float]:
     put("baseline_tokens_per_s", s["baseline_tokens_per_s"])
     for i, a in enumerate(s["per_position_acceptance"] or []):
         put(f"acceptance_position_{i}", a)
+    for i, a in enumerate(s.get("conditional_acceptance") or []):
+        put(f"conditional_acceptance_position_{i}", a)
+    ci = s.get("confidence") or {}
+    if ci.get("acceptance_length"):
+        put("acceptance_length_ci_low", ci["acceptance_length"][0])
+        put("acceptance_length_ci_high", ci["acceptance_length"][1])
+    for i, bounds in enumerate(ci.get("per_position_acceptance") or []):
+        if bounds:
+            put(f"acceptance_position_{i}_ci_low", bounds[0])
+            put(f"acceptance_position_{i}_ci_high", bounds[1])
     for cat, f in s["categories"].items():
         put(f"acceptance_length_{cat}", f["acceptance_length"])
         put(f"speedup_{cat}", f["speedup"])

@@ -86,6 +86,8 @@ class WorkloadResult:
     texts: list[str] = field(default_factory=list)
     token_ids: list[list[int]] | None = None  # None when the source does not return ids (endpoint)
     prompt_token_ids: list[list[int]] | None = None
+    # per request, h[j] = verification steps with j drafts accepted (peagle.evaluate.confidence)
+    acceptance_histograms: list[list[int] | None] | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -110,7 +112,8 @@ def _engine_run(k: int, raw: dict[str, Any]) -> EngineRun:
             name=w["name"], counts=SpecDecodeCounts.from_dict(w["spec_decode"]),
             generated_tokens=int(w["generated_tokens"]), elapsed_s=float(w["elapsed_s"]), texts=list(w["texts"]),
             token_ids=[list(t) for t in w["token_ids"]],
-            prompt_token_ids=[list(t) for t in w.get("prompt_token_ids", [])] or None)
+            prompt_token_ids=[list(t) for t in w.get("prompt_token_ids", [])] or None,
+            acceptance_histograms=w.get("acceptance_histograms"))
     return EngineRun(k, results, raw.get("engine_start_s"), raw.get("speculative_config"), raw.get("device"))
 
 

@@ -48,6 +48,13 @@ def per_position_acceptance_png(report: dict[str, Any]) -> bytes | None:
     y = entry["overall"]["per_position_acceptance"]
     if y:
         ax.plot(range(1, len(y) + 1), y, marker="s", color="black", linewidth=2.5, label="overall")
+        ci = (entry["overall"].get("confidence") or {}).get("per_position_acceptance") or []
+        bars = [(i + 1, v, b) for i, (v, b) in enumerate(zip(y, ci)) if b and v is not None]
+        if bars:  # bootstrap interval over prompts (peagle.evaluate.confidence)
+            xs, vs, bs = zip(*bars)
+            err = [[max(0.0, v - b[0]) for v, b in zip(vs, bs)], [max(0.0, b[1] - v) for v, b in zip(vs, bs)]]
+            ax.errorbar(xs, vs, yerr=err, fmt="none", ecolor="black", capsize=4,
+                        label=f"{int(entry['overall']['confidence']['level'] * 100)}% interval (prompts)")
         drawn = True
     if not drawn:
         return None

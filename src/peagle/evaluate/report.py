@@ -19,7 +19,9 @@ Layout (``format`` = :data:`REPORT_FORMAT`)::
     gate                {min_acceptance_length, require_lossless, acceptance_length, passed, reasons}
 
 FIG = SpecDecodeCounts.figures() (acceptance_length, per_position_acceptance,
-conditional_acceptance, draft_acceptance_rate, counts) + generated_tokens, elapsed_s,
+conditional_acceptance, draft_acceptance_rate, counts) + confidence (bootstrap intervals over
+prompts of AL, per-position and conditional acceptance, from vLLM's per-request acceptance
+histograms: peagle.evaluate.confidence.bootstrap; null when vLLM returned none) + generated_tokens, elapsed_s,
 tokens_per_s, baseline_tokens_per_s, speedup (= tokens_per_s / baseline_tokens_per_s, both
 measured in this run on the same prompts), lossless ({compared, identical, mismatched_prompts};
 greedy only, against the baseline's outputs for the same batch) and problems (counter invariants
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from .confidence import bootstrap
 from .counters import SpecDecodeCounts
 from .live import BASELINE, EngineRun, Sampling, Workload
 
@@ -91,7 +94,8 @@ def _figures(workloads: list[Workload], run: EngineRun, baseline: EngineRun | No
     tps = _throughput(tokens, elapsed)
     base_tps = _throughput(base_tokens, base_elapsed) if baseline is not None else None
     greedy = all(w.sampling.greedy for w in workloads)
-    return {**counts.figures(), "generated_tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tps,
+    histograms = [h for w in workloads for h in (run.results[w.name].acceptance_histograms or [])]
+    return {**counts.figures(), "confidence": bootstrap(histograms), "generated_tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tps,
             "baseline_tokens_per_s": base_tps, "speedup": tps / base_tps if tps and base_tps else None,
             "lossless": _lossless(workloads, run, baseline) if greedy else None, "problems": counts.problems()}
 
@@ -139,7 +143,8 @@ def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload],
                 curve[c][str(run.num_speculative_tokens)] = f["acceptance_length"]
     head_s = next((s for s in samplings if s.greedy), samplings[0])
     head = next(e for e in entries if e["num_speculative_tokens"] == head_k and e["sampling"]["name"] == head_s.name)
-    keep = ("acceptance_length", "per_position_acceptance", "speedup", "tokens_per_s", "baseline_tokens_per_s")
+    keep = ("acceptance_length", "per_position_acceptance", "conditional_acceptance", "confidence", "speedup",
+            "tokens_per_s", "baseline_tokens_per_s")
     summary = {"num_speculative_tokens": head_k, "sampling": head_s.as_dict(),
                **{k: head["overall"][k] for k in keep}, "lossless": head["overall"]["lossless"],
                "categories": {c: {k: f[k] for k in keep} for c, f in head["categories"].items()}}
