@@ -58,6 +58,8 @@ def training_rows(engine_outputs: Path) -> list[dict]:
     baseline = next(r for r in runs if r["num_speculative_tokens"] == 0)
     rows = []
     for w in baseline["workloads"]:
+        if w["name"] == "self-consistency@greedy":  # the same prompts re-batched (not training data)
+            continue
         for i, (prompt, out) in enumerate(zip(w["prompt_token_ids"], w["token_ids"])):
             rows.append({"sample_id": f"{w['name']}-{i}", "input_ids": prompt + out,
                          "loss_mask": [0] * len(prompt) + [1] * len(out)})
@@ -104,7 +106,8 @@ def evaluated(qwen3_target, tmp_path_factory):
     t0 = time.perf_counter()
     r1 = evaluate_cli("--target", target, "--draft", str(trained), "--out", str(work / "eval-trained"),
                       "--num-speculative-tokens", "2", str(K), "--temperatures", "0", "0.7",
-                      "--hidden-states", str(work / "hidden_states"), "--min-acceptance-length", str(BAR), *WORKLOAD)
+                      "--hidden-states", str(work / "hidden_states"), "--min-acceptance-length", str(BAR),
+                      "--lossless-check", "float32", "--require-lossless", *WORKLOAD)
     t_trained = time.perf_counter() - t0
     print(f"\ntimings: untrained evaluation {t_untrained:.0f}s, training {t_train:.0f}s, "
           f"trained evaluation {t_trained:.0f}s")
@@ -148,14 +151,24 @@ def test_trained_draft_is_accepted_and_untrained_is_not(evaluated, qwen3_target)
     # vLLM's per-request histograms add up to its aggregate counters, and give intervals over prompts
     raw = json.loads((evaluated["report1"].parent / "engine_outputs.json").read_text())
     for engine in raw:
+        if engine["purpose"] != "measure":
+            continue
         if not engine["num_speculative_tokens"]:
             assert all(h is None for w in engine["workloads"] for h in w["acceptance_histograms"])
+            assert engine["workloads"][-1]["name"] == "self-consistency@greedy"
             continue
         for w in engine["workloads"]:
             hists, counts = w["acceptance_histograms"], w["spec_decode"]
             assert sum(sum(h) for h in hists) == counts["drafts"], (w["name"], hists, counts)
             for i in range(engine["num_speculative_tokens"]):
                 assert sum(sum(h[i + 1:]) for h in hists) == counts["accepted_per_pos"][i]
+    # where identity is decidable: float32, target alone vs target + the trained draft, same batch
+    fp32 = after["summary"]["lossless_float32"]
+    print("float32 check:", fp32, "self-consistency (bf16):", after["summary"]["target_self_consistency"])
+    assert fp32["identical"] == fp32["compared"] >= 4 and fp32["num_speculative_tokens"] == K, fp32
+    assert fp32["accepted_tokens"] > 0  # the draft really proposed accepted tokens: not a vacuous check
+    sc = after["summary"]["target_self_consistency"]
+    assert sc["compared"] == 2 * len(CATEGORIES) and 0 <= sc["identical"] <= sc["compared"]
     ci = after["summary"]["confidence"]
     assert ci["requests"] == 2 * len(CATEGORIES) and ci["level"] == 0.95
     lo, hi = ci["acceptance_length"]

@@ -88,7 +88,14 @@ def render_html(report: dict[str, Any], plots: dict[str, bytes] | None = None) -
             ["conditional acceptance (%): at i given i−1", _pct_ci_list(
                 s.get("conditional_acceptance"), (s.get("confidence") or {}).get("conditional_acceptance"))],
             ["speedup (tokens/s ratio)", _fmt(s["speedup"])],
-            ["greedy outputs identical", _lossless(s.get("lossless"))]]
+            ["greedy outputs identical with the draft (same batches, run dtype)", _lossless(s.get("lossless"))]]
+    sc, fp32 = s.get("target_self_consistency"), s.get("lossless_float32")
+    if sc:
+        rows.append(["target alone, same prompts re-batched: identical (noise floor)",
+                     f'{sc["identical"]}/{sc["compared"]}'])
+    if fp32:
+        rows.append([f"float32 check: greedy identical with the draft (K={fp32['num_speculative_tokens']})",
+                     _lossless(fp32) + f" <span class='ci'>({fp32['accepted_tokens']} drafted tokens accepted)</span>"])
     if "offline_expected_acceptance_length" in s:
         rows.append(["offline chain estimate of AL", _fmt(s["offline_expected_acceptance_length"])])
     if gate:
@@ -131,6 +138,12 @@ def render_html(report: dict[str, Any], plots: dict[str, bytes] | None = None) -
         parts.append("<p><b>Measured on CPU:</b> a small target is compute-bound there, so speculation can lower "
                      "batched tokens/s even when drafts are accepted; acceptance length and per-position "
                      "acceptance are the figures that carry over to GPUs.</p>")
+    if sc or fp32:
+        parts.append("<p><b>Reading the identity rows.</b> Speculative decoding must not change greedy output. In "
+                     "bf16 the target alone already changes some outputs when the same prompts are batched "
+                     "differently (the noise floor row), so a bf16 difference with the draft is not evidence of a "
+                     "bug by itself. The float32 check decides: there the target alone and the target with the "
+                     "draft must produce identical tokens.</p>")
     ci = s.get("confidence")
     if ci:
         parts.append(f"<p>[brackets]: {int(ci['level'] * 100)}% bootstrap intervals over the {ci['requests']} "

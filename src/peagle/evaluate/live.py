@@ -22,6 +22,9 @@ from .prompts import PromptSet
 from .settings import EvaluateSettings
 
 BASELINE = 0  # the K of the target-alone run
+MEASURE, LOSSLESS_FP32 = "measure", "lossless-float32"  # EngineRun.purpose
+SELF_CONSISTENCY = "self-consistency@greedy"  # the baseline's extra workload: greedy prompts re-batched
+FP32_CHECK = "lossless@float32"  # the float32 check's one workload
 
 
 @dataclass(frozen=True)
@@ -103,9 +106,36 @@ class EngineRun:
     engine_start_s: float | None = None
     speculative_config: dict[str, Any] | None = None
     device: str | None = None  # what vLLM ran on ("cpu", "cuda (...)"); None for an endpoint
+    purpose: str = MEASURE  # or LOSSLESS_FP32: the float32 identity check (not part of the figures)
 
 
-def _engine_run(k: int, raw: dict[str, Any]) -> EngineRun:
+def self_consistency_workload(workloads: list[Workload]) -> Workload | None:
+    """Every greedy prompt in one batch, in reverse order: another batch composition for the target alone."""
+    greedy = [w for w in workloads if w.sampling.greedy]
+    if not greedy:
+        return None
+    ids = [(w.name, pid) for w in greedy for pid in w.prompt_ids][::-1]
+    chats = [c for w in greedy for c in w.chats][::-1]
+    return Workload("self-consistency", greedy[0].sampling, [f"{n}|{p}" for n, p in ids], chats,
+                    greedy[0].max_tokens, greedy[0].ignore_eos)
+
+
+def fp32_check_workload(workloads: list[Workload], prompts: int, max_tokens: int) -> Workload | None:
+    """A few greedy prompts, the first of each category in turn, as one batch."""
+    greedy = [w for w in workloads if w.sampling.greedy] or workloads
+    picked: list[tuple[str, list[dict[str, str]]]] = []
+    depth = 0
+    while len(picked) < prompts and any(depth < len(w.chats) for w in greedy):
+        picked += [(w.prompt_ids[depth], w.chats[depth]) for w in greedy if depth < len(w.chats)]
+        depth += 1
+    picked = picked[:prompts]
+    if not picked:
+        return None
+    sampling = Sampling("greedy", 0.0, 1.0, greedy[0].sampling.seed)
+    return Workload("lossless", sampling, [p for p, _ in picked], [c for _, c in picked], max_tokens, False)
+
+
+def _engine_run(k: int, raw: dict[str, Any], purpose: str = MEASURE) -> EngineRun:
     results = {}
     for w in raw["workloads"]:
         results[w["name"]] = WorkloadResult(
@@ -114,7 +144,8 @@ def _engine_run(k: int, raw: dict[str, Any]) -> EngineRun:
             token_ids=[list(t) for t in w["token_ids"]],
             prompt_token_ids=[list(t) for t in w.get("prompt_token_ids", [])] or None,
             acceptance_histograms=w.get("acceptance_histograms"))
-    return EngineRun(k, results, raw.get("engine_start_s"), raw.get("speculative_config"), raw.get("device"))
+    return EngineRun(k, results, raw.get("engine_start_s"), raw.get("speculative_config"), raw.get("device"),
+                     purpose)
 
 
 def default_enforce_eager(settings: EvaluateSettings) -> bool:
@@ -126,8 +157,9 @@ def default_enforce_eager(settings: EvaluateSettings) -> bool:
 
 
 def offline_api_jobs(settings: EvaluateSettings, target_dir: str, draft_dir: str, ks: list[int],
-                     workloads: list[Workload]) -> list[tuple[int, dict[str, Any]]]:
-    """(K, vllm_run job) per engine: the baseline first (when measured), then each K."""
+                     workloads: list[Workload]) -> list[tuple[int, str, dict[str, Any]]]:
+    """(K, purpose, vllm_run job) per engine: the baseline first (when measured; with the
+    self-consistency workload), then each K, then the float32 check's pair (when asked)."""
     engine_args: dict[str, Any] = {"enforce_eager": default_enforce_eager(settings),
                                    "tensor_parallel_size": settings.tensor_parallel_size}
     if settings.gpu_memory_utilization is not None:
@@ -136,8 +168,19 @@ def offline_api_jobs(settings: EvaluateSettings, target_dir: str, draft_dir: str
               "max_num_seqs": settings.max_num_seqs, "seed": settings.seed, "kv_cache_gib": settings.cpu_kv_cache_gib,
               "in_process": settings.engine_in_process, "engine_args": engine_args, "warmup": True,
               "workloads": [w.job() for w in workloads]}
-    jobs = [(BASELINE, dict(common))] if settings.measure_baseline else []
-    jobs += [(k, {**common, "draft": draft_dir, "num_speculative_tokens": k}) for k in ks]
+    jobs: list[tuple[int, str, dict[str, Any]]] = []
+    if settings.measure_baseline:
+        base = dict(common)
+        again = self_consistency_workload(workloads) if settings.self_consistency else None
+        if again is not None:
+            base["workloads"] = [*common["workloads"], {**again.job(), "name": SELF_CONSISTENCY}]
+        jobs.append((BASELINE, MEASURE, base))
+    jobs += [(k, MEASURE, {**common, "draft": draft_dir, "num_speculative_tokens": k}) for k in ks]
+    check = fp32_check_workload(workloads, settings.lossless_check_prompts, settings.lossless_check_max_tokens)
+    if settings.lossless_check == "float32" and check is not None and ks:
+        fp32 = {**common, "dtype": "float32", "warmup": False, "workloads": [{**check.job(), "name": FP32_CHECK}]}
+        jobs += [(BASELINE, LOSSLESS_FP32, fp32),
+                 (max(ks), LOSSLESS_FP32, {**fp32, "draft": draft_dir, "num_speculative_tokens": max(ks)})]
     return jobs
 
 
@@ -147,12 +190,15 @@ def run_offline_api(settings: EvaluateSettings, target_dir: str, draft_dir: str,
     from ..vllm_run import run_in_subprocess
 
     jobs = offline_api_jobs(settings, target_dir, draft_dir, ks, workloads)
-    raw = run_in_subprocess([j for _, j in jobs], timeout=settings.timeout_s)
+    raw = run_in_subprocess([j for _, _, j in jobs], timeout=settings.timeout_s)
     if raw_log is not None:  # every engine's outputs and counts (see peagle.evaluate.run.ENGINE_OUTPUTS)
         raw_log.parent.mkdir(parents=True, exist_ok=True)
-        raw_log.write_text(json.dumps([{"num_speculative_tokens": k, **r} for (k, _), r in zip(jobs, raw)]) + "\n")
-    runs = [_engine_run(k, r) for (k, _), r in zip(jobs, raw)]
-    for run in runs[1 if settings.measure_baseline else 0:]:
+        raw_log.write_text(json.dumps([{"num_speculative_tokens": k, "purpose": p, **r}
+                                       for (k, p, _), r in zip(jobs, raw)]) + "\n")
+    runs = [_engine_run(k, r, p) for (k, p, _), r in zip(jobs, raw)]
+    for run in runs:
+        if run.num_speculative_tokens == BASELINE:
+            continue
         sc = run.speculative_config or {}
         if not (sc.get("method") == "eagle3" and sc.get("parallel_drafting")
                 and sc.get("num_speculative_tokens") == run.num_speculative_tokens):

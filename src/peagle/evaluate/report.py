@@ -15,6 +15,9 @@ Layout (``format`` = :data:`REPORT_FORMAT`)::
     acceptance_length_vs_k  {sampling: {"overall" | category: {"K": AL}}}
     summary             the headline: K, sampling (greedy if evaluated), AL, per-position
                         acceptance, speedup, losslessness, and the same per category
+                        target_self_consistency {compared, identical, differing_prompts, how}: the target
+                        alone re-batched (null unless measured); lossless_float32 {dtype, num_speculative_tokens,
+                        compared, identical, differing_prompts, accepted_tokens}: the float32 identity check
     offline             OfflineAgreement.as_dict() | null
     gate                {min_acceptance_length, require_lossless, acceptance_length, passed, reasons}
 
@@ -39,7 +42,7 @@ from typing import Any
 from ..config import ConfigError
 from .confidence import bootstrap
 from .counters import SpecDecodeCounts
-from .live import BASELINE, EngineRun, Sampling, Workload
+from .live import BASELINE, FP32_CHECK, LOSSLESS_FP32, MEASURE, SELF_CONSISTENCY, EngineRun, Sampling, Workload
 
 REPORT_FORMAT = "peagle.evaluate.report/v1"
 
@@ -76,6 +79,40 @@ def _lossless(workloads: list[Workload], run: EngineRun, baseline: EngineRun | N
             else:
                 mismatched.append(pid)
     return {"compared": compared, "identical": identical, "mismatched_prompts": mismatched}
+
+
+def _self_consistency(workloads: list[Workload], baseline: EngineRun | None) -> dict[str, Any] | None:
+    """How often the target alone repeats its own greedy output when the same prompts are batched
+    differently (all greedy prompts in one batch, reversed): the noise floor of bf16 losslessness."""
+    again = baseline.results.get(SELF_CONSISTENCY) if baseline is not None else None
+    if again is None or again.token_ids is None:
+        return None
+    first = {}
+    for w in workloads:
+        r = baseline.results.get(w.name)
+        if w.sampling.greedy and r is not None and r.token_ids is not None:
+            first.update({f"{w.name}|{pid}": ids for pid, ids in zip(w.prompt_ids, r.token_ids)})
+    # the re-batched workload lists the same prompts in reverse order, in the same id scheme
+    keys = [k for w in workloads if w.sampling.greedy for k in (f"{w.name}|{p}" for p in w.prompt_ids)][::-1]
+    pairs = [(k, ids) for k, ids in zip(keys, again.token_ids) if k in first]
+    differ = [k.split("|", 1)[1] for k, ids in pairs if ids != first[k]]
+    return {"compared": len(pairs), "identical": len(pairs) - len(differ), "differing_prompts": differ,
+            "how": "the target alone, greedy, all prompts in one batch in reverse order vs one batch per category"}
+
+
+def _lossless_float32(runs: list[EngineRun]) -> dict[str, Any] | None:
+    """The float32 check: target alone vs target + draft on the same batch; must be identical."""
+    pair = [r for r in runs if r.purpose == LOSSLESS_FP32]
+    alone = next((r for r in pair if r.num_speculative_tokens == BASELINE), None)
+    drafted = next((r for r in pair if r.num_speculative_tokens != BASELINE), None)
+    if alone is None or drafted is None:
+        return None
+    a, d = alone.results[FP32_CHECK], drafted.results[FP32_CHECK]
+    differ = [i for i, (x, y) in enumerate(zip(a.token_ids or [], d.token_ids or [])) if x != y]
+    compared = min(len(a.token_ids or []), len(d.token_ids or []))
+    return {"dtype": "float32", "num_speculative_tokens": drafted.num_speculative_tokens, "compared": compared,
+            "identical": compared - len(differ), "differing_prompts": differ,
+            "accepted_tokens": d.counts.accepted_tokens, "generated_tokens": d.generated_tokens}
 
 
 def _figures(workloads: list[Workload], run: EngineRun, baseline: EngineRun | None) -> dict[str, Any]:
@@ -123,6 +160,8 @@ def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload],
                  headline: int | None = None, offline: dict[str, Any] | None = None,
                  settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Assemble report.json (without the gate; see :func:`apply_gate`)."""
+    checks = runs
+    runs = [r for r in runs if r.purpose == MEASURE]
     baseline = next((r for r in runs if r.num_speculative_tokens == BASELINE), None)
     spec_runs = sorted((r for r in runs if r.num_speculative_tokens != BASELINE), key=lambda r: r.num_speculative_tokens)
     if not spec_runs:
@@ -148,6 +187,8 @@ def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload],
     summary = {"num_speculative_tokens": head_k, "sampling": head_s.as_dict(),
                **{k: head["overall"][k] for k in keep}, "lossless": head["overall"]["lossless"],
                "categories": {c: {k: f[k] for k in keep} for c, f in head["categories"].items()}}
+    summary["target_self_consistency"] = _self_consistency(workloads, baseline)
+    summary["lossless_float32"] = _lossless_float32(checks)
     if offline is not None:
         summary["offline_expected_acceptance_length"] = offline["expected_acceptance_length"].get(str(head_k))
     return {
@@ -204,12 +245,14 @@ def apply_gate(report: dict[str, Any], min_acceptance_length: float | None = Non
             reasons.append(f"acceptance length {al:.3f} at K={summary['num_speculative_tokens']} "
                            f"({summary['sampling']['name']}) is below the required {min_acceptance_length:.3f}")
     if require_lossless:
-        lossless = summary.get("lossless")
+        lossless = summary.get("lossless_float32") or summary.get("lossless")  # float32 decides where it ran
         if lossless is None:
             reasons.append("losslessness was not measured (needs a greedy run and the baseline)")
         elif lossless["identical"] != lossless["compared"]:
+            which = lossless.get("mismatched_prompts", lossless.get("differing_prompts", []))
             reasons.append(f"greedy outputs changed with the draft for {lossless['compared'] - lossless['identical']} "
-                           f"of {lossless['compared']} prompts: {lossless['mismatched_prompts'][:5]}")
+                           f"of {lossless['compared']} prompts ({lossless.get('dtype', 'bf16/run dtype')}): "
+                           f"{which[:5]}")
     return GateResult(not reasons, al, min_acceptance_length, require_lossless, reasons)
 
 

@@ -176,6 +176,13 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lossless = s.get("lossless")
     if lossless:
         lines.append(f"greedy outputs identical with the draft: {lossless['identical']}/{lossless['compared']}")
+    sc = s.get("target_self_consistency")
+    if sc:
+        lines.append(f"target alone re-batched, identical: {sc['identical']}/{sc['compared']} (the bf16 noise floor)")
+    fp32 = s.get("lossless_float32")
+    if fp32:
+        lines.append(f"float32 check, identical with the draft (K={fp32['num_speculative_tokens']}): "
+                     f"{fp32['identical']}/{fp32['compared']}, {fp32['accepted_tokens']} drafted tokens accepted")
     if "offline_expected_acceptance_length" in s:
         lines.append(f"offline chain estimate of AL: {_num(s['offline_expected_acceptance_length'])}")
     return lines

@@ -97,7 +97,19 @@ class EvaluateSettings(StrictModel):
     min_acceptance_length: float | None = Field(
         None, ge=1.0, description="fail (exit 1) if the headline acceptance length is below this"
     )
-    require_lossless: bool = Field(False, description="fail (exit 1) if greedy outputs differ with the draft")
+    require_lossless: bool = Field(False, description="fail (exit 1) if greedy outputs differ with the draft "
+                                   "(judged on the float32 check when it ran: bf16 differences can be numeric noise)")
+
+    # Trust (offline mode): where greedy identity is decidable, and what the target itself does
+    lossless_check: Literal["none", "float32"] = Field(
+        "none", description="float32: also run the target alone and with the draft (largest K) in float32 on a few "
+        "prompts; their greedy outputs must be identical (bf16 outputs may differ by numeric noise alone)")
+    lossless_check_prompts: int = Field(8, ge=1, description="prompts of the float32 check (the first of each "
+                                        "category in turn)")
+    lossless_check_max_tokens: int = Field(32, ge=1, description="tokens per prompt in the float32 check")
+    self_consistency: bool = Field(
+        True, description="rerun the target's greedy prompts as one batch in another order: how often the target "
+        "alone reproduces its own outputs (the noise floor for 'greedy outputs identical')")
 
     @field_validator("num_speculative_tokens")
     @classmethod
