@@ -102,8 +102,8 @@ def ir_features(spec: dict[str, Any], platform: dict[str, Any] | None = None) ->
     nodes = list(_walk(spec))
     strings = [n for n in nodes if isinstance(n, str)]
     dicts = [n for n in nodes if isinstance(n, dict)]
-    if any("valueFromOneof" in d for d in dicts):
-        oneofs = [d["valueFromOneof"] for d in dicts if "valueFromOneof" in d]
+    oneofs = [d["valueFromOneof"] for d in dicts if "valueFromOneof" in d]
+    if oneofs:
         found.add(ARTIFACT_ONEOF if any("artifactSelectors" in o for o in oneofs) else ONEOF)
     if any("{{$.pipeline_job_uuid}}" in s for s in strings):
         found.add(JOB_ID_PLACEHOLDER)
@@ -114,13 +114,9 @@ def ir_features(spec: dict[str, Any], platform: dict[str, Any] | None = None) ->
         # a loop DAG that hands outputs up is how dsl.Collected compiles
         if name.startswith("comp-for-loop") and comp.get("outputDefinitions"):
             found.add(COLLECTED)
-    root_tasks = spec.get("root", {}).get("dag", {}).get("tasks", {})
-    for name, comp in components.items():
-        for task_name, task in (comp.get("dag") or {}).get("tasks", {}).items():
-            if "retryPolicy" in task:
-                found.add(RETRY)
-                found.add(NESTED_RETRY)
-    if any("retryPolicy" in t for t in root_tasks.values()):
+        if any("retryPolicy" in t for t in (comp.get("dag") or {}).get("tasks", {}).values()):
+            found |= {RETRY, NESTED_RETRY}  # a task inside a condition or loop
+    if any("retryPolicy" in t for t in spec.get("root", {}).get("dag", {}).get("tasks", {}).values()):
         found.add(RETRY)
     types = _parameter_types(spec)
     for ex in spec.get("deploymentSpec", {}).get("executors", {}).values():

@@ -113,15 +113,19 @@ class ClusterProfile(StrictModel):
             raise ValueError(f"unknown steps {unknown}; expected some of {list(STEPS)}")
         return v
 
-    def trainjob_json(self) -> str:
-        """The TrainJob settings as the train component's ``cluster`` input (GPU pool filled in)."""
+    def resolved_trainjob(self) -> TrainJobSettings:
+        """The TrainJob settings with the GPU pool filled in from ``accelerator`` where unset."""
         tj = self.trainjob.model_copy(deep=True)
         if not tj.node_selector:
             tj.node_selector = dict(self.accelerator.node_selector)
         if not tj.tolerations:
             tj.tolerations = [t.as_k8s() for t in self.accelerator.tolerations]
         tj.accelerator = self.accelerator.type
-        return json.dumps(tj.model_dump(mode="json"), sort_keys=True)
+        return tj
+
+    def trainjob_json(self) -> str:
+        """The TrainJob settings as the train component's ``cluster`` input (GPU pool filled in)."""
+        return json.dumps(self.resolved_trainjob().model_dump(mode="json"), sort_keys=True)
 
     def serving_json(self) -> str:
         return json.dumps(self.serving.model_dump(mode="json"), sort_keys=True)

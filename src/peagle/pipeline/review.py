@@ -17,7 +17,7 @@ from .deployment import ServingSettings, serving_objects
 from .layout import run_uri
 from .profile import ClusterProfile
 from .runtime import cluster_training_runtime
-from .training import TrainJobSettings, trainjob_for
+from .training import trainjob_for
 
 SAMPLE_RUN_ID = "00000000-0000-0000-0000-000000000000"
 
@@ -28,7 +28,7 @@ def run_objects(profile: ClusterProfile, *, run_id: str = SAMPLE_RUN_ID, num_nod
                 num_speculative_tokens: int = 4) -> list[dict[str, Any]]:
     """The objects in apply order: runtime (cluster-scoped), TrainJob, serving objects."""
     uri = run_uri(output_root, "", run_id)
-    settings = TrainJobSettings.model_validate_json(profile.trainjob_json())
+    settings = profile.resolved_trainjob()
     objs = [cluster_training_runtime(profile),
             trainjob_for(uri, num_nodes, num_gpus, settings, data_connection, namespace, run_id)]
     if deploy_mode != "none":

@@ -21,9 +21,8 @@ from .trainjob import GROUP, TRAINER_NODE, VERSION
 
 def cluster_training_runtime(profile: Any) -> dict[str, Any]:
     """The ClusterTrainingRuntime for ``profile`` (a :class:`peagle.pipeline.profile.ClusterProfile`)."""
-    tj = profile.trainjob
-    node_selector = dict(tj.node_selector or profile.accelerator.node_selector)
-    tolerations = [dict(t) for t in tj.tolerations] or [t.as_k8s() for t in profile.accelerator.tolerations]
+    tj = profile.resolved_trainjob()
+    node_selector, tolerations = dict(tj.node_selector), [dict(t) for t in tj.tolerations]
     env = [
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         # One OpenMP thread per rank; torchrun would warn and set it anyway.
