@@ -235,3 +235,28 @@ def test_trainer_dataset_reads_each_shard_once_when_it_fits(base, monkeypatch):
     for i in order:  # same samples either way
         assert again[i]["sample_id"] == samples[i]["sample_id"]
         assert torch.equal(again[i]["aux_hidden"], samples[i]["aux_hidden"])
+
+
+@pytest.mark.parametrize("storage_dtype", ["bfloat16", "fp8"])
+def test_trainer_cache_holds_stored_bytes_and_serves_the_same_samples(base, qwen3_target, tmp_path, storage_dtype):
+    """The trainer's cache keeps hidden states as stored (bf16, or fp8 + scales) and widens one sample
+    at a time: the samples it serves are bitwise those of a float32 cache, at a half (bf16) or about a
+    quarter (fp8) of its bytes."""
+    from peagle.train.data import ExtractedDataset
+
+    root = base
+    if storage_dtype == "fp8":
+        root = tmp_path / "fp8"
+        run_extract(make_rows(), qwen3_target, root, ExtractSettings(**HF, storage_dtype="fp8"))
+    stored, wide = ExtractedDataset(str(root)), ExtractedDataset(str(root), cache_stored=False)
+    assert len(stored) == len(wide) == 8
+    for i in range(len(stored)):
+        a, b = stored[i], wide[i]
+        assert a["sample_id"] == b["sample_id"]
+        for key in ("input_ids", "loss_mask", "aux_hidden", "last_hidden"):
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+        assert a["aux_hidden"].dtype == torch.float32
+    ratio = stored._cached_bytes / wide._cached_bytes
+    h = 256  # tiny Qwen3 hidden size; 4 hidden vectors per token (3 aux + last)
+    hidden_ratio = {"bfloat16": 2 / 4, "fp8": (4 * h + 4 * 4) / (4 * h * 4)}[storage_dtype]
+    assert ratio == pytest.approx(hidden_ratio, abs=0.02)

@@ -27,12 +27,13 @@ class HiddenStatesDataset:
 
     ``expect_layer_ids`` is the full stored list (3 aux ids + the last layer id),
     ``expect_aux_layer_ids`` the 3 aux ids only; ``expect_*`` arguments left as None are not checked. ``out_dtype`` is the dtype hidden states are
-    returned in (fp8 shards are de-quantised to it).
+    returned in (fp8 shards are de-quantised to it); ``keep_stored`` decodes shards holding the stored
+    bytes and converts each sample as it is served (same values, a quarter of float32's memory for fp8).
     """
 
     def __init__(self, path: str | os.PathLike, *, expect_layer_ids: list[int] | None = None,
                  expect_aux_layer_ids: list[int] | None = None, expect_hidden_size: int | None = None, expect_fingerprint: str | None = None,
-                 out_dtype: torch.dtype = torch.bfloat16):
+                 out_dtype: torch.dtype = torch.bfloat16, keep_stored: bool = False):
         self.dir = ShardDir(path)
         manifest = self.dir.read_manifest()
         if manifest is None:
@@ -42,6 +43,7 @@ class HiddenStatesDataset:
             raise ExtractError(f"{path}/manifest.json has format {manifest.get('format')!r}, expected {FORMAT!r}")
         self.manifest: dict[str, Any] = manifest
         self.out_dtype = out_dtype
+        self.keep_stored = keep_stored
         self._check("layer ids", expect_layer_ids, manifest["layer_ids"])
         self._check("aux layer ids", expect_aux_layer_ids, manifest["aux_layer_ids"])
         self._check("hidden size", expect_hidden_size, manifest["hidden_size"])
@@ -95,7 +97,7 @@ class HiddenStatesDataset:
         actual = sha256_hex(data)
         if actual != entry["sha256"]:
             raise ShardChecksumError(name, entry["sha256"], actual)
-        shard = decode_shard(data, name, self.out_dtype)
+        shard = decode_shard(data, name, self.out_dtype, keep_stored=self.keep_stored)
         if len(shard) != entry["num_samples"]:
             raise ExtractError(f"hidden-state shard {name}: {len(shard)} samples, manifest says {entry['num_samples']}")
         return shard

@@ -99,7 +99,13 @@ class HiddenStatesSample:
 
 @dataclass
 class ShardSamples:
-    """A decoded shard: concatenated per-token tensors plus per-sample offsets and ids."""
+    """A decoded shard: concatenated per-token tensors plus per-sample offsets and ids.
+
+    Hidden states are held either already in ``out_dtype`` or, for a shard decoded with
+    ``keep_stored`` (the trainer's cache), in their stored dtype -- bf16, or fp8 with its per-token
+    ``*_scale`` -- and converted to ``out_dtype`` one sample at a time by :meth:`sample`. Both give
+    the same values: the conversion is elementwise, so slicing first changes nothing.
+    """
 
     name: str
     sample_ids: list[str]
@@ -109,14 +115,34 @@ class ShardSamples:
     aux_hidden: torch.Tensor
     last_hidden: torch.Tensor
     header: dict[str, Any]
+    out_dtype: torch.dtype | None = None  # set when hidden states are held as stored
+    aux_scale: torch.Tensor | None = None  # fp8 held as stored
+    last_scale: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.sample_ids)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the shard's tensors (what a cache of shards should count)."""
+        held = (self.offsets, self.token_ids, self.loss_mask, self.aux_hidden, self.last_hidden,
+                self.aux_scale, self.last_scale)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+    def _hidden(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        if self.out_dtype is None:
+            return x
+        if scale is not None:
+            return dequantize_fp8(x, scale, self.out_dtype)
+        return x.to(self.out_dtype)
+
     def sample(self, i: int) -> HiddenStatesSample:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        aux_scale = None if self.aux_scale is None else self.aux_scale[a:b]
+        last_scale = None if self.last_scale is None else self.last_scale[a:b]
         return HiddenStatesSample(self.sample_ids[i], self.token_ids[a:b].long(), self.loss_mask[a:b],
-                                  self.aux_hidden[a:b], self.last_hidden[a:b])
+                                  self._hidden(self.aux_hidden[a:b], aux_scale),
+                                  self._hidden(self.last_hidden[a:b], last_scale))
 
     def __iter__(self):
         return (self.sample(i) for i in range(len(self)))
@@ -178,8 +204,12 @@ def _metadata(data: bytes) -> dict[str, str]:
     return json.loads(data[8:8 + n]).get("__metadata__") or {}
 
 
-def decode_shard(data: bytes, name: str, out_dtype: torch.dtype = torch.bfloat16) -> ShardSamples:
-    """Parse a shard's bytes; hidden states come back in ``out_dtype`` (fp8 de-quantised)."""
+def decode_shard(data: bytes, name: str, out_dtype: torch.dtype = torch.bfloat16, *,
+                 keep_stored: bool = False) -> ShardSamples:
+    """Parse a shard's bytes; hidden states come back in ``out_dtype`` (fp8 de-quantised).
+
+    ``keep_stored`` holds them as stored and converts each sample when it is served (see
+    :class:`ShardSamples`): a cache of such shards costs the stored bytes, not ``out_dtype``'s."""
     try:
         meta = _metadata(data)
         tensors = st_load(data)
@@ -188,7 +218,12 @@ def decode_shard(data: bytes, name: str, out_dtype: torch.dtype = torch.bfloat16
     if meta.get("format") != FORMAT:
         raise ExtractError(f"hidden-state shard {name} has format {meta.get('format')!r}, expected {FORMAT!r}")
     aux, last = tensors["aux_hidden"], tensors["last_hidden"]
-    if aux.dtype == torch.float8_e4m3fn:
+    stored: dict[str, Any] = {}
+    if keep_stored:
+        stored["out_dtype"] = out_dtype
+        if aux.dtype == torch.float8_e4m3fn:
+            stored.update(aux_scale=tensors["aux_scale"], last_scale=tensors["last_scale"])
+    elif aux.dtype == torch.float8_e4m3fn:
         aux = dequantize_fp8(aux, tensors["aux_scale"], out_dtype)
         last = dequantize_fp8(last, tensors["last_scale"], out_dtype)
     else:
@@ -199,4 +234,4 @@ def decode_shard(data: bytes, name: str, out_dtype: torch.dtype = torch.bfloat16
         raise ExtractError(f"hidden-state shard {name}: sample ids, offsets and token count disagree")
     return ShardSamples(name=name, sample_ids=sample_ids, offsets=offsets, token_ids=tensors["token_ids"],
                         loss_mask=tensors["loss_mask"], aux_hidden=aux, last_hidden=last,
-                        header=json.loads(meta["header"]))
+                        header=json.loads(meta["header"]), **stored)

@@ -160,19 +160,22 @@ class ExtractedDataset:
     """The output of ``peagle extract`` (a directory or an ``s3://`` prefix) as a :class:`SampleDataset`.
 
     Opening reads every shard once (sha256-verified by the extract reader) to index sample lengths;
-    samples are then served from a cache of decoded shards holding up to ``cache_bytes`` (and at
-    least two shards). A dataset that fits is read exactly once; beyond that, random access across
-    many shards re-reads shards, so at scale the sampler should visit samples shard by shard.
+    samples are then served from a cache of shards holding up to ``cache_bytes`` (and at least two
+    shards). The cache keeps hidden states as stored (bf16, or fp8 with its scales) and widens one
+    sample at a time to float32, the dtype samples are served in; ``cache_stored=False`` caches
+    float32 instead (the old behaviour, kept for ``bench/bench_train_memory.py``). A dataset that
+    fits is read exactly once; beyond that, random access across many shards re-reads shards, so at
+    scale the sampler should visit samples shard by shard.
     """
 
-    def __init__(self, uri: str, cache_bytes: int = 4 << 30):
+    def __init__(self, uri: str, cache_bytes: int = 4 << 30, cache_stored: bool = True):
         import threading
         from collections import OrderedDict
 
         from ..extract import ExtractError, HiddenStatesDataset
 
         try:
-            self.hs = HiddenStatesDataset(uri, out_dtype=torch.float32)
+            self.hs = HiddenStatesDataset(uri, out_dtype=torch.float32, keep_stored=cache_stored)
             index = []
             self._cache: OrderedDict = OrderedDict()  # shard name -> (decoded shard, its bytes)
             self._cached_bytes = 0
@@ -190,7 +193,7 @@ class ExtractedDataset:
 
     def _keep(self, shard) -> None:
         """Cache ``shard`` as the most recent; evict the oldest beyond the byte budget (keeping two)."""
-        nbytes = _shard_bytes(shard)
+        nbytes = shard.nbytes
         self._cache[shard.name] = (shard, nbytes)
         self._cached_bytes += nbytes
         while len(self._cache) > 2 and self._cached_bytes > self._cache_bytes:
@@ -217,11 +220,6 @@ class ExtractedDataset:
         s = shard.sample(local)
         return {"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask.float(),
                 "aux_hidden": s.aux_hidden_flat, "last_hidden": s.last_hidden}
-
-
-def _shard_bytes(shard) -> int:
-    return sum(t.numel() * t.element_size() for t in (shard.token_ids, shard.loss_mask, shard.aux_hidden,
-                                                      shard.last_hidden))
 
 
 def open_dataset(uri: str) -> SampleDataset:
