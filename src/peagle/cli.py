@@ -1,5 +1,6 @@
-"""``peagle`` command line. Thin: parse, build the typed config, call the library.
+"""The ``peagle`` command line: one command per pipeline stage, plus the pipeline, serving and config.
 
+Each command parses its flags, builds the typed run configuration and calls the library.
 Every command accepts ``--config run.yaml`` and ``--set section.key=value``; flags for a section's
 fields are generated from the pydantic schema (:mod:`peagle.config`), so they cannot drift.
 """
@@ -148,13 +149,26 @@ def cmd_run(ns: argparse.Namespace) -> int:
                      verbose=ns.verbose, run_name=ns.run_name)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="peagle", description=__doc__.splitlines()[0],
-                                epilog="peagle deploy --help: render/apply the serving stack (KServe or Deployment)")
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="command", required=True)
+DESCRIPTION = ("Train a P-EAGLE speculative-decoding draft for a target LLM and serve both with vLLM. "
+               "Stages: models prepare-target -> [regenerate] -> prepare -> extract -> train -> evaluate -> deploy; "
+               "`peagle run` runs them all on the embedded default, `peagle pipeline` on Kubeflow.")
+EPILOG = ("Every stage command takes --config run.yaml and --set section.key=value. "
+          "`peagle <command> --help` describes a command.")
 
-    d = sub.add_parser("draft", help="draft checkpoints").add_subparsers(dest="draft_command", required=True)
+# Commands with parsers of their own (main() hands them their arguments); listed here for --help.
+DELEGATED = {
+    "evaluate": "measure the draft's acceptance with real vLLM (engine or endpoint), write the report, gate",
+    "deploy": "render or apply the serving stack (KServe InferenceService or a Deployment) for target + draft",
+    "pipeline": "the Kubeflow pipeline: compile, submit to a pipeline server, render its objects, run locally",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="peagle", description=DESCRIPTION, epilog=EPILOG)
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    d = sub.add_parser("draft", help="write draft checkpoints (an untrained draft: the vLLM smoke test)").add_subparsers(dest="draft_command", required=True)
     di = d.add_parser("init", help="write an initialised (untrained) draft for a target: the vLLM smoke test")
     di.add_argument("--target", help="prepared target directory")
     di.add_argument("--out", required=True, help="output checkpoint directory")
@@ -163,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     C.add_flags(di, C.DraftSettings, "draft")
     di.set_defaults(func=cmd_draft_init)
 
-    m = sub.add_parser("models", help="targets").add_subparsers(dest="models_command", required=True)
+    m = sub.add_parser("models", help="normalise a target model (HF directory, GGUF file, embedded SmolLM2)").add_subparsers(dest="models_command", required=True)
     mp = m.add_parser("prepare-target", help="normalise a HF directory or GGUF file into a directory vLLM loads")
     mp.add_argument("--source", required=True, help="HF directory, .gguf file, or 'smollm2' (embedded default)")
     mp.add_argument("--out", required=True)
@@ -193,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "target directory (teacher head, embeddings)", {"train": TrainSettings, "draft": C.DraftSettings},
                   cmd_train)
 
-    c = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True)
+    c = sub.add_parser("config", help="print the resolved run configuration (YAML + --set + flags)").add_subparsers(dest="config_command", required=True)
     cs = c.add_parser("show", help="print the resolved configuration")
     _common(cs)
     C.add_flags(cs, C.DraftSettings, "draft")
@@ -213,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(r)
     C.add_flags(r, C.DraftSettings, "draft")
     r.set_defaults(func=cmd_run)
+    for name, text in DELEGATED.items():
+        sub.add_parser(name, help=text, add_help=False)
     return p
 
 

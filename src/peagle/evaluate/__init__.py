@@ -1,4 +1,4 @@
-"""Evaluation of a P-EAGLE draft (``python -m peagle.evaluate``; ``peagle evaluate`` once wired).
+"""Evaluation of a P-EAGLE draft (``peagle evaluate``, also ``python -m peagle.evaluate``).
 
 * Live, with real vLLM: target + draft with parallel drafting over prompt sets per workload
   category (:mod:`.prompts`), K sweep, greedy and sampled; acceptance length and per-position

@@ -1,9 +1,9 @@
-"""``python -m peagle.evaluate``: measure a P-EAGLE draft with real vLLM, write report.json/.html, gate.
+"""``peagle evaluate``: measure a P-EAGLE draft with real vLLM, write report.json/.html, gate.
 
-    python -m peagle.evaluate --target DIR --draft DIR [--num-speculative-tokens 1 2 4] \\
+    peagle evaluate --target DIR --draft DIR [--num-speculative-tokens 1 2 4] \\
         [--temperatures 0 0.7] [--prompt-sets code math ...] [--min-acceptance-length 2.0]
-    python -m peagle.evaluate --endpoint https://my-isvc.example.com [--baseline-endpoint URL] ...
-    python -m peagle.evaluate --check runs/local/evaluate/report.json --min-acceptance-length 2.0
+    peagle evaluate --endpoint https://my-isvc.example.com [--baseline-endpoint URL] ...
+    peagle evaluate --check runs/local/evaluate/report.json --min-acceptance-length 2.0
 
 ``--config run.yaml`` reads the ``target``, ``evaluate`` and ``work_dir`` sections of a run
 configuration (other stages' sections are ignored here); ``--set evaluate.key=value`` overrides.
@@ -28,7 +28,7 @@ SECTION = "evaluate"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m peagle.evaluate", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="peagle evaluate", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--config", help="YAML run configuration (target / evaluate / work_dir sections are read)")

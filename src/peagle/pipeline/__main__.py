@@ -1,10 +1,10 @@
-"""``python -m peagle.pipeline compile | submit | run``: the Kubeflow pipeline from the command line.
+"""``peagle pipeline compile | submit | render | run``: the Kubeflow pipeline from the command line.
 
-    python -m peagle.pipeline compile [--profile default] [--out FILE]
-    python -m peagle.pipeline submit --host URL [--token T] [--profile default | --package FILE] \\
+    peagle pipeline compile [--profile default] [--out FILE]
+    peagle pipeline submit --host URL [--token T] [--profile default | --package FILE] \\
         --param target=s3:///models/Qwen3-8B [--param K=V ...] [--config run.yaml] [--experiment E]
-    python -m peagle.pipeline run [--s3] [--no-regenerate] [--config run.yaml] [--set key=value ...]
-    python -m peagle.pipeline render --out DIR [--run-id ID] [--num-nodes N] [--profile P]
+    peagle pipeline run [--s3] [--no-regenerate] [--config run.yaml] [--set key=value ...]
+    peagle pipeline render --out DIR [--run-id ID] [--num-nodes N] [--profile P]
 
 ``compile`` writes the IR YAML the OpenShift AI dashboard imports (default
 ``pipelines/compiled/peagle-<profile>.yaml``). ``submit`` creates a run on a pipeline server
@@ -81,7 +81,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m peagle.pipeline", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="peagle pipeline", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     sub = p.add_subparsers(dest="command", required=True)
