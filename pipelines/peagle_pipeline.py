@@ -2,8 +2,8 @@
 
 Built for a cluster profile (``peagle.pipeline.profile``), which fixes images, the GPU pool, step
 resources, retries and the TrainJob/serving settings at compile time; everything about one run is
-a pipeline parameter. Compile with ``python -m peagle.pipeline compile``; the same function runs
-locally under kfp.local (``python -m peagle.pipeline run``).
+a pipeline parameter. Compile with ``peagle pipeline compile``; the same function runs
+locally under kfp.local (``peagle pipeline run``, ``peagle run``).
 
 Control flow, and why it has this shape:
 
@@ -22,11 +22,15 @@ Control flow, and why it has this shape:
 * Lineage: every stage also declares what it published as an output artifact (a pointer whose
   metadata names the object-store prefix, its manifest's sha256 and counts; ``peagle.pipeline.lineage``),
   so the dashboard shows what each run wrote; no data passes through KFP.
+* The parameters (names, types, defaults, descriptions) are defined once, in
+  ``peagle.pipeline.params``; the pipeline function takes its signature and docstring from there.
 """
-# No `from __future__ import annotations`: KFP reads the parameter annotations as types.
+from types import SimpleNamespace
+
 from kfp import dsl
 
 import components
+from peagle.pipeline.params import init_run_parameters, pipeline_docstring, pipeline_signature
 from peagle.pipeline.profile import ClusterProfile, apply_step
 
 PIPELINE_NAME = "peagle"
@@ -38,41 +42,19 @@ def build_pipeline(profile: ClusterProfile):
     """The pipeline function for ``profile`` (compile it, or call it under kfp.local)."""
     c = components.build(profile)
 
-    @dsl.pipeline(name=PIPELINE_NAME, description=DESCRIPTION)
-    def peagle(
-        target: str,
-        data_source: str = "sharegpt",
-        num_samples: int = 5000,
-        max_length: int = 2048,
-        regenerate: bool = False,
-        num_speculative_tokens: int = 4,
-        draft_layers: int = 1,
-        extract_shards: int = 2,
-        train_mode: str = "pod",
-        num_gpus: int = 1,
-        num_nodes: int = 1,
-        train_epochs: int = 1,
-        train_max_steps: int = 0,
-        min_acceptance_length: float = 1.5,
-        data_connection: str = "aws-connection-peagle",
-        output_root: str = "s3:///peagle/runs",
-        run_name: str = "",
-        config: str = "",
-        deploy_name: str = "peagle",
-        deploy_mode: str = "kserve",
-    ):
-        init_args = dict(
-            output_root=output_root, run_name=run_name, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, config=config,
-            target=target, data_source=data_source, num_samples=num_samples, max_length=max_length,
-            regenerate=regenerate, num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
-            extract_shards=extract_shards, train_mode=train_mode, num_gpus=num_gpus, num_nodes=num_nodes,
-            train_epochs=train_epochs, train_max_steps=train_max_steps,
-            min_acceptance_length=min_acceptance_length, deploy_mode=deploy_mode, deploy_name=deploy_name)
+    signature = pipeline_signature()
+
+    def peagle(*args):
+        # KFP calls the pipeline function with one channel per parameter, in signature order.
+        p = SimpleNamespace(**dict(zip(signature.parameters, args)))
+        data_connection, num_gpus, num_speculative_tokens = p.data_connection, p.num_gpus, p.num_speculative_tokens
+        init_args = dict(output_root=p.output_root, run_name=p.run_name, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                         config=p.config, **{name: getattr(p, name) for name in init_run_parameters()})
 
         def step(task, name, display, gpus=None):
             return apply_step(task, name, profile, data_connection, gpus=gpus, display_name=display)
 
-        with dsl.If(regenerate == True, name="regenerate-data"):  # noqa: E712 (KFP condition, not Python)
+        with dsl.If(p.regenerate == True, name="regenerate-data"):  # noqa: E712 (KFP condition, not Python)
             init_r = step(c.init_run(**init_args), "init_run", "init run")
             regen = step(c.regenerate(run_uri=init_r.outputs["Output"]), "regenerate", "regenerate responses")
         with dsl.Else(name="data-as-is"):
@@ -88,7 +70,7 @@ def build_pipeline(profile: ClusterProfile):
         # the pod's accelerator limit reads it.
         train_args = dict(run_uri=run_uri, num_gpus=num_gpus, cluster=profile.trainjob_json(),
                           data_connection=data_connection, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-        with dsl.If(train_mode == "trainjob", name="train-with-trainjob"):
+        with dsl.If(p.train_mode == "trainjob", name="train-with-trainjob"):
             train_tj = step(c.train_launcher(mode="trainjob", **train_args).after(ext),
                             "train_launcher", "train (TrainJob)")
         with dsl.Else(name="train-in-pod"):
@@ -100,8 +82,10 @@ def build_pipeline(profile: ClusterProfile):
 
         ev = step(c.evaluate(run_uri=run_uri, draft_uri=draft_uri), "evaluate", "evaluate (vLLM)")
         with dsl.If(ev.outputs["Output"] == True, name="acceptance-gate"):  # noqa: E712
-            step(c.deploy(run_uri=run_uri, name=deploy_name, mode=deploy_mode, data_connection=data_connection,
+            step(c.deploy(run_uri=run_uri, name=p.deploy_name, mode=p.deploy_mode, data_connection=data_connection,
                           num_speculative_tokens=num_speculative_tokens, serving=profile.serving_json()),
                  "deploy", "deploy (KServe)")
 
-    return peagle
+    peagle.__signature__ = signature
+    peagle.__doc__ = pipeline_docstring(DESCRIPTION)
+    return dsl.pipeline(name=PIPELINE_NAME, description=DESCRIPTION)(peagle)

@@ -29,9 +29,9 @@ def docs(fresh) -> tuple[dict, dict]:
 
 
 def test_committed_yaml_is_current(fresh):
-    assert COMPILED.is_file(), "run: python -m peagle.pipeline compile"
+    assert COMPILED.is_file(), "run: peagle pipeline compile"
     assert COMPILED.read_text() == fresh.read_text(), (
-        "pipelines/compiled/peagle-default.yaml is stale: run `python -m peagle.pipeline compile`")
+        "pipelines/compiled/peagle-default.yaml is stale: run `peagle pipeline compile`")
 
 
 def test_loads_with_the_kfp_sdk():

@@ -111,3 +111,105 @@ def test_submit_uses_the_client_and_env(tmp_path, monkeypatch):
         make_client()
     with pytest.raises(SubmitError, match="not found"):
         submit(tmp_path / "missing.yaml", {}, client=client)
+
+
+# ---- one definition of the pipeline parameters: everything else derives from it, and drift fails here
+
+
+def _definition() -> dict[str, tuple[type, object, str]]:
+    """name -> (KFP Python type, default or REQUIRED, description), from PipelineParams + RunPlacement."""
+    import typing
+
+    from peagle.pipeline.params import PIPELINE_MODELS
+
+    out = {}
+    for model in PIPELINE_MODELS:
+        for name, f in model.model_fields.items():
+            t = f.annotation
+            t = type(typing.get_args(t)[0]) if typing.get_origin(t) is typing.Literal else t
+            out[name] = (t, "REQUIRED" if f.is_required() else f.default, f.description)
+    return out
+
+
+def test_the_compiled_pipeline_signature_derives_from_the_definition():
+    """The IR's run-form parameters: names, types, defaults and descriptions equal the definition."""
+    from pathlib import Path
+
+    import yaml
+
+    kfp_type = {str: "STRING", int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE", bool: "BOOLEAN"}
+    compiled = Path(__file__).resolve().parents[1] / "pipelines" / "compiled" / "peagle-default.yaml"
+    spec = next(yaml.safe_load_all(compiled.read_text()))
+    ir = spec["root"]["inputDefinitions"]["parameters"]
+    definition = _definition()
+    assert sorted(ir) == sorted(definition)
+    for name, (t, default, description) in definition.items():
+        p = ir[name]
+        assert p["parameterType"] == kfp_type[t], name
+        assert p.get("description") == description, name
+        if default == "REQUIRED":
+            assert "defaultValue" not in p and not p.get("isOptional"), name
+        else:
+            assert p["defaultValue"] == default and type(default)(p["defaultValue"]) == default, name
+
+
+def test_the_pipeline_function_and_init_run_component_derive_from_the_definition():
+    import inspect
+    from pathlib import Path
+
+    from peagle.pipeline.build import init_run_component_path, pipeline_for
+    from peagle.pipeline.params import PipelineParams, init_run_component_source, pipeline_signature
+
+    assert init_run_component_path().read_text() == init_run_component_source(), (
+        "components/init_run.py is stale: run `peagle pipeline compile` (it regenerates the component)")
+    definition = _definition()
+    sig = pipeline_signature()
+    assert [(n, p.annotation, p.default if p.default is not inspect.Parameter.empty else "REQUIRED")
+            for n, p in sig.parameters.items()] == [(n, t, d) for n, (t, d, _) in definition.items()]
+    pipeline = pipeline_for("default")
+    assert sorted(pipeline.component_spec.inputs) == sorted(definition)
+
+    from components.init_run import init_run
+
+    params = inspect.signature(init_run).parameters
+    typed = {n: p.annotation for n, p in params.items()
+             if n not in ("output_root", "run_name", "job_id", "config", "target_model")}
+    assert typed == {n: definition[n][0] for n in PipelineParams.model_fields}
+    assert Path(inspect.getsourcefile(init_run)).resolve() == init_run_component_path().resolve()
+
+
+def test_embedded_arguments_are_complete_validated_parameters():
+    from peagle.pipeline import embedded
+    from peagle.pipeline.params import PipelineParams
+
+    assert set(embedded.PARAMS) == set(PipelineParams.model_fields)
+    assert PipelineParams(**embedded.PARAMS).model_dump(mode="json") == embedded.PARAMS
+
+
+def test_coverage_maps_both_ways_and_names_real_keys():
+    """Every covered config key exists in RunConfig, every covering name is a typed parameter, and
+    parameter -> config -> parameter returns the value (what `peagle run --set key=...` relies on)."""
+    from peagle.config import build_config
+    from peagle.pipeline import embedded
+    from peagle.pipeline.params import COVERAGE, PipelineParams
+    from peagle.run_config import RunConfig
+
+    defaults = PipelineParams(target="smollm2")
+    for c in COVERAGE:
+        assert c.param in PipelineParams.model_fields, c
+        for value in (getattr(defaults, c.param), embedded.PARAMS[c.param]):
+            as_config = c.to_config(value)
+            assert c.to_param(as_config) == value, c
+            section, name = c.key.split(".")
+            cfg = build_config(RunConfig, values={c.key: as_config})
+            assert getattr(getattr(cfg, section), name) == as_config, c
+
+
+def test_two_keys_of_one_parameter_must_agree():
+    from peagle.local_run import pipeline_arguments, user_settings
+
+    user = user_settings(None, ["prepare.max_samples=50", "regenerate.max_conversations=60"])
+    with pytest.raises(ConfigError, match="'prepare.max_samples' and 'regenerate.max_conversations'"):
+        pipeline_arguments(user)
+    same = user_settings(None, ["prepare.max_samples=50", "regenerate.max_conversations=50"])
+    assert pipeline_arguments(same)["num_samples"] == 50

@@ -17,22 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .config import ConfigError, build_config
 from .pipeline import embedded
-from .pipeline.params import COVERED, PIPELINE_OWNED, config_text
+from .pipeline.params import COVERAGE, COVERED_KEYS, PIPELINE_OWNED, config_text
 from .run_config import RunConfig
-
-# config key -> (typed parameter, how to turn the config value into the parameter's value)
-_INVERSE = {
-    "prepare.sources": ("data_source", lambda v: ",".join(v)),
-    "prepare.max_samples": ("num_samples", lambda v: v or 0),
-    "prepare.max_length": ("max_length", int),
-    "draft.num_depths": ("num_speculative_tokens", int),
-    "draft.num_layers": ("draft_layers", int),
-    "train.epochs": ("train_epochs", int),
-    "train.max_steps": ("train_max_steps", lambda v: v or 0),
-    "evaluate.min_acceptance_length": ("min_acceptance_length", lambda v: v or 0.0),
-}
-
 
 def pipeline_arguments(user: dict[str, Any], *, prompts: int | None = None, max_tokens: int | None = None,
                        regenerate: bool | None = None) -> dict[str, Any]:
@@ -42,12 +30,17 @@ def pipeline_arguments(user: dict[str, Any], *, prompts: int | None = None, max_
     target_path = (user.get("target") or {}).get("path")
     if target_path:
         params["target"] = target_path
-    for key, (param, convert) in _INVERSE.items():
-        section, name = key.split(".")
+    given: dict[str, tuple[str, Any]] = {}
+    for c in COVERAGE:  # a config key the user set goes to the typed parameter that covers it
+        section, name = c.key.split(".")
         if name in (user.get(section) or {}):
-            params[param] = convert(user[section][name])
-    covered = {k for targets in COVERED.values() for k, _ in targets}
-    for key in (*covered, *PIPELINE_OWNED):  # the typed parameters / the pipeline set these
+            value = c.to_param(user[section][name])
+            if c.param in given and given[c.param][1] != value:
+                raise ConfigError(f"'{given[c.param][0]}' and '{c.key}' both set pipeline parameter '{c.param}', "
+                                  f"to {given[c.param][1]!r} and {value!r}; set one of them")
+            given[c.param] = (c.key, value)
+            params[c.param] = value
+    for key in (*COVERED_KEYS, *PIPELINE_OWNED):  # the typed parameters / the pipeline set these
         section, _, name = key.partition(".")
         if name and isinstance(config.get(section), dict):
             config[section].pop(name, None)
@@ -68,8 +61,6 @@ def pipeline_arguments(user: dict[str, Any], *, prompts: int | None = None, max_
 def user_settings(config: str | None, overrides: list[str]) -> dict[str, Any]:
     """The settings a user gave in a YAML run configuration and ``key=value`` overrides, validated
     with ``RunConfig``; only the keys actually set."""
-    from .config import build_config
-
     return build_config(RunConfig, config, overrides).model_dump(exclude_unset=True)
 
 

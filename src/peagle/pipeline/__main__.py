@@ -26,8 +26,10 @@ from ..config import ConfigError, parse_override
 
 
 def cmd_compile(ns: argparse.Namespace) -> int:
-    from .build import compile_pipeline
+    from .build import compile_pipeline, init_run_component_path, write_init_run_component
 
+    if write_init_run_component():
+        print(f"regenerated {init_run_component_path()} from peagle.pipeline.params")
     out = compile_pipeline(ns.profile, ns.out)
     print(f"compiled pipeline ({ns.profile} profile): {out}")
     return 0

@@ -6,6 +6,7 @@ code); this module puts the project root on ``sys.path`` to import them, the way
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -50,6 +51,25 @@ def pipeline_for(profile: ClusterProfile | str | os.PathLike = "default") -> Any
 def compiled_path(profile_name: str) -> Path:
     """Where the committed YAML for a profile lives (``pipelines/compiled/peagle-<profile>.yaml``)."""
     return project_dir() / COMPILED_DIR / f"peagle-{profile_name}.yaml"
+
+
+def init_run_component_path() -> Path:
+    return project_dir() / "components" / "init_run.py"
+
+
+def write_init_run_component() -> bool:
+    """Regenerate ``components/init_run.py`` from the parameter definitions (``peagle pipeline compile``
+    does, before compiling); True if it changed."""
+    from .params import init_run_component_source
+
+    path, text = init_run_component_path(), init_run_component_source()
+    if path.read_text() == text:
+        return False
+    path.write_text(text)
+    for name in ("components.init_run", "components"):  # already imported in this process: the new text
+        if name in sys.modules:
+            importlib.reload(sys.modules[name])
+    return True
 
 
 def compile_pipeline(profile: str | os.PathLike = "default", out: str | os.PathLike | None = None) -> Path:

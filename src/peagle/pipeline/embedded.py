@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# Typed pipeline parameters (peagle.pipeline.params.PipelineParams) of the embedded run.
-PARAMS: dict[str, Any] = {
+from .params import PipelineParams
+
+# Typed pipeline parameters of the embedded run, validated (names, types, bounds) by PipelineParams.
+PARAMS: dict[str, Any] = PipelineParams(**{
     "target": "smollm2",
     "data_source": "sharegpt",
     "num_samples": 480,
@@ -32,7 +34,7 @@ PARAMS: dict[str, Any] = {
     "min_acceptance_length": 1.1,
     "deploy_mode": "render",
     "deploy_name": "peagle-smollm2",
-}
+}).model_dump(mode="json")
 
 # The config sections the typed parameters do not cover.
 CONFIG: dict[str, Any] = {

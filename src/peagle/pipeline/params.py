@@ -6,14 +6,24 @@ everything else is set through the ``config`` parameter, a YAML document with th
 ``init_run`` resolves both once, validates them with the same pydantic model the CLI uses, and
 writes ``<run>/run.json``; later steps read that file.
 
-A key that a typed parameter covers (see :data:`COVERED`) may appear in ``config`` only with the
+A key that a typed parameter covers (see :data:`COVERAGE`) may appear in ``config`` only with the
 same value: two places disagreeing about one setting is an error, not a silent precedence rule.
 Paths the pipeline owns (``target.path``, ``train.data``, ``train.output``, ``work_dir``,
 ``evaluate.draft/out/hidden_states``) are set by the steps and may not be configured.
+
+This module is the one definition of the pipeline's parameters. :class:`PipelineParams` and
+:class:`RunPlacement` give every parameter's name, type, default and description; from them derive
+the pipeline function's signature and parameter descriptions (:func:`pipeline_signature`,
+:func:`pipeline_docstring`), the ``init_run`` component's source (:func:`init_run_component_source`,
+written by ``peagle pipeline compile``), the embedded run's arguments (validated as
+``PipelineParams``), and both directions of the parameter <-> config-key mapping (:data:`COVERAGE`).
+``tests/test_pipeline_params.py`` fails if any of them drifts.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, get_args, get_origin
 
 import yaml
 from pydantic import Field
@@ -46,24 +56,57 @@ class PipelineParams(StrictModel):
     min_acceptance_length: float = Field(1.5, ge=0.0, description="deploy only if the vLLM-measured acceptance "
                                          "length reaches this (0: no gate)")
     # Checked here, before hours of training, although only the deploy step uses them.
-    deploy_mode: Literal["kserve", "deployment", "render", "none"] = Field("kserve", description="how to serve")
+    deploy_mode: Literal["kserve", "deployment", "render", "none"] = Field(
+        "kserve", description="how to serve: 'kserve' (InferenceService), 'deployment' (a plain Deployment), "
+        "'render' (write the manifests only) or 'none'")
     deploy_name: str = Field("peagle", pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$",
                              description="InferenceService / Deployment name (DNS-1035 label)")
 
 
-# typed parameter -> the config keys it sets (dotted), with a converter
-COVERED: dict[str, list[tuple[str, Any]]] = {
-    "data_source": [("prepare.sources", lambda v: [s.strip() for s in v.split(",") if s.strip()]),
-                    ("regenerate.sources", lambda v: [s.strip() for s in v.split(",") if s.strip()])],
-    "num_samples": [("prepare.max_samples", lambda v: v or None),
-                    ("regenerate.max_conversations", lambda v: v or None)],
-    "max_length": [("prepare.max_length", int)],
-    "num_speculative_tokens": [("draft.num_depths", int)],
-    "draft_layers": [("draft.num_layers", int)],
-    "train_epochs": [("train.epochs", int)],
-    "train_max_steps": [("train.max_steps", lambda v: v or None)],
-    "min_acceptance_length": [("evaluate.min_acceptance_length", lambda v: v or None)],
-}
+class RunPlacement(StrictModel):
+    """The pipeline parameters that place a run (storage, name) and carry the rest of its settings."""
+
+    data_connection: str = Field("aws-connection-peagle", description="OpenShift AI data connection (Secret) "
+                                 "with the object store's endpoint, bucket and credentials")
+    output_root: str = Field("s3:///peagle/runs", description="where runs are written: s3://bucket/prefix "
+                             "(s3:///prefix: the data connection's bucket) or a directory")
+    run_name: str = Field("", description="the run's directory under output_root (default: the pipeline job "
+                          "id); rerunning a name reuses its finished stages")
+    config: str = Field("", description="YAML of further settings by section (prepare, extract, train, "
+                        "evaluate, ...), as `peagle config show` prints them")
+
+
+PIPELINE_MODELS = (PipelineParams, RunPlacement)
+
+
+@dataclass(frozen=True)
+class Covered:
+    """A config key a typed parameter sets, with the conversions both ways (``peagle run`` maps a
+    user's config key back to the parameter)."""
+
+    param: str
+    key: str
+    to_config: Callable[[Any], Any]
+    to_param: Callable[[Any], Any]
+
+
+def _sources(v: str) -> list[str]:
+    return [s.strip() for s in v.split(",") if s.strip()]
+
+
+COVERAGE: tuple[Covered, ...] = (
+    Covered("data_source", "prepare.sources", _sources, ",".join),
+    Covered("data_source", "regenerate.sources", _sources, ",".join),
+    Covered("num_samples", "prepare.max_samples", lambda v: v or None, lambda v: v or 0),
+    Covered("num_samples", "regenerate.max_conversations", lambda v: v or None, lambda v: v or 0),
+    Covered("max_length", "prepare.max_length", int, int),
+    Covered("num_speculative_tokens", "draft.num_depths", int, int),
+    Covered("draft_layers", "draft.num_layers", int, int),
+    Covered("train_epochs", "train.epochs", int, int),
+    Covered("train_max_steps", "train.max_steps", lambda v: v or None, lambda v: v or 0),
+    Covered("min_acceptance_length", "evaluate.min_acceptance_length", lambda v: v or None, lambda v: v or 0.0),
+)
+COVERED_KEYS = tuple(c.key for c in COVERAGE)
 
 
 class PipelineRun(StrictModel):
@@ -106,14 +149,13 @@ def resolve_run(params: PipelineParams, config_text: str, run_uri: str) -> Pipel
     for key in PIPELINE_OWNED:
         if key in flat or any(k.startswith(key + ".") for k in flat):
             raise ConfigError(f"config sets '{key}', which the pipeline sets itself (run layout); remove it")
-    for param, targets in COVERED.items():
-        value = getattr(params, param)
-        for key, convert in targets:
-            wanted = convert(value)
-            if key in flat and flat[key] != wanted:
-                raise ConfigError(f"config sets '{key}' to {flat[key]!r} but pipeline parameter '{param}' "
-                                  f"({value!r}) covers it; set the parameter instead")
-            flat[key] = wanted
+    for c in COVERAGE:
+        value = getattr(params, c.param)
+        wanted = c.to_config(value)
+        if c.key in flat and flat[c.key] != wanted:
+            raise ConfigError(f"config sets '{c.key}' to {flat[c.key]!r} but pipeline parameter '{c.param}' "
+                              f"({value!r}) covers it; set the parameter instead")
+        flat[c.key] = wanted
     cfg = build_config(RunConfig, values=flat)
     if params.train_mode == "pod" and params.num_nodes != 1:
         raise ConfigError(f"num_nodes={params.num_nodes} needs train_mode=trainjob (a pod is one node)")
@@ -127,3 +169,86 @@ def resolve_run(params: PipelineParams, config_text: str, run_uri: str) -> Pipel
 def config_text(data: dict[str, Any]) -> str:
     """A config mapping as the YAML text the ``config`` parameter takes."""
     return yaml.safe_dump(data, sort_keys=False) if data else ""
+
+
+# ----------------------------------------------------------------------------------------------
+# What derives from the definition above: the pipeline signature and the init_run component.
+
+
+def _kfp_type(annotation: Any) -> type:
+    """The KFP parameter type of a field: its Python type; a Literal choice is its values' type."""
+    if get_origin(annotation) is Literal:
+        return type(get_args(annotation)[0])
+    if annotation not in (str, int, float, bool):
+        raise TypeError(f"pipeline parameters must be str, int, float, bool or a Literal of them, got {annotation}")
+    return annotation
+
+
+def pipeline_parameters() -> list[inspect.Parameter]:
+    """Every pipeline parameter, in order: the typed run parameters, then the run's placement."""
+    out = []
+    for model in PIPELINE_MODELS:
+        for name, f in model.model_fields.items():
+            default = inspect.Parameter.empty if f.is_required() else f.default
+            out.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                                         annotation=_kfp_type(f.annotation)))
+    return out
+
+
+def pipeline_signature() -> inspect.Signature:
+    return inspect.Signature(pipeline_parameters())
+
+
+def pipeline_docstring(summary: str) -> str:
+    """``summary`` plus an ``Args:`` section (KFP shows these descriptions for the run form's fields)."""
+    lines = [summary, "", "Args:"]
+    for model in PIPELINE_MODELS:
+        for name, f in model.model_fields.items():
+            lines.append(f"    {name}: {f.description}")
+    return "\n".join(lines)
+
+
+def init_run_parameters() -> list[str]:
+    """The typed parameters ``init_run`` takes (and passes to ``peagle.pipeline.steps.init_run``)."""
+    return list(PipelineParams.model_fields)
+
+
+INIT_RUN_HEADER = '''"""init_run: resolve and validate the run's settings, write <run>/run.json, normalise the target.
+
+Generated from peagle.pipeline.params (PipelineParams) by `peagle pipeline compile`; do not edit.
+"""
+from kfp.dsl import Model, Output
+
+IMAGE = "base"
+'''
+
+
+def _wrapped(head: str, items: list[str], tail: str, indent: int, width: int = 116) -> list[str]:
+    """``head + ", ".join(items) + tail`` packed into lines of at most ``width``, never splitting an item."""
+    lines, line = [], head
+    for i, item in enumerate(items):
+        piece = item + (", " if i < len(items) - 1 else tail)
+        if len(line) + len(piece.rstrip()) > width and line.strip():
+            lines.append(line.rstrip())
+            line = " " * indent
+        line += piece
+    return lines + [line.rstrip()]
+
+
+def init_run_component_source() -> str:
+    """The text of ``components/init_run.py``: KFP builds a lightweight component from a function's
+    source, so the typed parameters are written out as a literal signature, generated here."""
+    typed = [(n, _kfp_type(PipelineParams.model_fields[n].annotation).__name__) for n in init_run_parameters()]
+    sig = [f"{n}: str" for n in ("output_root", "run_name", "job_id", "config")] + [f"{n}: {t}" for n, t in typed]
+    sig.append("target_model: Output[Model]")
+    call = [f"{n}={n}" for n in ("output_root", "run_name", "job_id", "config")] + [f"{n}={n}" for n, _ in typed]
+    lines = [INIT_RUN_HEADER, ""]
+    lines += _wrapped("def init_run(", sig, ") -> str:", 13)
+    lines += ['    """Returns the run URI (``<output_root>/<run_name or job_id>``) every later step works on;',
+              '    ``target_model``: lineage pointer to the normalised target (``peagle.pipeline.lineage``)."""',
+              "    from peagle.pipeline.lineage import record",
+              "    from peagle.pipeline.steps import init_run as step",
+              ""]
+    lines += _wrapped("    run_uri = step(", call, ")", 19)
+    lines += ['    record(target_model, run_uri, "init_run")', "    return run_uri", ""]
+    return "\n".join(lines)
