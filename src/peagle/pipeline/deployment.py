@@ -34,10 +34,11 @@ class ServingSettings(StrictModel):
 
 def model_location(layout: RunLayout) -> tuple[str, str]:
     """(bucket, prefix) holding target/ and draft/: the data connection's ``path`` and, when the run's
-    ``output_root`` names a bucket (``s3://bucket/...``), that bucket -- it need not be the connection's."""
+    ``output_root`` names a bucket (``s3://bucket/...``), that bucket -- it need not be the connection's.
+    Local runs are only rendered: the path, made relative as a prefix must be, is informative."""
     if layout.remote:
         return bucket_and_key(layout.models)
-    return "", layout.models  # local runs: only rendered, the path is informative
+    return "", layout.models.lstrip("/")
 
 
 def serving_objects(run_uri: str, name: str, mode: str, data_connection: str, num_speculative_tokens: int,
