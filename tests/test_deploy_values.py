@@ -15,10 +15,13 @@ import pytest
 import yaml
 
 from k8s_schemas import ROOT
+from peagle.config import ConfigError
 from peagle.deploy import RenderError, render, values_for
 from peagle.deploy import values as rules
 from peagle.deploy.cli import main as deploy_main
 from peagle.deploy.render import deep_merge
+from peagle.pipeline.__main__ import main as pipeline_main
+from peagle.pipeline.profile import load_profile
 
 CHART = ROOT / "charts" / "peagle-serving"
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -207,3 +210,49 @@ def test_deploy_cli_other_flags(tmp_path, capsys):
                         "localhost:5000/vllm:1@" + DIGEST, "--render-only", out]) == 0
     isvc = yaml.safe_load(next(Path(out).glob("*inferenceservice*")).read_text())
     assert isvc["spec"]["predictor"]["model"]["storageUri"] == "pvc://c/runs/7"
+
+
+# -- cluster profiles: refused when loaded (compile, render, submit), naming the field
+
+@pytest.mark.parametrize("profile, message", [
+    ({"images": {"vllm": "quay.io/peagle/peagle-vllm:0.1.0\nrm -rf /"}},
+     r"images\.vllm: 'quay.io/peagle/peagle-vllm:0.1.0\\nrm -rf /' is not an image reference"),
+    ({"images": {"trainer": "quay.io/peagle/peagle-trainer"}}, r"images\.trainer: .*neither a tag nor a digest"),
+    ({"serving": {"image": "Quay.io/Peagle/VLLM:0.1.0"}}, r"serving\.image: 'Quay.io/Peagle/VLLM:0.1.0' is not"),
+    ({"trainjob": {"image": "trainer image:1"}}, r"trainjob\.image: .*a space"),
+    ({"accelerator": {"type": "nvidia.com/gpu\n"}}, r"accelerator\.type: .* is not an extended resource name"),
+    ({"accelerator": {"node_selector": {"pool": "gpu pool"}}}, r"accelerator\.node_selector\.pool: .*label value"),
+    ({"accelerator": {"tolerations": [{"key": "nvidia.com/gpu\n", "operator": "Exists"}]}},
+     r"accelerator\.tolerations\.0\.key: .*label key"),
+    ({"trainjob": {"node_selector": {"pool/a/b": "x"}}}, r"trainjob\.node_selector\.pool/a/b\.\[key\]: .*label key"),
+    ({"trainjob": {"runtime": "Peagle_Torch"}}, r"trainjob\.runtime: .*DNS-1123 subdomain"),
+    ({"trainjob": {"resources": {"requests": {"memory": "192GB"}}}},
+     r"trainjob\.resources\.requests\.memory: '192GB' is not a Kubernetes quantity"),
+    ({"steps": {"train": {"cpu": "16 cores"}}}, r"steps\.train\.cpu: '16 cores' is not a Kubernetes quantity"),
+    ({"shm_size": "16G\n"}, r"shm_size: .*Kubernetes quantity"),
+    ({"name": "../../etc/x"}, r"name: '../../etc/x' is not a DNS-1123 label"),
+])
+def test_profile_refuses_bad_values_naming_the_field(profile, message, tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(profile))
+    with pytest.raises(ConfigError, match=message):
+        load_profile(p)
+
+
+def test_pipeline_cli_refuses_a_bad_profile_image(tmp_path, capsys):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump({"name": "bad", "images": {"vllm": "quay.io/peagle/peagle-vllm:0.1.0\nrm -rf /"}}))
+    assert pipeline_main(["compile", "--profile", str(p), "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"peagle: error: cluster profile {p}: images.vllm: 'quay.io/peagle/peagle-vllm:0.1.0\\nrm")
+    assert not (tmp_path / "p.yaml").exists()
+    assert pipeline_main(["render", "--profile", str(p), "--out", str(tmp_path / "objs")]) == 2
+    assert "images.vllm" in capsys.readouterr().err and not (tmp_path / "objs").exists()
+    # the review render's own flags name what the run would deploy (a traceback before)
+    assert pipeline_main(["render", "--deploy-name", "Bad_Name", "--out", str(tmp_path / "objs")]) == 2
+    assert capsys.readouterr().err.startswith("peagle: error: --deploy-name: 'Bad_Name' is not an InferenceService")
+
+
+def test_committed_profiles_pass():
+    for p in sorted((ROOT / "pipelines" / "profiles").glob("*.yaml")):
+        load_profile(p)

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field
 
 from ..config import StrictModel
+from ..deploy.values import OptionalImageRef
 from .layout import RunLayout, bucket_and_key
 from .progress import stage
 
@@ -24,7 +25,8 @@ from .progress import stage
 class ServingSettings(StrictModel):
     """Cluster side of serving (from the cluster profile, fixed at compile time)."""
 
-    image: str = Field("", description="vLLM image REPOSITORY:TAG (default: the chart's)")
+    image: OptionalImageRef = Field("", description="vLLM image REGISTRY/PATH:TAG or ...@sha256:... "
+                                    "(\"\": the chart's)")
     gpus: int | None = Field(None, ge=0, description="GPUs per replica (default: the chart's)")
     max_model_len: int | None = Field(None, ge=16)
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM flags")
