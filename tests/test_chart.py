@@ -290,7 +290,7 @@ def test_values_for_maps_arguments_to_chart_values():
                    gpus=0, image="registry.local/peagle-vllm-cpu:1.2", extra_args=["--enforce-eager"],
                    extra_values=[{"vllm": {"port": 9000}}])
     assert v["storage"] == {"type": "dataConnection", "dataConnection": {"name": "aws-connection-x", "path": "runs/9/"}}
-    assert v["image"] == {"repository": "registry.local/peagle-vllm-cpu", "tag": "1.2"}
+    assert v["image"] == {"repository": "registry.local/peagle-vllm-cpu", "tag": "1.2", "digest": ""}
     assert v["vllm"] == {"extraArgs": ["--enforce-eager"], "port": 9000}
     c = container_of(objs_for(v))
     assert "--port=9000" in c["args"] and spec_config(c)["num_speculative_tokens"] == 6

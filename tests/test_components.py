@@ -217,7 +217,7 @@ def test_deploy_renders_the_serving_manifests(run_uri, trained):
     assert isvc["metadata"]["name"] == "tiny-draft"
     # the data connection serves <run>/models, which holds target/ and draft/
     assert isvc["spec"]["predictor"]["model"]["storage"] == {"key": "aws-connection-peagle",
-                                                             "path": run_uri + "/models"}
+                                                             "path": (run_uri + "/models").lstrip("/")}
     runtime = next(d for d in docs.values() if d["kind"] == "ServingRuntime")
     assert '"num_speculative_tokens":2' in json.dumps(runtime).replace('\\"', '"')
     assert deploy(run_uri, "tiny-draft", "none", "x", 2, "", pointer("manifests")) == ""

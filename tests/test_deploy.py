@@ -214,7 +214,7 @@ def test_cli_exit_codes_and_messages(cluster, apis, capsys):
             "--no-smoke-test"]
     assert main(args + ["--timeout", "0"], apis=apis) == 1
     err = capsys.readouterr().err
-    assert "peagle deploy: error: InferenceService/qwen3-peagle in ml not ready after 0s" in err
+    assert "peagle: error: InferenceService/qwen3-peagle in ml not ready after 0s" in err
     cluster.statuses[("InferenceService", "qwen3-peagle")] = [READY_ISVC]
     assert main(args, apis=apis) == 0
     out = capsys.readouterr().out

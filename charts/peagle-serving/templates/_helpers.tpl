@@ -27,14 +27,34 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (include "peagle-serving.fullname" .) .Values.vllm.servedModelName -}}
 {{- end -}}
 
-{{- define "peagle-serving.image" -}}
-{{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
+{{/*
+An image reference repository[:tag][@digest] (the schema checks each part and that a tag or a digest is set).
+*/}}
+{{- define "peagle-serving.imageRef" -}}
+{{- .repository -}}
+{{- with .tag }}:{{ . }}{{ end -}}
+{{- with .digest }}@{{ . }}{{ end -}}
 {{- end -}}
 
+{{- define "peagle-serving.image" -}}
+{{- include "peagle-serving.imageRef" .Values.image -}}
+{{- end -}}
+
+{{/*
+The init container's image: `fetch.image` over `image`. Its own tag or digest, when it has one; else the
+main tag, and the main digest only for the main repository (a digest names one repository's image).
+*/}}
 {{- define "peagle-serving.fetchImage" -}}
-{{- $repo := default .Values.image.repository .Values.fetch.image.repository -}}
-{{- $tag := default .Values.image.tag .Values.fetch.image.tag -}}
-{{- printf "%s:%s" $repo $tag -}}
+{{- $f := .Values.fetch.image -}}
+{{- $ref := dict "repository" (default .Values.image.repository $f.repository) "tag" ($f.tag | default "") "digest" ($f.digest | default "") -}}
+{{- if not (or $ref.tag $ref.digest) -}}
+{{- $_ := set $ref "tag" (.Values.image.tag | default "") -}}
+{{- if not $f.repository }}{{ $_ := set $ref "digest" (.Values.image.digest | default "") }}{{ end -}}
+{{- end -}}
+{{- if not (or $ref.tag $ref.digest) -}}
+{{- fail (printf "fetch.image: %s needs a tag or a digest (image has only a digest, which names another repository's image)" $ref.repository) -}}
+{{- end -}}
+{{- include "peagle-serving.imageRef" $ref -}}
 {{- end -}}
 
 {{- define "peagle-serving.targetPath" -}}

@@ -5,6 +5,7 @@ manifests (``--render-only DIR``) or applies them (create, or patch when present
 InferenceService (or Deployment) is ready, sends one chat request and prints the endpoint.
 
 Exit codes: 0 ready (and answered), 1 deploy failed or timed out, 2 bad arguments / render error.
+Arguments that end up in the manifests are checked first (:mod:`.values`): ``peagle: error: --image: why``.
 """
 from __future__ import annotations
 
@@ -15,13 +16,37 @@ import sys
 from pathlib import Path
 
 from . import kube, render, smoke
+from . import values as rules
+
+# Flags whose values land in the manifests, and their rule (the chart's schema holds the same ones).
+ARGUMENT_RULES = {
+    "--name": rules.rule_of("objectName"),
+    "--namespace": rules.rule_of("dnsLabel"),
+    "--data-connection": rules.rule_of("dnsSubdomain"),
+    "--path": rules.check_prefix,  # an object-store prefix; with --pvc a sub-path of the claim (check_arguments)
+    "--storage-uri": rules.rule_of("storageUri"),
+    "--target-uri": rules.rule_of("storageUri"),
+    "--draft-uri": rules.rule_of("storageUri"),
+    "--pvc": rules.rule_of("dnsSubdomain"),
+    "--service-account": rules.rule_of("dnsSubdomain"),
+    "--image": rules.check_image,
+}
+
+
+def check_arguments(ns: argparse.Namespace) -> None:
+    """Raise :class:`.values.InvalidValue` ``--flag: why`` for the first bad value in :data:`ARGUMENT_RULES`."""
+    flag_rules = dict(ARGUMENT_RULES)
+    if ns.pvc:
+        flag_rules["--path"] = rules.rule_of("volumePath")
+    rules.check_flags(ns, flag_rules)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="peagle deploy",
         description="Serve a run's target + P-EAGLE draft on Kubernetes with vLLM (KServe, or a plain Deployment).")
-    p.add_argument("--name", required=True, help="InferenceService / Deployment name (DNS-1035 label)")
+    p.add_argument("--name", required=True,
+                   help="InferenceService / Deployment name (DNS-1035 label, at most 53 characters)")
     p.add_argument("--namespace", "-n", default=None,
                    help="target namespace (default: the pod's namespace in-cluster, else 'default')")
     p.add_argument("--mode", choices=["kserve", "deployment"], default="kserve")
@@ -41,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--tensor-parallel-size", type=int)
     srv.add_argument("--draft-tensor-parallel-size", type=int, help="1 or the target's tensor-parallel size")
     srv.add_argument("--max-model-len", type=int)
-    srv.add_argument("--image", help="vLLM image REPOSITORY:TAG")
+    srv.add_argument("--image", help="vLLM image [REGISTRY[:PORT]/]PATH:TAG, or ...@sha256:DIGEST")
     srv.add_argument("--vllm-arg", dest="extra_args", action="append", default=[], metavar="FLAG",
                      help="extra vLLM flag, e.g. --vllm-arg=--enforce-eager (repeatable)")
     srv.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
@@ -117,12 +142,13 @@ def _served_model_name(objs: list[dict]) -> str | None:
 def main(argv: list[str] | None = None, apis: kube.Apis | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    namespace = _namespace(ns)
     try:
+        check_arguments(ns)
+        namespace = _namespace(ns)
         values = values_from_args(ns)
         objs = render.render(values, ns.name, namespace, ns.chart)
     except (render.RenderError, OSError, ValueError) as e:
-        print(f"peagle deploy: error: {e}", file=sys.stderr)
+        print(f"peagle: error: {e}", file=sys.stderr)
         return 2
     if ns.render_only:
         for path in render.write_manifests(objs, ns.render_only):
@@ -132,13 +158,13 @@ def main(argv: list[str] | None = None, apis: kube.Apis | None = None) -> int:
         try:
             apis = kube.Apis.from_environment(ns.kubeconfig, ns.context)
         except Exception as e:  # kubernetes.config.ConfigException and file errors
-            print(f"peagle deploy: error: no cluster credentials ({e})", file=sys.stderr)
+            print(f"peagle: error: no cluster credentials ({e})", file=sys.stderr)
             return 2
     try:
         deploy(objs, apis, timeout=ns.timeout, smoke_test=not ns.no_smoke_test, endpoint_override=ns.endpoint,
                token=os.environ.get(ns.token_env) or None, verify_tls=not ns.insecure)
     except (kube.DeployError, smoke.SmokeTestError) as e:
-        print(f"peagle deploy: error: {e}", file=sys.stderr)
+        print(f"peagle: error: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -7,17 +7,17 @@ as one YAML file per object (``--render-only``).
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import yaml
 
+from . import values as rules
+
 CHART_NAME = "peagle-serving"
 # Objects a later one refers to are applied first (the InferenceService names its ServingRuntime).
 APPLY_ORDER = ("ServiceAccount", "Secret", "ConfigMap", "ServingRuntime", "Service", "Deployment",
                "InferenceService", "Route", "ServiceMonitor", "PodMonitor")
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 class RenderError(ValueError):
@@ -68,6 +68,8 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
     * ``target_uri`` + ``draft_uri``: KServe >= 0.16 ``storageUris`` (kserve mode);
     * ``pvc`` (+ ``path``): a PersistentVolumeClaim sub-path holding target/ and draft/.
 
+    ``image`` is a full reference ``registry[:port]/path:tag`` (or ``...@sha256:...``), checked by
+    :func:`.values.parse_image`; every other string is checked by the chart's schema at :func:`render`.
     ``extra_values`` (parsed ``-f``/``--set`` maps) are merged last and win.
     """
     sources = {"dataConnection": data_connection, "uri": storage_uri, "uris": target_uri or draft_uri, "pvc": pvc}
@@ -101,10 +103,12 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
     if max_model_len is not None:
         _set(v, "vllm.maxModelLen", int(max_model_len))
     if image:
-        repo, sep, tag = image.rpartition(":")
-        if not sep or "/" in tag:
-            raise RenderError(f"--image must be REPOSITORY:TAG, got {image!r}")
-        _set(v, "image", {"repository": repo, "tag": tag})
+        try:
+            repo, tag, digest = rules.parse_image(image)
+        except rules.InvalidValue as e:
+            raise RenderError(f"image: {e}") from None
+        # Both parts always: the chart's default tag must not stay next to a digest given alone.
+        _set(v, "image", {"repository": repo, "tag": tag, "digest": digest})
     if extra_args:
         _set(v, "vllm.extraArgs", list(extra_args))
     for extra in extra_values:
@@ -117,8 +121,12 @@ def render(values: Mapping, name: str, namespace: str, chart: str | os.PathLike 
     ``metadata.namespace`` set (Helm leaves it to the client)."""
     import helm_python as helm
 
-    if not _DNS1035.match(name) or len(name) > 63:
-        raise RenderError(f"name {name!r} must be a DNS-1035 label (lower case, digits, '-', <= 63)")
+    # Helm does not check the release name against what KServe accepts, nor the namespace at all.
+    for what, rule, value in (("name", "objectName", name), ("namespace", "dnsLabel", namespace)):
+        try:
+            rules.check(rule, value)
+        except rules.InvalidValue as e:
+            raise RenderError(f"{what}: {e}") from None
     try:
         files = helm.Chart.load(str(chart_dir(chart))).render(dict(values), name=name, namespace=namespace)
     except helm.HelmError as e:  # schema violations and template `fail`s name the value

@@ -61,10 +61,13 @@ def cmd_submit(ns: argparse.Namespace) -> int:
 
 
 def cmd_render(ns: argparse.Namespace) -> int:
+    from ..deploy import values as rules
     from .build import profile_path
     from .profile import load_profile
     from .review import run_objects, write_objects
 
+    rules.check_flags(ns, {"--namespace": rules.rule_of("dnsLabel"), "--data-connection": rules.rule_of("dnsSubdomain"),
+                           "--deploy-name": rules.rule_of("objectName")})
     profile = load_profile(profile_path(ns.profile))
     objs = run_objects(profile, run_id=ns.run_id, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus,
                        namespace=ns.namespace, data_connection=ns.data_connection, output_root=ns.output_root,
@@ -140,13 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    from ..deploy import RenderError
+    from ..deploy.values import InvalidValue
     from ..storage import StorageError
     from .submit import SubmitError
 
     try:
         return ns.func(ns)
-    except (ConfigError, SubmitError, StorageError, FileNotFoundError, yaml.YAMLError) as exc:
-        print(f"peagle pipeline: error: {exc}", file=sys.stderr)
+    except (ConfigError, SubmitError, StorageError, FileNotFoundError, yaml.YAMLError, InvalidValue,
+            RenderError) as exc:
+        print(f"peagle: error: {exc}", file=sys.stderr)
         return 2
 
 

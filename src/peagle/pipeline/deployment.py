@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field
 
 from ..config import StrictModel
+from ..deploy.values import OptionalImageRef
 from .layout import RunLayout, bucket_and_key
 from .progress import stage
 
@@ -24,7 +25,8 @@ from .progress import stage
 class ServingSettings(StrictModel):
     """Cluster side of serving (from the cluster profile, fixed at compile time)."""
 
-    image: str = Field("", description="vLLM image REPOSITORY:TAG (default: the chart's)")
+    image: OptionalImageRef = Field("", description="vLLM image REGISTRY/PATH:TAG or ...@sha256:... "
+                                    "(\"\": the chart's)")
     gpus: int | None = Field(None, ge=0, description="GPUs per replica (default: the chart's)")
     max_model_len: int | None = Field(None, ge=16)
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM flags")
@@ -34,10 +36,11 @@ class ServingSettings(StrictModel):
 
 def model_location(layout: RunLayout) -> tuple[str, str]:
     """(bucket, prefix) holding target/ and draft/: the data connection's ``path`` and, when the run's
-    ``output_root`` names a bucket (``s3://bucket/...``), that bucket -- it need not be the connection's."""
+    ``output_root`` names a bucket (``s3://bucket/...``), that bucket -- it need not be the connection's.
+    Local runs are only rendered: the path, made relative as a prefix must be, is informative."""
     if layout.remote:
         return bucket_and_key(layout.models)
-    return "", layout.models  # local runs: only rendered, the path is informative
+    return "", layout.models.lstrip("/")
 
 
 def serving_objects(run_uri: str, name: str, mode: str, data_connection: str, num_speculative_tokens: int,

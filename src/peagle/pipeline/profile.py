@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from ..config import ConfigError, StrictModel
+from ..deploy.values import DnsLabel, ImageRef, LabelKey, LabelValue, Quantity, ResourceName
 from .deployment import ServingSettings
 from ..storage.settings import DATA_CONNECTION_DIR_ENV
 from .trainjob import REQUIRED_KEYS  # OpenShift AI data-connection keys (values stay in the Secret)
@@ -30,15 +31,17 @@ SCRATCH_MOUNT = "/scratch"
 class Images(StrictModel):
     """Container images by role (see images/README.md)."""
 
-    base: str = Field("quay.io/peagle/peagle-base:0.1.0-cpu", description="init_run, prepare, deploy, the TrainJob launcher")
-    vllm: str = Field("quay.io/peagle/peagle-vllm:0.1.0", description="regenerate, extract, evaluate")
-    trainer: str = Field("quay.io/peagle/peagle-trainer:0.1.0", description="train (pod mode) and the TrainJob's nodes")
+    base: ImageRef = Field("quay.io/peagle/peagle-base:0.1.0-cpu",
+                           description="init_run, prepare, deploy, the TrainJob launcher")
+    vllm: ImageRef = Field("quay.io/peagle/peagle-vllm:0.1.0", description="regenerate, extract, evaluate")
+    trainer: ImageRef = Field("quay.io/peagle/peagle-trainer:0.1.0",
+                              description="train (pod mode) and the TrainJob's nodes")
 
 
 class Toleration(StrictModel):
-    key: str | None = None
+    key: LabelKey | None = None
     operator: Literal["Equal", "Exists"] | None = None
-    value: str | None = None
+    value: LabelValue | None = None
     effect: Literal["NoExecute", "NoSchedule", "PreferNoSchedule"] | None = None
     toleration_seconds: int | None = None
 
@@ -51,16 +54,16 @@ class Toleration(StrictModel):
 class Accelerator(StrictModel):
     """The GPU node pool."""
 
-    type: str = Field("nvidia.com/gpu", description="extended resource name of the GPUs")
-    node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    type: ResourceName = Field("nvidia.com/gpu", description="extended resource name of the GPUs")
+    node_selector: dict[LabelKey, LabelValue] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
     tolerations: list[Toleration] = Field(
         default_factory=lambda: [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")])
 
 
 class StepResources(StrictModel):
-    cpu: str | None = Field(None, description="CPU request (and limit when cpu_limit is unset)")
-    cpu_limit: str | None = None
-    memory: str | None = Field(None, description="memory request and limit")
+    cpu: Quantity | None = Field(None, description="CPU request (and limit when cpu_limit is unset)")
+    cpu_limit: Quantity | None = None
+    memory: Quantity | None = Field(None, description="memory request and limit")
     gpus: int = Field(0, ge=0, description="GPUs (0: runs off the GPU pool); the train pod uses num_gpus instead")
     timeout_s: int | None = Field(None, ge=1, description="kill the step's pod after this long")
 
@@ -80,14 +83,14 @@ class Retry(StrictModel):
 class ClusterProfile(StrictModel):
     """See the module docstring; every field has a default, a profile file overrides what differs."""
 
-    name: str = "default"
+    name: DnsLabel = Field("default", description="names the compiled file pipelines/compiled/peagle-<name>.yaml")
     images: Images = Field(default_factory=Images)
     install_kfp_package: bool = Field(
         False, description="pip-install kfp in each step's pod at start (the images of images/ ship it; true for "
         "images without it, at the price of a package index and a slower start)")
     accelerator: Accelerator = Field(default_factory=Accelerator)
-    shm_size: str = Field("16Gi", description="/dev/shm (memory-backed emptyDir) on GPU steps, for NCCL")
-    scratch_size: str | None = Field(
+    shm_size: Quantity = Field("16Gi", description="/dev/shm (memory-backed emptyDir) on GPU steps, for NCCL")
+    scratch_size: Quantity | None = Field(
         "200Gi", description=f"emptyDir at {SCRATCH_MOUNT} for model downloads and temp files (null: none)")
     steps: dict[str, StepResources] = Field(default_factory=dict)
     retry: Retry = Field(default_factory=Retry)
@@ -141,8 +144,21 @@ def load_profile(path: str | Path | None) -> ClusterProfile:
         raise ConfigError(f"cluster profile not found: {path}") from None
     try:
         return ClusterProfile.model_validate(data)
-    except Exception as exc:  # pydantic.ValidationError: report it as a configuration error
-        raise ConfigError(f"cluster profile {path}: {exc}") from None
+    except ValidationError as exc:
+        raise ConfigError(f"cluster profile {path}: {_field_errors(exc)}") from None
+
+
+def _field_errors(exc: ValidationError) -> str:
+    """``images.vllm: why; steps.train.cpu: why`` (pydantic's own text spans lines and links its docs)."""
+    out = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "<profile>"
+        if e["type"] == "extra_forbidden":
+            out.append(f"{where}: unknown key")
+            continue
+        msg = e["msg"].removeprefix("Value error, ")
+        out.append(f"{where}: {msg}" if e["type"] == "value_error" else f"{where}: {msg} (got {e.get('input')!r})")
+    return "; ".join(out)
 
 
 def apply_step(task: Any, step: str, profile: ClusterProfile, data_connection: Any, gpus: Any = None,

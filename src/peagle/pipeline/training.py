@@ -9,11 +9,12 @@ target, the layout the serving chart reads.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from ..config import StrictModel
+from ..deploy.values import DnsSubdomain, ImageRef, LabelKey, LabelValue, Quantity, ResourceName
 from ..stage_io import join
 from .layout import RunLayout
 from .objects import copy_published
@@ -30,13 +31,13 @@ class TrainError(RuntimeError):
 class TrainJobSettings(StrictModel):
     """Cluster side of ``train_mode=trainjob`` (from the cluster profile, fixed at compile time)."""
 
-    image: str = Field("quay.io/peagle/peagle-trainer:0.1.0", description="image of the TrainJob's nodes")
-    runtime: str = Field("peagle-torch", description="ClusterTrainingRuntime the TrainJob references: the one "
+    image: ImageRef = Field("quay.io/peagle/peagle-trainer:0.1.0", description="image of the TrainJob's nodes")
+    runtime: DnsSubdomain = Field("peagle-torch", description="ClusterTrainingRuntime the TrainJob references: the one "
                          "of this profile's GPU pool (`peagle pipeline render` writes it)")
-    resources: dict[str, dict[str, str]] = Field(default_factory=dict,
-                                                 description="per-node requests/limits besides the GPUs")
-    accelerator: str = Field("nvidia.com/gpu", description="extended resource name of the GPUs")
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    resources: dict[Literal["requests", "limits"], dict[LabelKey, Quantity]] = Field(
+        default_factory=dict, description="per-node requests/limits besides the GPUs")
+    accelerator: ResourceName = Field("nvidia.com/gpu", description="extended resource name of the GPUs")
+    node_selector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of the training processes")
     queue_name: str = Field("", description="Kueue LocalQueue for the TrainJob (label kueue.x-k8s.io/queue-name); "
