@@ -9,6 +9,8 @@
 4. trains: per step, each rank runs its rows as micro-batches and accumulates gradients; the loss of
    every row is normalised by the supervised-element count of the *global* batch, so W processes
    with B/W rows each compute the same update as one process with B rows;
+   progress and metrics lines report tokens/s, model TFLOP/s per device and, on a GPU of known peak,
+   MFU (:mod:`peagle.train.flops`);
 5. validates, checkpoints every ``checkpoint_every`` steps and at the end, and finally publishes the
    vLLM-servable draft as ``final/``.
 
@@ -38,6 +40,7 @@ from .data import (DatasetError, SampleDataset, check_dataset_matches, check_sam
                    split_indices)
 from .distributed import (DistEnv, all_gather_objects, all_reduce_sum, gradient_sync, init_distributed,
                           local_tensor, shutdown, wrap_model)
+from .flops import device_peak_flops, prepared_row_flops
 from .loss import EPS, Teacher, metrics_from_stats, row_loss
 from .optim import build_optimizer, build_scheduler
 from .settings import TrainRunConfig
@@ -175,7 +178,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     final_sd, saved_last = None, False
     prefetcher = Prefetcher(list(range(start, total_steps)), rows_of_step, s.prefetch)
     t_start = time.perf_counter()
-    t_last, tokens_since, wait_last = t_start, 0.0, 0.0
+    t_last, tokens_since, wait_last, flops_since = t_start, 0.0, 0.0, 0.0
+    peak_flops = device_peak_flops(device)  # None on CPU and unknown GPUs: no MFU then
     window = torch.zeros(2 + 2 * K, dtype=torch.float64)  # summed stats of the steps since the last log line
     try:
         wrapped.train()
@@ -196,9 +200,13 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
 
-            tokens = all_reduce_sum(torch.tensor([float(sum(r.num_tokens for r in rows))]), env).item()
+            # real tokens and model FLOPs (peagle.train.flops) of the step, summed over ranks
+            tokens, flops = all_reduce_sum(torch.tensor([float(sum(r.num_tokens for r in rows)),
+                                                         float(sum(prepared_row_flops(spec, r) for r in rows))],
+                                                        dtype=torch.float64), env).tolist()
             window += all_reduce_sum(stats, env)
             tokens_since += tokens
+            flops_since += flops
             done = step + 1
             if done % s.log_every == 0 or done == total_steps:
                 now = time.perf_counter()
@@ -208,8 +216,12 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                                 "tokens_per_s": tokens_since / max(now - t_last, 1e-9), "elapsed_s": elapsed,
                                 "eta_s": elapsed / (done - start) * (total_steps - done),
                                 # share of wall time this rank's step loop waited for its next batch
-                                "data_wait_share": (prefetcher.wait_s - wait_last) / max(now - t_last, 1e-9)}
-                t_last, tokens_since, wait_last = now, 0.0, prefetcher.wait_s
+                                "data_wait_share": (prefetcher.wait_s - wait_last) / max(now - t_last, 1e-9),
+                                # model FLOP/s per device; MFU against the device's dense bf16 peak
+                                "model_tflops_per_s": flops_since / max(now - t_last, 1e-9) / env.world_size / 1e12}
+                if peak_flops:
+                    last_metrics["mfu"] = last_metrics["model_tflops_per_s"] * 1e12 / peak_flops
+                t_last, tokens_since, wait_last, flops_since = now, 0.0, prefetcher.wait_s, 0.0
                 window.zero_()
                 if env.is_main:
                     write_metrics(metrics_path, last_metrics)
@@ -320,6 +332,8 @@ def print_progress(m: dict, total_steps: int, num_depths: int, prefix: str = "")
     accs = " ".join(f"{m[f'{prefix}position_{d}_acc']:.3f}" for d in range(num_depths))
     line = f"step {m['step']:>6}/{total_steps} | {prefix}loss {m[f'{prefix}loss']:.4f} | {prefix}acc/depth {accs}"
     if not prefix:
-        line += (f" | lr {m['lr']:.2e} | gnorm {m['grad_norm']:.3f} | {m['tokens_per_s']:,.0f} tok/s"
-                 f" | {m['elapsed_s']:.0f}s elapsed, eta {m['eta_s']:.0f}s")
+        line += f" | lr {m['lr']:.2e} | gnorm {m['grad_norm']:.3f} | {m['tokens_per_s']:,.0f} tok/s"
+        if "mfu" in m:
+            line += f" | {m['model_tflops_per_s']:.0f} TFLOP/s, MFU {m['mfu']:.1%}"
+        line += f" | {m['elapsed_s']:.0f}s elapsed, eta {m['eta_s']:.0f}s"
     print(line, file=sys.stderr, flush=True)
