@@ -24,16 +24,20 @@ Measurement jobs (the evaluation stage) also give
   starts in seconds instead of spawning two processes that import vLLM again (CPU tests);
 * ``engine_args``: extra ``vllm.LLM`` keyword arguments (e.g. ``gpu_memory_utilization``,
   ``tensor_parallel_size``).
+
+Progress: every finished request of the prompts and workloads (repeats included, the warm-up not;
+:func:`requests_of`) is reported through :func:`peagle.progress.child_reporter`;
+``run_in_subprocess(..., progress=)`` relays it.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any
 
+from . import progress as progress_mod
 from .evaluate.counters import counts_from_vllm_metrics
 
 
@@ -72,7 +76,16 @@ def spec_decode_counts(metrics) -> dict[str, Any]:
     return counts_from_vllm_metrics(metrics).as_dict()
 
 
-def _run(job: dict[str, Any]) -> dict[str, Any]:
+def requests_of(job: dict[str, Any] | list[dict[str, Any]]) -> int:
+    """The requests a job (or list of jobs) reports as progress."""
+    if isinstance(job, list):
+        return sum(requests_of(j) for j in job)
+    if "workloads" in job:
+        return sum(len(w["prompts"]) * int(w.get("repeats", 1)) for w in job["workloads"])
+    return len(job["prompts"])
+
+
+def _run(job: dict[str, Any], reporter=None) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(job.get("kv_cache_gib", 1)))
     _set_engine_env(bool(job.get("in_process")))
     from vllm import LLM, SamplingParams
@@ -101,9 +114,11 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         }
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
+    if reporter is not None:
+        reporter.ready()  # the first engine is up (later engines' start-up is part of the work left)
     if "workloads" in job:
         try:
-            return _run_workloads(llm, job, time.perf_counter() - t0)
+            return _run_workloads(llm, job, time.perf_counter() - t0, reporter)
         finally:
             _shutdown(llm)
     params = SamplingParams(
@@ -113,7 +128,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         ignore_eos=bool(job.get("ignore_eos", False)),
         logprobs=job.get("logprobs"),
     )
-    outs = _generate(llm, job["prompts"], params)
+    outs = _generate(llm, job["prompts"], params, reporter)
     result = {
         "texts": [o.outputs[0].text for o in outs],
         "token_ids": [list(o.outputs[0].token_ids) for o in outs],
@@ -128,7 +143,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _run_workloads(llm, job: dict[str, Any], engine_start_s: float) -> dict[str, Any]:
+def _run_workloads(llm, job: dict[str, Any], engine_start_s: float, reporter=None) -> dict[str, Any]:
     """Each workload as one batch on the warm engine, with its own counter difference and timing."""
     from vllm import SamplingParams
 
@@ -146,13 +161,13 @@ def _run_workloads(llm, job: dict[str, Any], engine_start_s: float) -> dict[str,
         )
         before = counts_from_vllm_metrics(llm.get_metrics())
         t = time.perf_counter()
-        outs = _generate(llm, w["prompts"], params)
+        outs = _generate(llm, w["prompts"], params, reporter)
         elapsed = time.perf_counter() - t
         counts = counts_from_vllm_metrics(llm.get_metrics()).minus(before)
         timings = [elapsed]
         for _ in range(int(w.get("repeats", 1)) - 1):  # timing only: counters and outputs are the first pass's
             t = time.perf_counter()
-            _generate(llm, w["prompts"], params)
+            _generate(llm, w["prompts"], params, reporter)
             timings.append(time.perf_counter() - t)
         token_ids = [list(o.outputs[0].token_ids) for o in outs]
         results.append({
@@ -189,10 +204,11 @@ def _device() -> str:
     return f"{kind} ({name})" if name and name != kind else kind
 
 
-def _generate(llm, prompts: list, params):
+def _generate(llm, prompts: list, params, reporter=None):
+    hook = progress_mod.vllm_tqdm(reporter) if reporter is not None else False
     if prompts and isinstance(prompts[0], list):
-        return llm.chat(prompts, params, use_tqdm=False)
-    return llm.generate(prompts, params, use_tqdm=False)
+        return llm.chat(prompts, params, use_tqdm=hook)
+    return llm.generate(prompts, params, use_tqdm=hook)
 
 
 def _shutdown(llm) -> None:
@@ -214,24 +230,27 @@ def _spec_config_of(llm) -> dict[str, Any] | None:
             "parallel_drafting": bool(getattr(sc, "parallel_drafting", False)), "model": sc.model}
 
 
-def run_in_subprocess(job: dict[str, Any] | list[dict[str, Any]], timeout: float = 1200):
+def run_in_subprocess(job: dict[str, Any] | list[dict[str, Any]], timeout: float = 1200,
+                      progress: progress_mod.Progress | None = None):
     """Run one vLLM job (or a list, sequentially, sharing the interpreter's start-up) in a fresh
-    interpreter; returns the result (or list of results). Raises with vLLM's own error text on failure."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "peagle.vllm_run"], input=json.dumps(job), capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-    )
+    interpreter; returns the result (or list of results). Raises with vLLM's own error text on failure.
+    ``progress`` is advanced per finished request (its total: :func:`requests_of`)."""
+    rc, stdout, stderr = progress_mod.run_child(
+        [sys.executable, "-m", "peagle.vllm_run"], json.dumps(job), progress, timeout=timeout,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     marker = "PEAGLE_RESULT "
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith(marker):
             return json.loads(line[len(marker):])
-    tail = "\n".join((proc.stderr or "").splitlines()[-40:])
-    raise RuntimeError(f"vLLM job failed (exit {proc.returncode}):\n{tail}")
+    tail = "\n".join(stderr.splitlines()[-40:])
+    raise RuntimeError(f"vLLM job failed (exit {rc}):\n{tail}")
 
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
-    result = [_run(j) for j in job] if isinstance(job, list) else _run(job)
+    reporter = progress_mod.child_reporter()
+    result = [_run(j, reporter) for j in job] if isinstance(job, list) else _run(job, reporter)
+    reporter.flush()
     print("PEAGLE_RESULT " + json.dumps(result), flush=True)
 
 

@@ -13,14 +13,19 @@ Two generators, one contract (``generate(list of message lists) -> list of (text
 
 Resumable by sample id: records are appended and flushed one conversation at a time; a rerun skips
 ids already in the output (a torn last line from a crash is cut off first).
+
+Progress (:mod:`peagle.progress`) counts conversations toward ``max_conversations`` (unknown
+without it): each regenerated reply is worth 1/T of its conversation (T: the turns it gets), so the
+count moves with every finished request and is exact whenever a round of turns ends.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from .. import progress as progress_mod
 from ..config import StrictModel
 from .errors import PrepareError, RowRejected
 from .rows import Conversation, parse_row, row_id_of
@@ -161,9 +167,16 @@ class EndpointGenerator:
         choice = out["choices"][0]
         return choice["message"].get("content") or "", choice.get("finish_reason") or ""
 
-    def generate(self, batch: list[list[dict]]) -> list[tuple[str, str]]:
+    def generate(self, batch: list[list[dict]], progress=None) -> list[tuple[str, str]]:
+        """Replies in batch order; each finished request advances ``progress`` by 1."""
+        def one(messages: list[dict]) -> tuple[str, str]:
+            reply = self._one(messages)
+            if progress is not None:
+                progress.advance(1)
+            return reply
+
         with ThreadPoolExecutor(self.s.concurrency) as pool:
-            return list(pool.map(self._one, batch))
+            return list(pool.map(one, batch))
 
 
 class VllmGenerator:
@@ -186,12 +199,14 @@ class VllmGenerator:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # as vLLM's chat() counts
 
-    def generate(self, batch: list[list[dict]]) -> list[tuple[str, str]]:
+    def generate(self, batch: list[list[dict]], progress=None) -> list[tuple[str, str]]:
+        """Replies in batch order; each finished request advances ``progress`` by 1."""
         # vLLM refuses a whole batch when one prompt exceeds the context; such a prompt (or one over
         # max_prompt_tokens) gets an empty reply instead, which ends its conversation (_regenerate_batch).
         replies = [("", "prompt_too_long")] * len(batch)
         kept = [i for i, m in enumerate(batch) if self._prompt_tokens(m) <= self.max_prompt]
-        for i, o in zip(kept, self.llm.chat([batch[i] for i in kept], self.params, use_tqdm=False)):
+        hook = progress_mod.vllm_tqdm(progress) if progress is not None else False
+        for i, o in zip(kept, self.llm.chat([batch[i] for i in kept], self.params, use_tqdm=hook)):
             replies[i] = (o.outputs[0].text, o.outputs[0].finish_reason or "")
         return replies
 
@@ -200,14 +215,63 @@ class VllmGenerator:
 # The loop
 
 
-def _regenerate_batch(generator, convs: list[Conversation],
-                      max_turns: int | None = None) -> list[tuple[list[dict], list[str]]]:
+class _ConversationCredit:
+    """Progress in conversations while their turns are generated round by round.
+
+    A conversation that gets T replies is credited 1/T per reply; during a round each finished
+    request is credited the round's mean share (vLLM does not say whose request finished), and
+    :meth:`settle` makes the count exact when the round ends (an early end credits the rest).
+    """
+
+    def __init__(self, progress, convs: list[Conversation], max_turns: int | None):
+        self.progress = progress
+        self.turns = [min(sum(m["role"] == "assistant" for m in c.messages), max_turns or math.inf) for c in convs]
+        self.credited = [0.0] * len(convs)
+        self.live = 0.0  # credited during the current round, not yet assigned to conversations
+        for i, t in enumerate(self.turns):
+            if t == 0:  # nothing to regenerate: done at once
+                self._credit(i, 1.0)
+
+    def _credit(self, i: int, share: float) -> None:
+        self.progress.advance(share - self.credited[i])
+        self.credited[i] = share
+
+    def round(self, owners: list[int]) -> _RoundReporter:
+        """The reporter for one round's generate call (its ``advance(n)`` counts requests)."""
+        return _RoundReporter(self, sum(1.0 / self.turns[i] for i in owners) / len(owners))
+
+    def settle(self, i: int, replies: int, ended: bool) -> None:
+        share = 1.0 if ended else replies / self.turns[i]
+        taken = min(self.live, share - self.credited[i])  # this round's live credit, as far as it goes
+        self.live -= taken
+        self.credited[i] += taken
+        self._credit(i, share)
+
+    def end_round(self) -> None:
+        self.live = 0.0  # every owner settled: what is left over was already counted (cannot exceed)
+
+
+class _RoundReporter:
+    def __init__(self, credit: _ConversationCredit, share: float):
+        self.credit, self.share = credit, share
+        self.lock = threading.Lock()  # the endpoint backend finishes requests on a thread pool
+
+    def advance(self, n: float = 1) -> None:
+        with self.lock:
+            self.credit.live += n * self.share
+        self.credit.progress.advance(n * self.share)
+
+
+def _regenerate_batch(generator, convs: list[Conversation], max_turns: int | None = None,
+                      progress=None) -> list[tuple[list[dict], list[str]]]:
     """Regenerate the assistant turns (the first ``max_turns``, default all) of each conversation,
-    round by round (turn k of all at once)."""
+    round by round (turn k of all at once). ``progress`` (an ``advance(n)``) is credited
+    conversations (:class:`_ConversationCredit`): ``len(convs)`` in all."""
     histories: list[list[dict]] = [[] for _ in convs]
     finishes: list[list[str]] = [[] for _ in convs]
     pending = [list(c.messages) for c in convs]
     alive = list(range(len(convs)))
+    credit = _ConversationCredit(progress, convs, max_turns) if progress is not None else None
     while alive:
         prompts, owners = [], []
         for i in alive:
@@ -220,17 +284,22 @@ def _regenerate_batch(generator, convs: list[Conversation],
                 owners.append(i)
         if not prompts:
             break
-        replies = generator.generate(prompts)
+        replies = generator.generate(prompts, credit.round(owners)) if credit else generator.generate(prompts)
         still = []
         for i, (text, finish) in zip(owners, replies):
             if not text.strip():
                 pending[i] = []  # an empty reply ends the conversation here
-                continue
-            histories[i].append({"role": "assistant", "content": text})
-            finishes[i].append(finish)
-            if max_turns is not None and len(finishes[i]) >= max_turns:
-                pending[i] = []
-            still.append(i)
+            else:
+                histories[i].append({"role": "assistant", "content": text})
+                finishes[i].append(finish)
+                if max_turns is not None and len(finishes[i]) >= max_turns:
+                    pending[i] = []
+                still.append(i)
+            if credit:
+                ended = not any(m["role"] == "assistant" for m in pending[i])
+                credit.settle(i, len(finishes[i]), ended)
+        if credit:
+            credit.end_round()
         alive = still
     out = []
     for hist, fin in zip(histories, finishes):
@@ -240,8 +309,11 @@ def _regenerate_batch(generator, convs: list[Conversation],
     return out
 
 
-def regenerate_into(settings: RegenerateSettings, output: Path, make_generator) -> dict[str, int]:
-    """Append regenerated conversations to ``output``; ``make_generator()`` is called only if there is work."""
+def regenerate_into(settings: RegenerateSettings, output: Path, make_generator, progress=None) -> dict[str, int]:
+    """Append regenerated conversations to ``output``; ``make_generator()`` is called only if there is work.
+
+    ``progress`` (a :class:`peagle.progress.Progress` or a child's relay) is advanced in
+    conversations; ones already in ``output`` are skipped, not counted in the rate."""
     output.parent.mkdir(parents=True, exist_ok=True)
     generator = None
     done = done_ids(output)
@@ -252,7 +324,9 @@ def regenerate_into(settings: RegenerateSettings, output: Path, make_generator) 
         nonlocal generator
         if generator is None:
             generator = make_generator()
-        results = _regenerate_batch(generator, [c for _, _, c in todo], settings.max_turns)
+            if progress is not None:
+                progress.ready()  # the engine is up: the rate counts generation only
+        results = _regenerate_batch(generator, [c for _, _, c in todo], settings.max_turns, progress)
         with open(output, "a", encoding="utf-8") as fh:
             for (sid, label, _), (messages, finishes) in zip(todo, results):
                 if not any(m["role"] == "assistant" for m in messages):
@@ -268,6 +342,8 @@ def regenerate_into(settings: RegenerateSettings, output: Path, make_generator) 
     for sid, label, conv in _conversations(settings):
         if sid in done:
             counts["already_done"] += 1
+            if progress is not None:
+                progress.skip(1)
             continue
         todo.append((sid, label, conv))
         if len(todo) >= settings.batch_size:
@@ -280,24 +356,30 @@ def regenerate_into(settings: RegenerateSettings, output: Path, make_generator) 
 def run_regenerate(settings: RegenerateSettings, target: str | os.PathLike | None, output: str | os.PathLike) -> RegenerateResult:
     """Regenerate into ``output`` (JSONL). ``target`` is the model directory for the vllm backend."""
     output = Path(output)
+    progress = progress_mod.Progress("regenerate", settings.max_conversations, "conversations")
     if settings.backend == "endpoint":
-        return RegenerateResult(output, regenerate_into(settings, output, lambda: EndpointGenerator(settings)))
+        with progress:
+            counts = regenerate_into(settings, output, lambda: EndpointGenerator(settings), progress)
+        return RegenerateResult(output, counts)
     if not target:
         raise PrepareError("regenerate backend 'vllm' needs a target directory")
     job = {"settings": settings.model_dump(), "target": str(target), "output": str(output)}
-    proc = subprocess.run([sys.executable, "-m", "peagle.data.regenerate"], input=json.dumps(job),
-                          capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("PEAGLE_RESULT "):
-            return RegenerateResult(output, json.loads(line[len("PEAGLE_RESULT "):]))
-    tail = "\n".join(proc.stderr.splitlines()[-30:])
-    raise PrepareError(f"offline regeneration failed (exit {proc.returncode}):\n{tail}")
+    with progress:
+        rc, stdout, stderr = progress_mod.run_child([sys.executable, "-m", "peagle.data.regenerate"],
+                                                    json.dumps(job), progress)
+        for line in stdout.splitlines():
+            if line.startswith("PEAGLE_RESULT "):
+                return RegenerateResult(output, json.loads(line[len("PEAGLE_RESULT "):]))
+        tail = "\n".join(stderr.splitlines()[-30:])
+        raise PrepareError(f"offline regeneration failed (exit {rc}):\n{tail}")
 
 
 def _child_main() -> None:
     job: dict[str, Any] = json.loads(sys.stdin.read())
     settings = RegenerateSettings.model_validate(job["settings"])
-    counts = regenerate_into(settings, Path(job["output"]), lambda: VllmGenerator(settings, job["target"]))
+    reporter = progress_mod.child_reporter()
+    counts = regenerate_into(settings, Path(job["output"]), lambda: VllmGenerator(settings, job["target"]), reporter)
+    reporter.flush()
     print("PEAGLE_RESULT " + json.dumps(counts), flush=True)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..progress import Progress
 from .counters import SpecDecodeCounts
 from .prompts import PromptSet
 from .settings import EvaluateSettings
@@ -187,10 +188,11 @@ def offline_api_jobs(settings: EvaluateSettings, target_dir: str, draft_dir: str
 def run_offline_api(settings: EvaluateSettings, target_dir: str, draft_dir: str, ks: list[int],
                     workloads: list[Workload], raw_log: Path | None = None) -> list[EngineRun]:
     """Run every engine of the sweep in one child interpreter; returns one :class:`EngineRun` each."""
-    from ..vllm_run import run_in_subprocess
+    from ..vllm_run import requests_of, run_in_subprocess
 
     jobs = offline_api_jobs(settings, target_dir, draft_dir, ks, workloads)
-    raw = run_in_subprocess([j for _, _, j in jobs], timeout=settings.timeout_s)
+    with Progress("evaluate", requests_of([j for _, _, j in jobs]), "requests") as progress:
+        raw = run_in_subprocess([j for _, _, j in jobs], timeout=settings.timeout_s, progress=progress)
     if raw_log is not None:  # every engine's outputs and counts (see peagle.evaluate.run.ENGINE_OUTPUTS)
         raw_log.parent.mkdir(parents=True, exist_ok=True)
         raw_log.write_text(json.dumps([{"num_speculative_tokens": k, "purpose": p, **r}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..model.target import fingerprint, inspect_target
+from ..progress import Progress
 from .errors import ExtractError
 from .output import ShardDir, ShardRecord, build_manifest, sample_ids_digest, shard_name
 from .rows import ExtractRow, SampleHiddenStates, as_extract_row, sample_id_of, write_job_rows
@@ -124,16 +125,20 @@ class _HfSink:
         self.args = (target, layer_ids, header.compute_dtype, settings.batch_size, settings.hf_device)
         self.header, self.out = header, out
         self.extractor = None
+        self.progress: Progress | None = None  # the rows arrive as a stream: total unknown until the end
 
     def add(self, name: str, rows: list[ExtractRow]) -> None:
         if self.extractor is None:
             from .hf_backend import HfHiddenStatesExtractor
 
             self.extractor = HfHiddenStatesExtractor(*self.args)
+            self.progress = Progress("extract", None, "samples")
         extract_one_shard(self.extractor, name, rows, self.out, self.header)
+        self.progress.advance(len(rows))
 
     def finish(self) -> None:
-        pass  # every shard was written in add()
+        if self.progress is not None:  # every shard was written in add()
+            self.progress.finish()
 
     def close(self) -> None:
         if self.extractor is not None:
@@ -151,6 +156,7 @@ class _VllmSink:
         self.fh = open(self.rows_file, "w")
         self.longest = 0
         self.pending = 0
+        self.pending_rows = 0
 
     def add(self, name: str, rows: list[ExtractRow]) -> None:
         limit = self.settings.max_model_len
@@ -161,6 +167,7 @@ class _VllmSink:
             self.longest = max(self.longest, r.num_tokens)
         write_job_rows(self.fh, name, rows)
         self.pending += 1
+        self.pending_rows += len(rows)
 
     def finish(self) -> None:
         from .vllm_backend import run_engine_job
@@ -171,7 +178,8 @@ class _VllmSink:
                    "settings": self.settings.model_dump(), "rows_file": str(self.rows_file),
                    "out_dir": str(self.out.root), "max_model_len": self.settings.max_model_len or self.longest + 1}
             log.info("starting vLLM for %d shards (longest sample %d tokens)", self.pending, self.longest)
-            run_engine_job(job, self.settings)
+            with Progress("extract", self.pending_rows, "samples") as progress:
+                run_engine_job(job, self.settings, progress)
 
     def close(self) -> None:
         self.fh.close()

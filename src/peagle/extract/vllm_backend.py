@@ -11,6 +11,9 @@ prompt's hidden states to ``<scratch>/<request>.safetensors`` and returns that p
 ``kv_transfer_params``. :func:`read_request_file` waits on the file's ``.lock`` (the connector holds
 it exclusively until the file is complete), checks the stored token ids equal the row's and splits
 ``hidden_states`` [T, 4, H] into aux [T, 3, H] and last [T, H].
+
+Progress: the child reports every finished request through :func:`peagle.progress.child_reporter`
+(vLLM's ``use_tqdm`` hook); :func:`run_engine_job` hands those lines to the caller's ``progress``.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from typing import Any
 
 from safetensors.torch import load_file
 
+from .. import progress as progress_mod
 from .errors import ExtractError
 from .rows import ExtractRow, SampleHiddenStates
 from .settings import ExtractSettings, LayerIds
@@ -79,10 +83,11 @@ class VllmHiddenStatesExtractor:
     """One vLLM engine configured for hidden-state extraction. Only instantiate in the engine process."""
 
     def __init__(self, target: str, layer_ids: LayerIds, dtype: str, settings: ExtractSettings,
-                 max_model_len: int, scratch_dir: str):
+                 max_model_len: int, scratch_dir: str, progress=None):
         from vllm import LLM, SamplingParams
 
         self.scratch_dir = scratch_dir
+        self.progress = progress  # advanced by one per finished request (samples)
         kwargs: dict[str, Any] = dict(
             model=target,
             dtype=dtype,
@@ -114,7 +119,8 @@ class VllmHiddenStatesExtractor:
     def extract(self, rows: list[ExtractRow]) -> list[SampleHiddenStates]:
         """Hidden states of ``rows``, in the order given (vLLM schedules them as one batch)."""
         prompts = [{"prompt_token_ids": list(r.input_ids)} for r in rows]
-        outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
+        hook = progress_mod.vllm_tqdm(self.progress) if self.progress is not None else False
+        outputs = self.llm.generate(prompts, self.params, use_tqdm=hook)
         results = []
         for row, out in zip(rows, outputs):
             if list(out.prompt_token_ids or []) != list(row.input_ids):
@@ -160,8 +166,10 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     out = ShardDir(job["out_dir"])
     scratch = tempfile.mkdtemp(prefix="peagle-hs-", dir=settings.scratch_dir)
     records = []
+    reporter = progress_mod.child_reporter()
     extractor = VllmHiddenStatesExtractor(job["target"], layer_ids, header.compute_dtype, settings,
-                                          int(job["max_model_len"]), scratch)
+                                          int(job["max_model_len"]), scratch, reporter)
+    reporter.ready()
     try:
         for name, rows in read_job_shards(job["rows_file"]):
             t0 = time.monotonic()
@@ -170,6 +178,7 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
             progress = {"shard": name, "samples": rec.num_samples, "tokens": rec.num_tokens,
                         "seconds": round(time.monotonic() - t0, 3)}
             print(PROGRESS_MARKER + json.dumps(progress), file=sys.stderr, flush=True)
+        reporter.flush()
     finally:
         extractor.close()
         try:
@@ -187,17 +196,19 @@ def _child_env(settings: ExtractSettings) -> dict[str, str]:
     import peagle
 
     src = str(Path(peagle.__file__).resolve().parents[1])
-    env = dict(os.environ)
+    env = {**os.environ, progress_mod.RELAY_ENV: "1"}
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",  # the target is a local directory
                 "VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kv_cache_gib)})  # read only by vLLM's CPU platform
     return env
 
 
-def run_engine_job(job: dict[str, Any], settings: ExtractSettings) -> list[dict[str, Any]]:
+def run_engine_job(job: dict[str, Any], settings: ExtractSettings,
+                   progress: progress_mod.Progress | None = None) -> list[dict[str, Any]]:
     """Run ``job`` in a fresh interpreter; return the manifest entries of the shards it wrote.
 
-    The child's stderr (vLLM's log) is logged at DEBUG, progress lines at INFO; on failure the error
+    The child's per-request progress goes to ``progress`` (samples done; its total is the caller's).
+    The child's stderr (vLLM's log) is logged at DEBUG, shard lines at INFO; on failure the error
     names the sample/shard when the child could, else the last lines of its log are included.
     """
     proc = subprocess.Popen(
@@ -210,7 +221,10 @@ def run_engine_job(job: dict[str, Any], settings: ExtractSettings) -> list[dict[
     def pump_stderr() -> None:
         for line in proc.stderr:  # type: ignore[union-attr]
             line = line.rstrip("\n")
-            if line.startswith(PROGRESS_MARKER):
+            if line.startswith(progress_mod.MARKER):
+                if progress is not None:
+                    progress.relay_line(line)
+            elif line.startswith(PROGRESS_MARKER):
                 log.info("extracted %s", line[len(PROGRESS_MARKER):])
             else:
                 tail.append(line)

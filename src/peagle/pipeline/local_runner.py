@@ -5,7 +5,8 @@ task by task in subprocesses of this interpreter; kfp.local ignores images, reso
 Kubernetes settings, so S3 credentials (``--s3``) come from this process's environment.
 
 While it runs, the task logs go to ``<work>/pipeline.log`` (``verbose``: also to the terminal) and
-the terminal shows one line per stage start/end plus the latest training progress line. Timing:
+the terminal shows one line per stage start/end and, while a stage runs, its progress (done/total,
+rate, ETA: :mod:`peagle.progress` events, at most every ``PROGRESS_EVERY_S`` per stage). Timing:
 
 * ``task`` wall time: from kfp.local handing the task to its runner until it returns (process
   start, imports, the kfp executor and the stage itself);
@@ -27,11 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
+from ..progress import format_progress
 from . import progress
 from .layout import RunLayout, run_uri as make_run_uri
 
 SHOWN_INFO = ("kept", "train", "validation", "regenerated", "acceptance_length", "per_position_acceptance",
               "gate_passed", "trainjob", "endpoint")
+PROGRESS_EVERY_S = 15.0  # the terminal gets a stage's progress line at most this often (and when it ends)
 
 
 @dataclass
@@ -113,20 +116,28 @@ class _TaskClock:
             task_dispatcher.run_single_task_implementation = original
 
 
-class _Display(threading.Thread):
-    """Tails the progress events and the task log; prints stage lines and training progress."""
+def progress_line(e: dict[str, Any]) -> str:
+    """``    regenerate: 212/480 conversations (44%), 1.9/s, eta 1m51s`` for a progress event."""
+    return f"    {e['stage']}: {format_progress(e)}"
 
-    def __init__(self, events: Path, log: Path, out: TextIO, t0: float):
+
+class _Display(threading.Thread):
+    """Tails the progress events; prints stage lines and, throttled per stage, their progress."""
+
+    def __init__(self, events: Path, out: TextIO, t0: float, progress_every_s: float = PROGRESS_EVERY_S,
+                 clock=time.time):
         super().__init__(daemon=True)
-        self.events, self.log, self.out, self.t0 = events, log, out, t0
+        self.events, self.out, self.t0 = events, out, t0
+        self.progress_every_s, self.clock = progress_every_s, clock
         self.stop = threading.Event()
         self.seen = 0
-        self.last_progress = ""
-        self.last_progress_time = 0.0
         self.stages: list[dict[str, Any]] = []
+        # per (stage, name, pid): the latest progress event not shown yet, and when one was last shown
+        self.pending: dict[tuple, dict[str, Any]] = {}
+        self.shown_at: dict[tuple, float] = {}
 
     def line(self, text: str) -> None:
-        print(f"[{time.time() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
+        print(f"[{self.clock() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
 
     def poll(self) -> None:
         if self.events.exists():
@@ -138,21 +149,22 @@ class _Display(threading.Thread):
                     break  # a line being written: read it next time
                 self.seen += 1
                 self._event(e)
-        now = time.time()
-        if now - self.last_progress_time > 20 and self.log.exists():
-            tail = _tail(self.log, 8192)
-            steps = [ln.strip() for ln in tail.splitlines() if ln.strip().startswith("step ")]
-            if steps and steps[-1] != self.last_progress:
-                self.last_progress = steps[-1]
-                self.line(f"    {self.last_progress[:150]}")
-            self.last_progress_time = now
+        now = self.clock()
+        for key, e in list(self.pending.items()):
+            if e.get("finished") or now - self.shown_at.get(key, -float("inf")) >= self.progress_every_s:
+                self.line(progress_line(e))
+                self.shown_at[key] = now
+                del self.pending[key]
 
     def _event(self, e: dict[str, Any]) -> None:
         name = e["stage"]
-        if e["event"] == "start":
+        if e["event"] == "progress":
+            self.pending[(name, e.get("name"), e.get("pid"))] = e
+        elif e["event"] == "start":
             self.line(f"> {name}")
             self.stages.append({"stage": name, "start": e["time"]})
         elif e["event"] in ("end", "failed"):
+            self._flush_progress(name)
             for s in reversed(self.stages):
                 if s["stage"] == name and "end" not in s:
                     s.update({k: v for k, v in e.items() if k not in ("event", "time", "pid")})
@@ -162,6 +174,11 @@ class _Display(threading.Thread):
             mark = "done" if e["event"] == "end" else "FAILED"
             extra = "  " + ", ".join(f"{k}={_short(v)}" for k, v in shown.items()) if shown else ""
             self.line(f"{'=' if mark == 'done' else '!'} {name} {mark} in {e['seconds']:.1f}s{extra}")
+
+    def _flush_progress(self, stage: str) -> None:
+        """A stage's last progress, before its end line (it may not have been shown yet)."""
+        for key in [k for k in self.pending if k[0] == stage]:
+            self.line(progress_line(self.pending.pop(key)))
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -236,7 +253,7 @@ def run_pipeline_locally(arguments: dict[str, Any], work_dir: str | os.PathLike,
     events, log_path = work / "progress.jsonl", work / "pipeline.log"
     events.write_text("")
     t0 = time.time()
-    display = _Display(events, log_path, out, t0)
+    display = _Display(events, out, t0)
     clock = _TaskClock()
     pipeline = pipeline_for(profile)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(work / "kfp"), raise_on_error=True)

@@ -32,6 +32,7 @@ from ..model import init_draft, inspect_target, resolve_spec
 from ..model.attention_mask import layer_masks
 from ..model.factory import load_tokenizer
 from ..model.target import fingerprint, read_target_tensors
+from ..progress import report as report_progress
 from ..storage import open_store
 from .batches import (PreparedRow, Prefetcher, RowMaker, pack_rows, plan_fingerprint, plan_run, rank_rows,
                       row_seed)
@@ -226,6 +227,9 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                 if env.is_main:
                     write_metrics(metrics_path, last_metrics)
                     print_progress(last_metrics, total_steps, K)
+                    report_progress("train", done, total_steps, "steps", elapsed_s=elapsed, eta_s=last_metrics["eta_s"],
+                                    rate=(done - start) / max(elapsed, 1e-9), finished=done == total_steps,
+                                    detail=f"loss {last_metrics['loss']:.4f}")
             is_last = done == total_steps
             if val_idx and (is_last or (s.eval_every and done % s.eval_every == 0)):
                 val_metrics = evaluate(wrapped, forward_row, make_row, dataset, val_idx, s, env, K)

@@ -1,0 +1,382 @@
+"""Progress of the long stages (regenerate, extract, evaluate, train): done/total, rate and ETA.
+
+One :class:`Progress` per unit of work reports three ways:
+
+* a structured event (``{"stage", "event": "progress", "name", "done", "total", "unit", "rate",
+  "eta_s", "elapsed_s", "finished"}``) appended to ``$PEAGLE_PROGRESS_FILE`` (:func:`emit`), at most
+  every ``event_interval_s`` and at the end -- what ``peagle run``'s display shows;
+* on a terminal (the stream is a TTY): a bar redrawn in place;
+* otherwise (KFP pod logs, redirected output): one plain line at most every ``interval_s`` and at
+  the end.
+
+vLLM runs in child interpreters whose stderr carries its log. Such a child reports through a
+:class:`Relay` (from :func:`child_reporter`): the same calls, sent as marker lines on its stderr; the
+parent's :func:`run_child` (or its own stderr reader) hands them to :meth:`Progress.relay_line`. So
+the parent owns the one reporter, which sees the real terminal. :func:`vllm_tqdm` turns vLLM's
+``use_tqdm`` hook into per-request progress within one ``generate``/``chat`` call.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, TextIO
+
+ENV = "PEAGLE_PROGRESS_FILE"  # where events go (the local runner's display tails it)
+RELAY_ENV = "PEAGLE_PROGRESS_RELAY"  # "1" in a child started by run_child: report through marker lines
+MARKER = "PEAGLE_PROGRESS "
+# The enclosing pipeline stage, set by peagle.pipeline.progress.stage (one stage at a time per kfp
+# task process) and inherited by its children (vLLM engines, training workers): events name the
+# stage ("extract[0]") while the code reporting only knows what it does ("extract").
+STAGE_ENV = "PEAGLE_STAGE"
+
+
+def stage_of(name: str) -> str:
+    """The stage a progress event belongs to: the enclosing stage, else ``name``."""
+    return os.environ.get(STAGE_ENV) or name
+
+
+def emit(event: dict) -> None:
+    """Append ``event`` (plus time and pid) to ``$PEAGLE_PROGRESS_FILE``; nothing when it is unset."""
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    line = json.dumps({"time": time.time(), "pid": os.getpid(), **event}) + "\n"
+    # One short write per event: appends of this size are atomic on local file systems, so
+    # concurrent ParallelFor workers do not interleave their lines.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``2m20s``, ``1h05m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _count(x: float) -> str:
+    return str(int(math.floor(x + 1e-6)))  # 479.6 conversations done reads 479, not 480
+
+
+def format_progress(e: dict[str, Any]) -> str:
+    """``212/480 conversations (44%), 1.9/s, eta 1m51s`` from a progress event (see the module doc)."""
+    done, total, unit = e["done"], e.get("total"), e.get("unit", "")
+    if total:
+        text = f"{_count(done)}/{_count(total)} {unit} ({100 * done / total:.0f}%)"
+    else:
+        text = f"{_count(done)} {unit}"
+    if e.get("rate"):
+        text += f", {e['rate']:.3g}/s"
+    if e.get("finished"):
+        text += f", done in {format_duration(e.get('elapsed_s') or 0)}"
+    elif e.get("eta_s") is not None:
+        text += f", eta {format_duration(e['eta_s'])}"
+    if e.get("detail"):
+        text += f", {e['detail']}"
+    return text
+
+
+def report(name: str, done: float, total: float | None, unit: str, *, elapsed_s: float,
+           eta_s: float | None = None, rate: float | None = None, finished: bool = False, **extra: Any) -> dict:
+    """Emit one progress event for work that keeps its own counts (the training loop); returns it."""
+    event = {"stage": stage_of(name), "event": "progress", "name": name,
+             "done": _tidy(done), "total": _tidy(total), "unit": unit,
+             "rate": None if rate is None else round(rate, 4), "elapsed_s": round(elapsed_s, 2),
+             "eta_s": None if eta_s is None else round(eta_s, 1), "finished": finished, **extra}
+    emit(event)
+    return event
+
+
+def _tidy(x: float | None) -> float | int | None:
+    if x is None:
+        return None
+    r = round(x, 3)
+    return int(r) if r == int(r) else r
+
+
+class Progress:
+    """Counts work done toward ``total`` (None: unknown) in ``unit``; see the module docstring.
+
+    The rate is measured from :meth:`ready` (by default: creation), over work :meth:`advance`-d
+    since; :meth:`skip` counts work found already done (a resumed run) without crediting the rate.
+    Thread-safe (the endpoint backends complete requests on a thread pool).
+    """
+
+    def __init__(self, name: str, total: float | None = None, unit: str = "items", *,
+                 stream: TextIO | None = None, interval_s: float = 20.0, event_interval_s: float = 2.0,
+                 bar_interval_s: float = 0.2, tty: bool | None = None, clock: Callable[[], float] = time.monotonic):
+        self.name, self.total, self.unit = name, total, unit
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
+        self.interval_s, self.event_interval_s, self.bar_interval_s = interval_s, event_interval_s, bar_interval_s
+        self.clock = clock
+        self.done = 0.0
+        self.skipped = 0.0
+        self.finished = False
+        self._lock = threading.RLock()
+        self._t_start = self._t_origin = clock()
+        self._counted_at_origin = 0.0
+        self._last_event = self._last_line = self._last_bar = -math.inf
+
+    # ---- counting ----------------------------------------------------------------------------
+
+    def advance(self, n: float = 1) -> None:
+        with self._lock:
+            self.done += n
+            self._show()
+
+    def skip(self, n: float = 1) -> None:
+        with self._lock:
+            self.done += n
+            self.skipped += n
+            self._show()
+
+    def set_total(self, total: float | None) -> None:
+        with self._lock:
+            self.total = total
+            self._show()
+
+    def ready(self) -> None:
+        """The work starts now (e.g. the engine is loaded): measure the rate from here."""
+        with self._lock:
+            self._t_origin = self.clock()
+            self._counted_at_origin = self.done - self.skipped
+
+    def finish(self) -> None:
+        """Final event and line. An unknown total, or one larger than what turned out to exist
+        (fewer usable rows than asked for), becomes the count done."""
+        with self._lock:
+            if self.finished:
+                return
+            if self.total is None or self.total > self.done:
+                self.total = self.done
+            self.finished = True
+            self._show(force=True)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish()
+        elif self.tty:
+            self.stream.write("\n")  # leave the bar where it stopped
+
+    def relay_line(self, line: str) -> bool:
+        """Apply a child's :class:`Relay` line; False (and nothing done) for any other line."""
+        if not line.startswith(MARKER):
+            return False
+        try:
+            msg = json.loads(line[len(MARKER):])
+        except json.JSONDecodeError:
+            return False
+        if "total" in msg:
+            self.set_total(msg["total"])
+        if msg.get("ready"):
+            self.ready()
+        if msg.get("skip"):
+            self.skip(msg["skip"])
+        if msg.get("advance"):
+            self.advance(msg["advance"])
+        return True
+
+    # ---- figures -----------------------------------------------------------------------------
+
+    def rate(self) -> float | None:
+        counted = self.done - self.skipped - self._counted_at_origin
+        seconds = self.clock() - self._t_origin
+        return counted / seconds if counted > 0 and seconds > 0 else None
+
+    def eta_s(self) -> float | None:
+        rate = self.rate()
+        if self.total is None or rate is None:
+            return None
+        return max(0.0, self.total - self.done) / rate
+
+    def event(self) -> dict[str, Any]:
+        return {"stage": stage_of(self.name), "event": "progress", "name": self.name,
+                "done": _tidy(self.done), "total": _tidy(self.total), "unit": self.unit,
+                "rate": None if self.rate() is None else round(self.rate(), 4),
+                "elapsed_s": round(self.clock() - self._t_start, 2),
+                "eta_s": None if self.eta_s() is None else round(self.eta_s(), 1), "finished": self.finished}
+
+    # ---- output ------------------------------------------------------------------------------
+
+    def _show(self, force: bool = False) -> None:
+        now = self.clock()
+        if force or now - self._last_event >= self.event_interval_s:
+            self._last_event = now
+            emit(self.event())
+        if self.tty:
+            if force or now - self._last_bar >= self.bar_interval_s:
+                self._last_bar = now
+                self.stream.write("\r" + self.bar_text() + ("\n" if self.finished else ""))
+                self.stream.flush()
+        elif force or now - self._last_line >= self.interval_s:
+            self._last_line = now
+            print(f"[peagle] {self.name}: {format_progress(self.event())}", file=self.stream, flush=True)
+
+    def bar_text(self, width: int = 24) -> str:
+        """``regenerate  44%|██████████▌             | 212/480 conversations [1:52<1:51, 1.9/s]``."""
+        e = self.event()
+        tail = f"{format_duration(e['elapsed_s'])}<{'?' if e['eta_s'] is None else format_duration(e['eta_s'])}"
+        rate = f", {e['rate']:.3g}/s" if e["rate"] else ""
+        if self.total:
+            frac = min(1.0, self.done / self.total)
+            full, part = divmod(frac * width, 1)
+            bar = "█" * int(full) + (" ▏▎▍▌▋▊▉"[int(part * 8)] if int(full) < width else "")
+            return (f"{self.name} {100 * frac:3.0f}%|{bar.ljust(width)}| {_count(self.done)}/{_count(self.total)} "
+                    f"{self.unit} [{tail}{rate}]")
+        return f"{self.name} {_count(self.done)} {self.unit} [{tail}{rate}]"
+
+
+class Relay:
+    """A child process's stand-in for the parent's :class:`Progress`: the same calls, written as
+    ``PEAGLE_PROGRESS {...}`` lines to ``stream`` (advances gathered, at most every ``interval_s``)."""
+
+    def __init__(self, stream: TextIO | None = None, interval_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic):
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval_s, self.clock = interval_s, clock
+        self.pending = 0.0
+        self._last = -math.inf
+        self._lock = threading.Lock()
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        self.stream.write(MARKER + json.dumps(msg) + "\n")  # one short line: not split among vLLM's
+        self.stream.flush()
+
+    def advance(self, n: float = 1) -> None:
+        with self._lock:
+            self.pending += n
+            if self.clock() - self._last >= self.interval_s:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self._send({"advance": self.pending})
+            self.pending = 0.0
+        self._last = self.clock()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def skip(self, n: float = 1) -> None:
+        with self._lock:
+            self._flush()
+            self._send({"skip": n})
+
+    def set_total(self, total: float | None) -> None:
+        with self._lock:
+            self._send({"total": total})
+
+    def ready(self) -> None:
+        with self._lock:
+            self._flush()
+            self._send({"ready": True})
+
+
+class _Silent:
+    """The reporter of a child nobody listens to."""
+
+    def advance(self, n: float = 1) -> None: ...
+    def skip(self, n: float = 1) -> None: ...
+    def set_total(self, total: float | None) -> None: ...
+    def ready(self) -> None: ...
+    def flush(self) -> None: ...
+
+
+def child_reporter() -> Relay | _Silent:
+    """In a child started by :func:`run_child` a :class:`Relay` on stderr, else a reporter that drops everything."""
+    return Relay() if os.environ.get(RELAY_ENV) == "1" else _Silent()
+
+
+class _RequestCounter:
+    """What vLLM's ``LLM._run_engine`` uses of a tqdm bar: ``update`` per finished request, plus the
+    attributes it reads and writes for its own speed estimate."""
+
+    def __init__(self, reporter, total: int | None, weight: float):
+        self.reporter, self.total, self.weight = reporter, total, weight
+        self.n = 0
+        self.postfix = ""
+        self._t0 = time.monotonic()
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        # vLLM divides token counts by "elapsed": never zero
+        return {"elapsed": max(time.monotonic() - self._t0, 1e-6), "n": self.n, "total": self.total}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self.reporter.advance(n * self.weight)
+
+    def refresh(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def vllm_tqdm(reporter, weight: float = 1.0) -> Callable[..., Any]:
+    """A ``use_tqdm`` value for ``vllm.LLM.generate``/``chat``: each finished request advances
+    ``reporter`` by ``weight``. vLLM calls it twice per call: with the prompts to render (given back
+    unchanged: rendering is not the work counted) and with ``total=`` for the engine loop."""
+
+    def factory(iterable=None, *args, total=None, **kwargs):
+        if iterable is not None:
+            return iterable
+        return _RequestCounter(reporter, total, weight)
+
+    return factory
+
+
+def run_child(args: list[str], stdin_text: str, progress: Progress | None, *, env: dict[str, str] | None = None,
+              timeout: float | None = None) -> tuple[int, str, str]:
+    """Run ``args`` feeding ``stdin_text``; relay its progress lines to ``progress``.
+
+    Returns (exit code, stdout, stderr without the progress lines). Raises
+    :class:`subprocess.TimeoutExpired` (after killing the child) past ``timeout`` seconds.
+    """
+    env = dict(os.environ if env is None else env)
+    if progress is not None:
+        env[RELAY_ENV] = "1"
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    out: list[str] = []
+    err: list[str] = []
+
+    def pump_err() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            if progress is None or not progress.relay_line(line.rstrip("\n")):
+                err.append(line)
+
+    def pump_out() -> None:
+        out.append(proc.stdout.read())  # type: ignore[union-attr]
+
+    readers = [threading.Thread(target=pump_err, daemon=True), threading.Thread(target=pump_out, daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        proc.stdin.write(stdin_text)  # type: ignore[union-attr]
+        proc.stdin.close()  # type: ignore[union-attr]
+    except BrokenPipeError:
+        pass  # the child died at start-up; its stderr says why
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for t in readers:
+            t.join(timeout=10)
+    return rc, "".join(out), "".join(err)

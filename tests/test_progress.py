@@ -1,0 +1,254 @@
+"""Progress of long stages: the reporter's figures and output, the child relay, vLLM's tqdm hook,
+regeneration's conversation credit, the local runner's display -- and one real vLLM regeneration."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from peagle import progress as pm
+from peagle.data.regenerate import RegenerateSettings, _regenerate_batch, run_regenerate
+from peagle.data.rows import Conversation
+from peagle.pipeline.local_runner import _Display, progress_line
+
+
+class Clock:
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def events(tmp_path, monkeypatch):
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(pm.ENV, str(path))
+    monkeypatch.delenv(pm.STAGE_ENV, raising=False)
+
+    def read() -> list[dict]:
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    read.path = path
+    return read
+
+
+def test_rate_and_eta_from_ready_skipped_work_not_counted(events):
+    clock, out = Clock(), io.StringIO()
+    p = pm.Progress("regenerate", 100, "conversations", stream=out, clock=clock)
+    p.skip(10)  # already done by an earlier run
+    clock.t = 30.0  # engine start-up
+    p.ready()
+    clock.t = 40.0
+    p.advance(18)
+    assert p.rate() == pytest.approx(1.8)
+    assert p.eta_s() == pytest.approx((100 - 28) / 1.8)
+    e = events()[-1]
+    assert {k: e[k] for k in ("stage", "event", "name", "done", "total", "unit")} == {
+        "stage": "regenerate", "event": "progress", "name": "regenerate", "done": 28, "total": 100,
+        "unit": "conversations"}
+    assert e["rate"] == 1.8 and e["eta_s"] == 40.0 and e["elapsed_s"] == 40.0 and e["finished"] is False
+    assert pm.format_progress(e) == "28/100 conversations (28%), 1.8/s, eta 40s"
+
+
+def test_finish_turns_an_unknown_or_too_large_total_into_the_count(events):
+    clock = Clock()
+    p = pm.Progress("extract", None, "samples", stream=io.StringIO(), clock=clock)
+    clock.t = 125.0
+    p.advance(250)
+    assert p.eta_s() is None
+    p.finish()
+    e = events()[-1]
+    assert (e["done"], e["total"], e["finished"]) == (250, 250, True)
+    assert pm.format_progress(e) == "250/250 samples (100%), 2/s, done in 2m05s"
+    q = pm.Progress("regenerate", 480, "conversations", stream=io.StringIO(), clock=clock)
+    with q:
+        q.advance(470)  # fewer usable rows than max_conversations
+    assert (events()[-1]["done"], events()[-1]["total"]) == (470, 470)
+
+
+def test_plain_lines_at_most_every_interval_and_at_the_end(events):
+    clock, out = Clock(), io.StringIO()
+    p = pm.Progress("evaluate", 60, "requests", stream=out, interval_s=20, event_interval_s=2, clock=clock)
+    for t in range(1, 61):
+        clock.t = float(t)
+        p.advance(1)
+    p.finish()
+    lines = out.getvalue().splitlines()
+    # t=1 (first), 21, 41, then the end; nothing drawn in place
+    assert lines == ["[peagle] evaluate: 1/60 requests (2%), 1/s, eta 59s",
+                     "[peagle] evaluate: 21/60 requests (35%), 1/s, eta 39s",
+                     "[peagle] evaluate: 41/60 requests (68%), 1/s, eta 19s",
+                     "[peagle] evaluate: 60/60 requests (100%), 1/s, done in 1m00s"]
+    assert "\r" not in out.getvalue()
+    times = [e["elapsed_s"] for e in events()]
+    assert times[:3] == [1.0, 3.0, 5.0] and times[-1] == 60.0 and len(times) == 31  # every 2 s, + the end
+
+
+def test_terminal_gets_a_bar_redrawn_in_place():
+    clock, out = Clock(), Tty()
+    p = pm.Progress("regenerate", 8, "conversations", stream=out, bar_interval_s=0.2, clock=clock)
+    assert p.tty
+    for t in (1.0, 1.1, 2.0, 2.05):  # redraws within 0.2 s of the last are skipped
+        clock.t = t
+        p.advance(2)
+    p.finish()
+    frames = out.getvalue().split("\r")[1:]
+    assert len(frames) == 3 and out.getvalue().endswith("\n")
+    assert frames[0] == "regenerate  25%|██████                  | 2/8 conversations [1s<3s, 2/s]"
+    assert frames[1] == "regenerate  75%|██████████████████      | 6/8 conversations [2s<1s, 3/s]"
+    assert frames[2] == "regenerate 100%|████████████████████████| 8/8 conversations [2s<0s, 3.9/s]\n"
+    assert "[peagle]" not in out.getvalue()
+
+
+def test_relay_lines_drive_the_parent_reporter(events):
+    clock, wire = Clock(), io.StringIO()
+    relay = pm.Relay(wire, interval_s=0.5, clock=clock)
+    relay.set_total(10)
+    relay.skip(2)
+    relay.ready()
+    for t in (0.1, 0.2, 0.3, 0.6, 0.7):  # gathered: sent at most every 0.5 s (from ready), then flushed
+        clock.t = t
+        relay.advance(1.2)
+    relay.flush()
+    sent = wire.getvalue().splitlines()
+    assert all(line.startswith(pm.MARKER) for line in sent)
+    assert [json.loads(line[len(pm.MARKER):]) for line in sent] == [
+        {"total": 10}, {"skip": 2}, {"ready": True}, {"advance": pytest.approx(4.8)}, {"advance": 1.2}]
+    parent = pm.Progress("regenerate", None, "conversations", stream=io.StringIO())
+    for line in ["INFO vllm says hello", *sent]:
+        parent.relay_line(line)
+    assert (parent.done, parent.skipped, parent.total) == (8.0, 2.0, 10)
+    assert not parent.relay_line("PEAGLE_PROGRESS {torn")
+
+
+def test_vllm_tqdm_hook_counts_finished_requests():
+    p = pm.Progress("extract", 4, "samples", stream=io.StringIO())
+    hook = pm.vllm_tqdm(p, weight=0.5)
+    prompts = ["a", "b"]
+    assert hook(prompts, desc="Rendering prompts") is prompts  # vLLM's rendering pass: passed through
+    bar = hook(total=4, desc="Processed prompts", dynamic_ncols=True, postfix="")
+    bar.update(1)
+    bar.update(3)
+    assert bar.format_dict["elapsed"] > 0 and bar.n == 4  # vLLM divides by elapsed, checks n
+    bar.refresh()
+    bar.close()
+    assert p.done == 2.0
+
+
+class _Scripted:
+    """Generator stand-in for the credit arithmetic: replies from a script, requests finished one by
+    one; ``seen`` records the conversations counted after each."""
+
+    def __init__(self, replies, counted: pm.Progress, seen: list[float]):
+        self.replies, self.counted, self.seen = replies, counted, seen
+
+    def generate(self, batch, progress=None):
+        out = []
+        for messages in batch:
+            out.append(self.replies(messages))
+            progress.advance(1)
+            self.seen.append(self.counted.done)
+        return out
+
+
+def _conv(*turns: str) -> Conversation:
+    roles = ["user", "assistant"] * len(turns)
+    return Conversation([{"role": r, "content": t} for r, t in zip(roles, [x for t in turns for x in (t, "old")])],
+                        row_id=turns[0])
+
+
+def test_regeneration_credits_conversations_exactly_per_round():
+    seen: list[float] = []
+    p = pm.Progress("regenerate", 3, "conversations", stream=io.StringIO())
+    convs = [_conv("one"), _conv("two", "more"), _conv("stop", "never")]
+    gen = _Scripted(lambda m: ("", "stop") if m[-1]["content"] == "stop" else ("new", "stop"), p, seen)
+    results = _regenerate_batch(gen, convs, None, p)
+    assert [len(f) for _, f in results] == [1, 2, 0]
+    # round 1: each request is worth the round's mean share (1 + 1/2 + 1/2) / 3 = 2/3; settling it
+    # gives conv 0 all, conv 1 half and conv 2 (ended by its empty reply) all: 2.5; round 2: conv 1's
+    # second reply makes 3
+    assert seen == [pytest.approx(2 / 3), pytest.approx(4 / 3), pytest.approx(2.0), pytest.approx(3.0)]
+    assert p.done == pytest.approx(3.0)
+    capped = pm.Progress("regenerate", 2, "conversations", stream=io.StringIO())
+    _regenerate_batch(_Scripted(lambda m: ("new", "stop"), capped, []), convs[:2], 1, capped)  # one turn each
+    assert capped.done == pytest.approx(2.0)
+
+
+def test_display_throttles_progress_lines_per_stage_and_shows_the_last_before_the_end(tmp_path):
+    path, out, clock = tmp_path / "events.jsonl", io.StringIO(), Clock(1000.0)
+    display = _Display(path, out, t0=1000.0, progress_every_s=15, clock=clock)
+
+    def write(*events):
+        with open(path, "a") as fh:
+            fh.writelines(json.dumps({"time": clock.t, "pid": 7, **e}) + "\n" for e in events)
+
+    def prog(done, **kw):
+        return {"stage": "regenerate", "event": "progress", "name": "regenerate", "done": done, "total": 480,
+                "unit": "conversations", "rate": 1.9, "eta_s": (480 - done) / 1.9, "elapsed_s": 10, **kw}
+
+    write({"stage": "regenerate", "event": "start"}, prog(12))
+    display.poll()
+    clock.t += 10
+    write(prog(31))  # 10 s after the last shown line: held back
+    display.poll()
+    clock.t += 6
+    display.poll()  # 16 s: the held one is shown
+    clock.t += 1
+    write(prog(480, finished=True, rate=2.0, eta_s=0.0, elapsed_s=240),
+          {"stage": "regenerate", "event": "end", "seconds": 250.0, "regenerated": 480})
+    display.poll()
+    assert out.getvalue().splitlines() == [
+        "[    0.0s] > regenerate",
+        "[    0.0s]     regenerate: 12/480 conversations (2%), 1.9/s, eta 4m06s",
+        "[   16.0s]     regenerate: 31/480 conversations (6%), 1.9/s, eta 3m56s",
+        "[   17.0s]     regenerate: 480/480 conversations (100%), 2/s, done in 4m00s",
+        "[   17.0s] = regenerate done in 250.0s  regenerated=480",
+    ]
+    assert display.stages[0]["seconds"] == 250.0
+
+
+def test_training_event_reads_like_the_others(events, monkeypatch):
+    monkeypatch.setenv(pm.STAGE_ENV, "train[local]")
+    e = pm.report("train", 40, 200, "steps", elapsed_s=33.3, eta_s=133.2, rate=1.2, detail="loss 3.2100")
+    assert events()[-1]["stage"] == "train[local]" and events()[-1]["done"] == 40
+    assert progress_line(e) == "    train[local]: 40/200 steps (20%), 1.2/s, eta 2m13s, loss 3.2100"
+
+
+@pytest.mark.vllm
+def test_real_vllm_regeneration_reports_progress_to_the_end(tmp_path, events, qwen3_target, capsys):
+    """The child's per-request progress reaches the parent: events end with done == total, the
+    plain line (what a KFP pod log shows) is printed, and the display turns the events into lines."""
+    src = tmp_path / "conv.jsonl"
+    rows = [{"id": str(i), "messages": [{"role": "user", "content": f"Count to {i}."},
+                                        {"role": "assistant", "content": "old"}]} for i in range(5)]
+    rows.append({"id": "multi", "messages": [{"role": "user", "content": "One?"}, {"role": "assistant", "content": "1"},
+                                             {"role": "user", "content": "Two?"}, {"role": "assistant", "content": "2"}]})
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = RegenerateSettings(sources=[str(src)], max_conversations=6, max_tokens=16, batch_size=4, max_model_len=256)
+    res = run_regenerate(s, qwen3_target, tmp_path / "regen.jsonl")
+    assert res.counts["regenerated"] == 6
+    got = [e for e in events() if e["event"] == "progress"]
+    assert got and all(e["name"] == "regenerate" and e["unit"] == "conversations" for e in got)
+    assert [e["done"] for e in got] == sorted(e["done"] for e in got)
+    assert got[-1]["finished"] and got[-1]["done"] == got[-1]["total"] == 6
+    assert any(0 < e["done"] < 6 for e in got)  # progress arrived while the engine worked
+    err = capsys.readouterr().err
+    assert "[peagle] regenerate: 6/6 conversations (100%)" in err and pm.MARKER not in err
+    # the display, fed the events as they came (a poll per event), shows a line for each
+    replay, out = tmp_path / "replay.jsonl", io.StringIO()
+    display = _Display(replay, out, t0=got[0]["time"] - got[0]["elapsed_s"], progress_every_s=0,
+                       clock=lambda: json.loads(replay.read_text().splitlines()[-1])["time"])
+    for e in got:
+        with open(replay, "a") as fh:
+            fh.write(json.dumps(e) + "\n")
+        display.poll()
+    shown = out.getvalue().splitlines()
+    assert len(shown) == len(got) and "    regenerate: 6/6 conversations (100%), " in shown[-1]
+    print("display lines:\n" + out.getvalue() + "child progress as printed:\n" + err)  # shown with -s
