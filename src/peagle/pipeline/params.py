@@ -29,8 +29,10 @@ import yaml
 from pydantic import Field
 
 from ..config import ConfigError, StrictModel, build_config
+from ..deploy.values import RULES
 from ..run_config import RunConfig
 
+OBJECT_NAME = RULES["objectName"]  # the chart's and `peagle deploy --name`'s rule
 PIPELINE_OWNED = ("target.path", "train.data", "train.output", "work_dir",
                   "evaluate.draft", "evaluate.out", "evaluate.hidden_states")
 
@@ -59,7 +61,7 @@ class PipelineParams(StrictModel):
     deploy_mode: Literal["kserve", "deployment", "render", "none"] = Field(
         "kserve", description="how to serve: 'kserve' (InferenceService), 'deployment' (a plain Deployment), "
         "'render' (write the manifests only) or 'none'")
-    deploy_name: str = Field("peagle", pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$",
+    deploy_name: str = Field("peagle", pattern=OBJECT_NAME.pattern, max_length=OBJECT_NAME.max_length,
                              description="InferenceService / Deployment name (DNS-1035 label)")
 
 
