@@ -107,12 +107,16 @@ class _Stage:
         self.seen_ids.add(candidate)
         return candidate
 
-    def _fit(self, ids: list[int], mask: list[int]) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Apply max_length / min_supervised_tokens; raise RowRejected when the row cannot be kept."""
+    def _fit(self, ids: list[int], mask: list[int], cut: bool = False) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Apply max_length / min_supervised_tokens; raise RowRejected when the row cannot be kept.
+
+        ``cut``: the row's text was cut before tokenising, so it has more tokens than ``ids``.
+        """
         truncated = len(ids) > self.s.max_length
         if truncated:
             if self.s.overlong == "reject":
-                raise RowRejected(E.TOO_LONG, f"{len(ids)} tokens > max_length {self.s.max_length}")
+                more = "more than " if cut else ""
+                raise RowRejected(E.TOO_LONG, f"{more}{len(ids)} tokens > max_length {self.s.max_length}")
             ids, mask = ids[: self.s.max_length], mask[: self.s.max_length]
         arr_mask = np.asarray(mask, dtype=np.int8)
         supervised = int(arr_mask.sum())
@@ -132,16 +136,16 @@ class _Stage:
         per_turn, skipped_turns = False, 0
         if isinstance(record, Conversation):
             rendered = self.renderer.render(record.messages, self.s.rows_per, self.s.max_length)
-            candidates = [(r.input_ids, r.loss_mask, r.turn) for r in rendered.rows]
+            candidates = [(r.input_ids, r.loss_mask, r.turn, r.cut) for r in rendered.rows]
             per_turn = rendered.per_turn
             # turns past the length limit: separate rows lost when per turn, else part of the truncation
             skipped_turns = rendered.skipped_turns if per_turn else 0
         else:
-            candidates = [(record.input_ids, record.loss_mask, None)]
+            candidates = [(record.input_ids, record.loss_mask, None, False)]
         samples, first_problem = [], None
-        for ids, mask, turn in candidates:
+        for ids, mask, turn, cut in candidates:
             try:
-                arr_ids, arr_mask, truncated = self._fit(ids, mask)
+                arr_ids, arr_mask, truncated = self._fit(ids, mask, cut)
             except RowRejected as exc:
                 first_problem = first_problem or exc
                 continue
