@@ -7,6 +7,8 @@ Contract of :func:`run_prepare`:
   pre-tokenised, truncated to ``max_length``, de-duplicated and assigned to a split;
 * a row that cannot be used never stops the stage: it is counted under a reason code, and the first
   ``max_rejected_listed`` are listed with their source and index;
+* bytes of a .json/.jsonl source that are not UTF-8 become U+FFFD, or reject their row
+  (``invalid_utf8``); each source's manifest entry counts them (``invalid_utf8``: characters, rows);
 * the stage fails with :class:`PrepareError` (naming the source) when a source cannot be read or has
   no rows, when a source rejects more than ``max_rejected_fraction`` of its rows, or when no
   training row is left; files it wrote are removed again and no manifest is written;
@@ -39,7 +41,7 @@ from .errors import PrepareError, RowRejected
 from .output import FORMAT, SPLITS, TOKEN_FREQ, open_writer
 from .rows import Conversation, Sample, parse_row
 from .settings import PrepareSettings
-from .sources import Source, Unparsable, resolve_sources
+from .sources import InvalidUtf8, Source, Unparsable, resolve_sources
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,9 @@ class _Stage:
         """Samples of one input row, or RowRejected."""
         if isinstance(raw, Unparsable):
             raise RowRejected(E.INVALID_JSON, raw.error)
+        if isinstance(raw, InvalidUtf8):
+            raise RowRejected(E.INVALID_UTF8, f"{raw.chars} undecodable byte sequence(s) (not UTF-8) "
+                                              "(prepare.invalid_utf8=replace keeps such rows, with U+FFFD)")
         record = parse_row(raw, self.vocab_size)
         base = self._base_id(source, index, record.row_id)
         per_turn, skipped_turns = False, 0
@@ -232,7 +237,7 @@ class _Stage:
                 continue
             read = rejected = kept = 0
             reasons: Counter[str] = Counter()
-            for index, raw in source.iter_rows(self.s.max_rows_per_source):
+            for index, raw in source.iter_rows(self.s.max_rows_per_source, self.s.invalid_utf8):
                 read += 1
                 self.counts["read"] += 1
                 try:
@@ -254,7 +259,13 @@ class _Stage:
                 if self.counts["read"] % 1000 == 0:
                     log.info("prepare: %d rows read, %d kept, %d rejected (%.0f s)", self.counts["read"],
                              self.counts["kept"], self.counts["rejected"], time.monotonic() - started)
-            entry.update(read=read, rejected=rejected, kept=kept, rejected_by_reason=dict(reasons), notes=source.notes)
+            if source.invalid_utf8_rows:
+                log.warning("%s: %d rows hold %d byte sequence(s) that are not UTF-8 (%s)", source.location,
+                            source.invalid_utf8_rows, source.invalid_utf8_chars,
+                            "rejected" if self.s.invalid_utf8 == "reject" else "replaced by U+FFFD")
+            entry.update(read=read, rejected=rejected, kept=kept, rejected_by_reason=dict(reasons),
+                         invalid_utf8={"chars": source.invalid_utf8_chars, "rows": source.invalid_utf8_rows},
+                         notes=source.notes)
             self._check_source(source, read, rejected, reasons)
         for split in SPLITS:
             self.flush(split)
