@@ -159,6 +159,40 @@ def test_file_cut_mid_character_does_not_fail(tmp_path, invalid_utf8):
     assert isinstance(rows[2], InvalidUtf8 if invalid_utf8 == "reject" else Unparsable)
 
 
+def _corrupt_strings(arr: pa.Array, first_byte: int) -> pa.Array:
+    """``arr`` (strings) with the first byte of its data overwritten: parquet keeps what it is given."""
+    validity, offsets, data = arr.buffers()
+    data = bytearray(data.to_pybytes())
+    data[0] = first_byte
+    return pa.Array.from_buffers(pa.string(), len(arr), [validity, offsets, pa.py_buffer(bytes(data))])
+
+
+@pytest.mark.parametrize("invalid_utf8", ["replace", "reject"])
+def test_parquet_strings_that_are_not_utf8(tmp_path, invalid_utf8):
+    rows = [{"id": f"p{i}", "conversations": [{"from": "human", "value": f"Hi {i}"},
+                                              {"from": "gpt", "value": "Hello \ufffd"}]} for i in range(3)]
+    table = pa.Table.from_pylist(rows)
+    conv = table.column("conversations").combine_chunks()
+    # row 0's first message value becomes "\xffi 0"; row 1's id "\xe21" (a lead byte cut short)
+    msgs = conv.values
+    msgs = pa.StructArray.from_arrays([msgs.field("from"), _corrupt_strings(msgs.field("value"), 0xFF)],
+                                      names=["from", "value"])
+    ids = table.column("id").combine_chunks()
+    ids = pa.Array.from_buffers(pa.string(), 3, [None, ids.buffers()[1],
+                                                 pa.py_buffer(b"p0\xe2" + ids.buffers()[2].to_pybytes()[3:])])
+    pq.write_table(pa.table({"id": ids, "conversations": pa.ListArray.from_arrays(conv.offsets, msgs)}),
+                   tmp_path / "bad.parquet")
+    (source,) = resolve_sources([str(tmp_path / "bad.parquet")])
+    got = list(source.iter_rows(invalid_utf8=invalid_utf8))
+    assert [i for i, _ in got] == [0, 1, 2] and got[2][1] == rows[2]  # genuine U+FFFD: kept, not counted
+    assert (source.invalid_utf8_chars, source.invalid_utf8_rows) == (2, 2)
+    if invalid_utf8 == "reject":
+        assert [r for _, r in got[:2]] == [InvalidUtf8(1), InvalidUtf8(1)]
+    else:
+        assert got[0][1]["conversations"][0]["value"] == "\ufffdi 0" and got[1][1]["id"] == "\ufffd1"
+        assert got[0][1]["conversations"][1] == rows[0]["conversations"][1]
+
+
 def test_parquet_and_directory_sources(tmp_path):
     d = tmp_path / "data"
     d.mkdir()

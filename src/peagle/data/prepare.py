@@ -7,7 +7,7 @@ Contract of :func:`run_prepare`:
   pre-tokenised, truncated to ``max_length``, de-duplicated and assigned to a split;
 * a row that cannot be used never stops the stage: it is counted under a reason code, and the first
   ``max_rejected_listed`` are listed with their source and index;
-* bytes of a .json/.jsonl source that are not UTF-8 become U+FFFD, or reject their row
+* bytes of a .json/.jsonl/.parquet source that are not UTF-8 become U+FFFD, or reject their row
   (``invalid_utf8``); each source's manifest entry counts them (``invalid_utf8``: characters, rows);
 * the stage fails with :class:`PrepareError` (naming the source) when a source cannot be read or has
   no rows, when a source rejects more than ``max_rejected_fraction`` of its rows, or when no

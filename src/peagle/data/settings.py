@@ -32,8 +32,8 @@ class PrepareSettings(StrictModel):
     )
     invalid_utf8: Literal["replace", "reject"] = Field(
         "replace",
-        description="rows of .json/.jsonl files holding bytes that are not UTF-8: 'replace' them by U+FFFD "
-        "(counted per source in the manifest) or 'reject' the rows (reason invalid_utf8)",
+        description="rows of .json/.jsonl/.parquet files holding bytes that are not UTF-8: 'replace' them by "
+        "U+FFFD (counted per source in the manifest) or 'reject' the rows (reason invalid_utf8)",
     )
     min_supervised_tokens: int = Field(1, ge=1, description="drop rows with fewer supervised tokens than this")
     max_rows_per_source: int | None = Field(

