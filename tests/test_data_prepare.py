@@ -275,3 +275,33 @@ def test_sample_ids_stay_unique_with_repeated_row_ids(qwen3_target, tmp_path):
     run_prepare(settings_for(src, validation_fraction=0.0), qwen3_target, tmp_path / "out")
     ids = [r["sample_id"] for r in read_split(tmp_path / "out", "train").to_pylist()]
     assert ids == ["ids/same", "ids/same@1", "ids/same@2", "ids/same@1@3"]
+
+
+def test_invalid_utf8_is_counted_per_source_and_can_reject_rows(qwen3_target, tmp_path):
+    lines = [json.dumps(chat(i)).encode() for i in range(6)]
+    lines[2] = lines[2].replace(b"what is", b"what \xff\xfe is")  # two bytes that are not UTF-8
+    lines[4] = lines[4].replace(b"Answer", b"Ans\xe2\x82wer")  # a character without its last byte
+    src = tmp_path / "bytes.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    clean = write_jsonl(tmp_path / "clean.jsonl", [chat(i) for i in range(10, 13)])
+
+    m = run_prepare(settings_for(src, clean, validation_fraction=0.0), qwen3_target, tmp_path / "out").manifest
+    assert m["counts"]["kept"] == 9 and m["counts"]["rejected"] == 0
+    assert [s["invalid_utf8"] for s in m["sources"]] == [{"chars": 3, "rows": 2}, {"chars": 0, "rows": 0}]
+    assert m["settings"]["invalid_utf8"] == "replace"
+    text = {r["sample_id"]: r["input_ids"] for r in read_split(tmp_path / "out", "train").to_pylist()}
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(str(qwen3_target))
+    assert "what \ufffd\ufffd is" in tok.decode(text["bytes/c2"])
+
+    m = run_prepare(settings_for(src, clean, validation_fraction=0.0, invalid_utf8="reject"), qwen3_target,
+                    tmp_path / "out2").manifest
+    c = m["counts"]
+    assert c["read"] == 9 == c["accepted"] + c["rejected"] and c["rejected"] == 2 and c["kept"] == 7
+    assert m["rejected_by_reason"] == {"invalid_utf8": 2}
+    assert m["sources"][0]["rejected_by_reason"] == {"invalid_utf8": 2}
+    assert m["sources"][0]["invalid_utf8"] == {"chars": 3, "rows": 2}
+    assert [(r["source"], r["index"], r["reason"]) for r in m["rejected"]] == [("bytes", 2, "invalid_utf8"),
+                                                                              ("bytes", 4, "invalid_utf8")]
+    assert m["rejected"][0]["detail"].startswith("2 undecodable byte sequence(s) (not UTF-8)")
+    with pytest.raises(ValidationError, match="invalid_utf8"):
+        PrepareSettings(invalid_utf8="drop")

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from peagle.data import JsonRecordStream, PrepareError, embedded_sharegpt_path, resolve_sources
-from peagle.data.sources import Source, Unparsable, parse_hf_spec
+from peagle.data.sources import InvalidUtf8, Source, Unparsable, parse_hf_spec
 
 RECORDS = [
     {"id": f"r{i}", "conversations": [{"from": "human", "value": f"question {i} \u00e9\u4e2d [x], {{y}}"},
@@ -102,6 +102,95 @@ def test_jsonl_bad_lines_become_unparsable_rows(tmp_path):
     rows = list(source.iter_rows())
     assert [i for i, _ in rows] == [0, 2, 3]  # blank line 1 is not a row; indices are line numbers
     assert isinstance(rows[1][1], Unparsable) and rows[2][1] == RECORDS[1]
+
+
+# Bytes that are not UTF-8, each one character under errors="replace": a stray continuation byte, a
+# lead byte without its continuation, a UTF-8-encoded surrogate (invalid in UTF-8), a 0xFF.
+BAD = [b"\x80", b"\xe2\x82", b"\xed\xa0\x80", b"\xff"]
+GENUINE_FFFD = "\ufffd".encode()  # a real U+FFFD in the data: valid UTF-8, never counted
+
+
+def _bad_utf8_records() -> tuple[list[bytes], int]:
+    """Three JSON records as bytes: clean (with a genuine U+FFFD), with bad bytes in a value, clean."""
+    clean = [json.dumps(r, ensure_ascii=False).encode() for r in RECORDS[:3]]
+    bad = clean[1].replace(b"question 1", b"question " + b"".join(BAD) + b" 1" + b"\xc3")
+    first = clean[0].replace(b"question 0", b"question " + GENUINE_FFFD + b" 0")
+    n_bad = bad.decode("utf-8", "replace").count("\ufffd")  # 7: the surrogate's three bytes are three
+    return [first, bad, clean[2]], n_bad
+
+
+@pytest.mark.parametrize("kind", ["json", "jsonl"])
+def test_invalid_utf8_is_replaced_and_counted_per_source(tmp_path, kind):
+    recs, n_bad = _bad_utf8_records()
+    f = tmp_path / f"rows.{kind}"
+    f.write_bytes(b"[" + b",\n".join(recs) + b"]" if kind == "json" else b"\n".join(recs) + b"\n")
+    (source,) = resolve_sources([str(f)])
+    rows = [r for _, r in source.iter_rows()]
+    # what errors="replace" gives, record by record
+    assert rows == [json.loads(r.decode("utf-8", "replace")) for r in recs]
+    assert "\ufffd" in rows[0]["conversations"][0]["value"]  # the genuine one is kept, not counted
+    assert (source.invalid_utf8_chars, source.invalid_utf8_rows) == (n_bad, 1) == (7, 1)
+
+    (source,) = resolve_sources([str(f)])
+    rows = list(source.iter_rows(invalid_utf8="reject"))
+    assert [i for i, _ in rows] == [0, 1, 2]
+    assert rows[1][1] == InvalidUtf8(n_bad) and rows[0][1] == json.loads(recs[0]) and rows[2][1] == RECORDS[2]
+    assert (source.invalid_utf8_chars, source.invalid_utf8_rows) == (n_bad, 1)
+
+
+@pytest.mark.parametrize("invalid_utf8", ["replace", "reject"])
+def test_file_cut_mid_character_does_not_fail(tmp_path, invalid_utf8):
+    # Multi-byte characters across the reader's chunks are not invalid; a cut inside the last one is
+    # the cut record's problem: JSON drops that record, JSONL rejects its line like any bad line.
+    recs = [dict(RECORDS[0], id=f"m{i}", extra="\u00e9\u4e2d\U0001F600" * 3000) for i in range(3)]
+    data = json.dumps(recs, ensure_ascii=False).encode()
+    cut = data.rindex("\U0001F600".encode()) + 2
+    (tmp_path / "cut.json").write_bytes(data[:cut])
+    (source,) = resolve_sources([str(tmp_path / "cut.json")])
+    rows = [r for _, r in source.iter_rows(invalid_utf8=invalid_utf8)]
+    assert rows == recs[:2] and source.invalid_utf8_rows == 0
+    assert any("incomplete or malformed record" in n for n in source.notes)
+
+    lines = b"\n".join(json.dumps(r, ensure_ascii=False).encode() for r in recs)
+    (tmp_path / "cut.jsonl").write_bytes(lines[: lines.rindex("\U0001F600".encode()) + 2])
+    (source,) = resolve_sources([str(tmp_path / "cut.jsonl")])
+    rows = [r for _, r in source.iter_rows(invalid_utf8=invalid_utf8)]
+    assert rows[:2] == recs[:2] and len(rows) == 3 and source.invalid_utf8_rows == 1
+    assert isinstance(rows[2], InvalidUtf8 if invalid_utf8 == "reject" else Unparsable)
+
+
+def _corrupt_strings(arr: pa.Array, first_byte: int) -> pa.Array:
+    """``arr`` (strings) with the first byte of its data overwritten: parquet keeps what it is given."""
+    validity, offsets, data = arr.buffers()
+    data = bytearray(data.to_pybytes())
+    data[0] = first_byte
+    return pa.Array.from_buffers(pa.string(), len(arr), [validity, offsets, pa.py_buffer(bytes(data))])
+
+
+@pytest.mark.parametrize("invalid_utf8", ["replace", "reject"])
+def test_parquet_strings_that_are_not_utf8(tmp_path, invalid_utf8):
+    rows = [{"id": f"p{i}", "conversations": [{"from": "human", "value": f"Hi {i}"},
+                                              {"from": "gpt", "value": "Hello \ufffd"}]} for i in range(3)]
+    table = pa.Table.from_pylist(rows)
+    conv = table.column("conversations").combine_chunks()
+    # row 0's first message value becomes "\xffi 0"; row 1's id "\xe21" (a lead byte cut short)
+    msgs = conv.values
+    msgs = pa.StructArray.from_arrays([msgs.field("from"), _corrupt_strings(msgs.field("value"), 0xFF)],
+                                      names=["from", "value"])
+    ids = table.column("id").combine_chunks()
+    ids = pa.Array.from_buffers(pa.string(), 3, [None, ids.buffers()[1],
+                                                 pa.py_buffer(b"p0\xe2" + ids.buffers()[2].to_pybytes()[3:])])
+    pq.write_table(pa.table({"id": ids, "conversations": pa.ListArray.from_arrays(conv.offsets, msgs)}),
+                   tmp_path / "bad.parquet")
+    (source,) = resolve_sources([str(tmp_path / "bad.parquet")])
+    got = list(source.iter_rows(invalid_utf8=invalid_utf8))
+    assert [i for i, _ in got] == [0, 1, 2] and got[2][1] == rows[2]  # genuine U+FFFD: kept, not counted
+    assert (source.invalid_utf8_chars, source.invalid_utf8_rows) == (2, 2)
+    if invalid_utf8 == "reject":
+        assert [r for _, r in got[:2]] == [InvalidUtf8(1), InvalidUtf8(1)]
+    else:
+        assert got[0][1]["conversations"][0]["value"] == "\ufffdi 0" and got[1][1]["id"] == "\ufffd1"
+        assert got[0][1]["conversations"][1] == rows[0]["conversations"][1]
 
 
 def test_parquet_and_directory_sources(tmp_path):

@@ -21,17 +21,26 @@ tokens really are a prefix of the longer render. Two failures are possible:
 Whitespace the template puts *after* the end-of-turn special token (ChatML's ``"\\n"`` after
 ``<|im_end|>``) is not supervised: generation stops at the special token, so the draft never has
 to predict it. It stays in the row as context when more turns follow.
+
+With a token limit, rendered texts are cut before they are tokenised (:meth:`ChatRenderer.cut_point`):
+a 10 MB reply costs the tokens of the row budget, not millions of tokens that truncation throws
+away. The cut never changes the tokens (or the mask) a row keeps within the limit.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import errors as E
 from .errors import PrepareError, RowRejected
+
+# Characters searched after the bound for a word boundary to cut at (see ChatRenderer.cut_point).
+CUT_SEARCH_CHARS = 4096
+_NON_SPACE = re.compile(r"\S")
 
 # Files that define a Hugging Face tokenizer and its chat template (those present are fingerprinted).
 TOKENIZER_FILES = (
@@ -47,6 +56,16 @@ class RenderedRow:
     input_ids: list[int]
     loss_mask: list[int]
     turn: int | None = None
+    cut: bool = False  # the text was cut before tokenising: the row really has more tokens than these
+
+
+@dataclass
+class _Encoded:
+    """Token ids of one rendered text; ``cut``: only the text before the cut point was tokenised."""
+
+    ids: list[int]
+    cut: bool = False
+    blank_tail: bool = False  # (when cut) the text after the cut point is whitespace only
 
 
 @dataclass
@@ -91,6 +110,11 @@ class ChatRenderer:
         decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         self.special_ids = {int(i) for i, tok in decoder.items() if getattr(tok, "special", False)}
         self._blank: dict[int, bool] = {}
+        # The most characters one token stands for: its string in the vocabulary (byte-level BPE:
+        # one character per byte, and a text character is at least one byte; SentencePiece: "▁"
+        # for a space; byte-fallback "<0x0A>" and WordPiece "##" only overestimate).
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        self.max_token_chars = max(map(len, vocab), default=64) or 64
 
     @classmethod
     def from_target(cls, path: str | os.PathLike, trust_remote_code: bool = False,
@@ -143,6 +167,55 @@ class ChatRenderer:
             return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
+    def cut_point(self, text: str, max_tokens: int) -> int | None:
+        """Where to cut ``text`` before tokenising it when only its first ``max_tokens`` tokens matter.
+
+        ``None`` (tokenise it all) when the text has at most ``B = max_tokens * max_token_chars``
+        characters: no token stands for more than ``max_token_chars`` characters, so a text of
+        ``max_tokens`` tokens or fewer -- every row that fits -- is never cut. Longer texts are cut
+        at the first space at or after ``B`` that follows a non-space character. That is a boundary
+        of the pre-tokeniser's words in every family in use (the GPT-2 / Llama-3 / Qwen regexes never
+        continue a word into a following space; SentencePiece starts a word at "▁"), and BPE merges
+        only within words, so the tokens of ``text[:cut]`` are exactly the whole text's tokens up to
+        ``cut``. They cover at least ``B`` characters, hence more than ``max_tokens`` tokens
+        (:meth:`_encode_cut` checks that), and the first ``max_tokens`` of them are the whole text's.
+        A text with no such space within :data:`CUT_SEARCH_CHARS` after ``B`` (one enormous "word")
+        is cut at that distance: BPE merges may then differ near the cut, thousands of characters
+        past the kept tokens.
+        """
+        bound = max_tokens * self.max_token_chars
+        if len(text) <= bound:
+            return None
+        pos = bound
+        while True:
+            pos = text.find(" ", pos, bound + CUT_SEARCH_CHARS)
+            if pos < 0:
+                end = bound + CUT_SEARCH_CHARS
+                return end if len(text) > end else None
+            if not text[pos - 1].isspace():
+                return pos
+            pos += 1
+
+    def _encode_cut(self, texts: list[str], max_tokens: int | None) -> list[_Encoded]:
+        """:meth:`_encode`, tokenising each text only up to its :meth:`cut_point` for ``max_tokens``."""
+        if max_tokens is None:
+            return [_Encoded(ids) for ids in self._encode(texts)]
+        cuts = [self.cut_point(t, max_tokens) for t in texts]
+        encoded = self._encode([t if c is None else t[:c] for t, c in zip(texts, cuts)])
+        out = []
+        for text, cut, ids in zip(texts, cuts, encoded):
+            scale = 4
+            # A cut text must come out longer than the limit (so the row counts as truncated, and its
+            # first max_tokens tokens are the whole text's). A normaliser that drops characters can
+            # break that: then tokenise more of the text until it holds (or the text is whole).
+            while cut is not None and len(ids) <= max_tokens:
+                cut = self.cut_point(text, max_tokens * scale)
+                ids = self._encode([text if cut is None else text[:cut]])[0]
+                scale *= 4
+            out.append(_Encoded(ids) if cut is None else
+                       _Encoded(ids, True, _NON_SPACE.search(text, cut) is None))
+        return out
+
     def render(self, messages: list[dict[str, str]], rows_per: str = "auto",
                max_tokens: int | None = None) -> Rendered:
         """Rows for one conversation (see the module docstring); raises RowRejected when unusable.
@@ -155,29 +228,40 @@ class ChatRenderer:
         """
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         spans: list[tuple[int, int]] = []  # supervised [start, end) of each turn, in the render ending with it
-        renders: list[list[int]] = []  # render(messages[:i+1]) of each turn
-        overflow: list[int] | None = None  # context of the first turn that starts beyond max_tokens
+        renders: list[_Encoded] = []  # render(messages[:i+1]) of each turn
+        overflow: _Encoded | None = None  # context of the first turn that starts beyond max_tokens
+        # Renders are cut before tokenising (cut_point): a cut render's tokens are the whole render's up
+        # to the cut, more than max_tokens of them, so the checks below (context length against
+        # max_tokens, the context as a token prefix, earlier renders as prefixes of the conversation's)
+        # decide as on whole renders; texts sharing a prefix past the bound are cut at the same place.
         for k, i in enumerate(turns):
-            ctx, upto = self._encode([self._text(messages[:i], True), self._text(messages[: i + 1], False)])
-            if max_tokens is not None and len(ctx) >= max_tokens:
+            ctx, upto = self._encode_cut([self._text(messages[:i], True), self._text(messages[: i + 1], False)],
+                                         max_tokens)
+            if max_tokens is not None and len(ctx.ids) >= max_tokens:
                 overflow = ctx
                 break
-            if len(upto) <= len(ctx) or upto[: len(ctx)] != ctx:
+            if len(upto.ids) <= len(ctx.ids) or upto.ids[: len(ctx.ids)] != ctx.ids:
                 raise RowRejected(
                     E.PREFIX_MISMATCH,
                     f"assistant turn {k}: the render with the generation prompt is not a token prefix of the "
                     "render including the reply",
                 )
-            spans.append((len(ctx), self._span_end(upto, len(ctx), len(upto))))
+            if upto.cut and not upto.blank_tail:
+                end = len(upto.ids)  # the turn (and its end-of-turn token) goes on past the kept tokens
+            else:
+                end = self._span_end(upto.ids, len(ctx.ids), len(upto.ids))
+            spans.append((len(ctx.ids), end))
             renders.append(upto)
         if not spans:
-            raise RowRejected(E.TOO_LONG, f"the context before the first reply has {len(overflow or [])} tokens, "
+            n = len(overflow.ids) if overflow is not None else 0
+            at_least = "at least " if overflow is not None and overflow.cut else ""
+            raise RowRejected(E.TOO_LONG, f"the context before the first reply has {at_least}{n} tokens, "
                                           f"not below the limit {max_tokens}")
         skipped = len(turns) - len(spans)
 
         # The conversation's render: up to its last reply, or (cut short) the context that overflowed.
         full = overflow if overflow is not None else renders[-1]
-        nested = all(full[: len(r)] == r for r in renders)
+        nested = all(full.ids[: len(r.ids)] == r.ids for r in renders)
         if rows_per == "conversation" and not nested:
             raise RowRejected(
                 E.PREFIX_MISMATCH,
@@ -185,11 +269,12 @@ class ChatRenderer:
                 "prefixes do not nest); use rows_per=assistant_turn or auto",
             )
         if nested and rows_per != "assistant_turn":
-            end = len(full) if overflow is not None else spans[-1][1]
+            end = len(full.ids) if overflow is not None else spans[-1][1]
             mask = [0] * end
             for start, stop in spans:
                 mask[start:stop] = [1] * (stop - start)
-            return Rendered([RenderedRow(list(full[:end]), mask)], per_turn=False, skipped_turns=skipped)
-        rows = [RenderedRow(list(r[:stop]), [0] * start + [1] * (stop - start), turn=k)
+            return Rendered([RenderedRow(list(full.ids[:end]), mask, cut=full.cut)], per_turn=False,
+                            skipped_turns=skipped)
+        rows = [RenderedRow(list(r.ids[:stop]), [0] * start + [1] * (stop - start), turn=k, cut=r.cut)
                 for k, (r, (start, stop)) in enumerate(zip(renders, spans))]
         return Rendered(rows, per_turn=True, skipped_turns=skipped)

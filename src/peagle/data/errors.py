@@ -14,6 +14,7 @@ from typing import Any
 # Rejection reasons: short, stable codes (the manifest counts rows by these). The detail string that
 # goes with each rejection says which field / message / turn was at fault.
 INVALID_JSON = "invalid_json"                      # a JSONL line that does not parse
+INVALID_UTF8 = "invalid_utf8"                      # bytes that are not UTF-8 in the row (invalid_utf8=reject)
 NOT_AN_OBJECT = "not_an_object"                    # the row is not a JSON object / mapping
 MISSING_FIELD = "missing_field"                    # no conversations/messages/input_ids; a message lacks role/content
 BAD_TYPE = "bad_type"                              # a field has the wrong type (e.g. conversations is not a list)

@@ -7,6 +7,8 @@ Contract of :func:`run_prepare`:
   pre-tokenised, truncated to ``max_length``, de-duplicated and assigned to a split;
 * a row that cannot be used never stops the stage: it is counted under a reason code, and the first
   ``max_rejected_listed`` are listed with their source and index;
+* bytes of a .json/.jsonl/.parquet source that are not UTF-8 become U+FFFD, or reject their row
+  (``invalid_utf8``); each source's manifest entry counts them (``invalid_utf8``: characters, rows);
 * the stage fails with :class:`PrepareError` (naming the source) when a source cannot be read or has
   no rows, when a source rejects more than ``max_rejected_fraction`` of its rows, or when no
   training row is left; files it wrote are removed again and no manifest is written;
@@ -39,7 +41,7 @@ from .errors import PrepareError, RowRejected
 from .output import FORMAT, SPLITS, TOKEN_FREQ, open_writer
 from .rows import Conversation, Sample, parse_row
 from .settings import PrepareSettings
-from .sources import Source, Unparsable, resolve_sources
+from .sources import InvalidUtf8, Source, Unparsable, resolve_sources
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +109,16 @@ class _Stage:
         self.seen_ids.add(candidate)
         return candidate
 
-    def _fit(self, ids: list[int], mask: list[int]) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Apply max_length / min_supervised_tokens; raise RowRejected when the row cannot be kept."""
+    def _fit(self, ids: list[int], mask: list[int], cut: bool = False) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Apply max_length / min_supervised_tokens; raise RowRejected when the row cannot be kept.
+
+        ``cut``: the row's text was cut before tokenising, so it has more tokens than ``ids``.
+        """
         truncated = len(ids) > self.s.max_length
         if truncated:
             if self.s.overlong == "reject":
-                raise RowRejected(E.TOO_LONG, f"{len(ids)} tokens > max_length {self.s.max_length}")
+                more = "more than " if cut else ""
+                raise RowRejected(E.TOO_LONG, f"{more}{len(ids)} tokens > max_length {self.s.max_length}")
             ids, mask = ids[: self.s.max_length], mask[: self.s.max_length]
         arr_mask = np.asarray(mask, dtype=np.int8)
         supervised = int(arr_mask.sum())
@@ -127,21 +133,24 @@ class _Stage:
         """Samples of one input row, or RowRejected."""
         if isinstance(raw, Unparsable):
             raise RowRejected(E.INVALID_JSON, raw.error)
+        if isinstance(raw, InvalidUtf8):
+            raise RowRejected(E.INVALID_UTF8, f"{raw.chars} undecodable byte sequence(s) (not UTF-8) "
+                                              "(prepare.invalid_utf8=replace keeps such rows, with U+FFFD)")
         record = parse_row(raw, self.vocab_size)
         base = self._base_id(source, index, record.row_id)
         per_turn, skipped_turns = False, 0
         if isinstance(record, Conversation):
             rendered = self.renderer.render(record.messages, self.s.rows_per, self.s.max_length)
-            candidates = [(r.input_ids, r.loss_mask, r.turn) for r in rendered.rows]
+            candidates = [(r.input_ids, r.loss_mask, r.turn, r.cut) for r in rendered.rows]
             per_turn = rendered.per_turn
             # turns past the length limit: separate rows lost when per turn, else part of the truncation
             skipped_turns = rendered.skipped_turns if per_turn else 0
         else:
-            candidates = [(record.input_ids, record.loss_mask, None)]
+            candidates = [(record.input_ids, record.loss_mask, None, False)]
         samples, first_problem = [], None
-        for ids, mask, turn in candidates:
+        for ids, mask, turn, cut in candidates:
             try:
-                arr_ids, arr_mask, truncated = self._fit(ids, mask)
+                arr_ids, arr_mask, truncated = self._fit(ids, mask, cut)
             except RowRejected as exc:
                 first_problem = first_problem or exc
                 continue
@@ -228,7 +237,7 @@ class _Stage:
                 continue
             read = rejected = kept = 0
             reasons: Counter[str] = Counter()
-            for index, raw in source.iter_rows(self.s.max_rows_per_source):
+            for index, raw in source.iter_rows(self.s.max_rows_per_source, self.s.invalid_utf8):
                 read += 1
                 self.counts["read"] += 1
                 try:
@@ -250,7 +259,13 @@ class _Stage:
                 if self.counts["read"] % 1000 == 0:
                     log.info("prepare: %d rows read, %d kept, %d rejected (%.0f s)", self.counts["read"],
                              self.counts["kept"], self.counts["rejected"], time.monotonic() - started)
-            entry.update(read=read, rejected=rejected, kept=kept, rejected_by_reason=dict(reasons), notes=source.notes)
+            if source.invalid_utf8_rows:
+                log.warning("%s: %d rows hold %d byte sequence(s) that are not UTF-8 (%s)", source.location,
+                            source.invalid_utf8_rows, source.invalid_utf8_chars,
+                            "rejected" if self.s.invalid_utf8 == "reject" else "replaced by U+FFFD")
+            entry.update(read=read, rejected=rejected, kept=kept, rejected_by_reason=dict(reasons),
+                         invalid_utf8={"chars": source.invalid_utf8_chars, "rows": source.invalid_utf8_rows},
+                         notes=source.notes)
             self._check_source(source, read, rejected, reasons)
         for split in SPLITS:
             self.flush(split)

@@ -30,6 +30,11 @@ class PrepareSettings(StrictModel):
         "template's renders of growing prefixes to nest); 'assistant_turn': one row per assistant turn, only "
         "that turn supervised, earlier turns as context; 'auto': conversation when the renders nest, else per turn",
     )
+    invalid_utf8: Literal["replace", "reject"] = Field(
+        "replace",
+        description="rows of .json/.jsonl/.parquet files holding bytes that are not UTF-8: 'replace' them by "
+        "U+FFFD (counted per source in the manifest) or 'reject' the rows (reason invalid_utf8)",
+    )
     min_supervised_tokens: int = Field(1, ge=1, description="drop rows with fewer supervised tokens than this")
     max_rows_per_source: int | None = Field(
         None, ge=1, description="read at most this many rows from each source (its first rows)"

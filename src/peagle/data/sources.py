@@ -11,12 +11,18 @@ Every source yields ``(index, row)`` pairs, ``index`` being the 0-based position
 source (for JSONL: the line number). Rows that cannot even be decoded (a bad JSONL line) come out as
 :class:`Unparsable` so the stage rejects them like any other bad row.
 
+Bytes that are not UTF-8 (in .json/.jsonl files, or in a parquet file's string columns) become
+U+FFFD, as ``errors="replace"`` would make them; each source counts the replaced characters and
+the rows holding them, and with ``invalid_utf8="reject"`` such rows come out as
+:class:`InvalidUtf8` for the stage to reject.
+
 Large JSON arrays are decoded record by record (:class:`JsonRecordStream`): memory stays bounded,
 reading the first N rows costs only those rows, and a file cut off mid-record (the ShareGPT wheel's
 JSON is the first 125 MB of a 673 MB file) yields every complete record and then stops cleanly.
 """
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import json
 import logging
@@ -35,11 +41,72 @@ SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
 
 
+# Undecodable bytes are first decoded to this lone surrogate, one per character "replace" would
+# give (valid UTF-8 never decodes to a surrogate; a JSON "\\udcff" escape is six ASCII characters
+# of text), so they can be counted per record; the record's text is decoded with them as U+FFFD.
+INVALID_MARK = "\udcff"
+REPLACEMENT = "\ufffd"
+_MARK_ERRORS = "peagle.mark_invalid_utf8"
+
+
+def _mark_invalid(exc: UnicodeError) -> tuple[str, int]:
+    if isinstance(exc, UnicodeDecodeError):
+        return INVALID_MARK, exc.end
+    raise exc
+
+
+codecs.register_error(_MARK_ERRORS, _mark_invalid)
+
+
 @dataclass(frozen=True)
 class Unparsable:
     """A row whose bytes are not valid JSON (kept as a row so it is counted and reported)."""
 
     error: str
+
+
+@dataclass(frozen=True)
+class InvalidUtf8:
+    """A row holding bytes that are not UTF-8, read with ``invalid_utf8="reject"``."""
+
+    chars: int  # characters U+FFFD would have replaced
+
+
+def _strings_as_binary(typ):
+    """``typ`` with every (large) string inside it, nested in lists and structs too, made (large) binary."""
+    import pyarrow as pa
+
+    if pa.types.is_string(typ):
+        return pa.binary()
+    if pa.types.is_large_string(typ):
+        return pa.large_binary()
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        inner = typ.value_field.with_type(_strings_as_binary(typ.value_type))
+        return pa.list_(inner) if pa.types.is_list(typ) else pa.large_list(inner)
+    if pa.types.is_struct(typ):
+        return pa.struct([f.with_type(_strings_as_binary(f.type)) for f in typ])
+    if pa.types.is_dictionary(typ):
+        return _strings_as_binary(typ.value_type)
+    return typ
+
+
+def _decode_strings(value: Any, typ, marks: list[int]) -> Any:
+    """Decode the values of ``value`` that ``typ`` says are strings (read as bytes), counting marks."""
+    import pyarrow as pa
+
+    if value is None:
+        return None
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        text = value.decode("utf-8", _MARK_ERRORS)
+        marks[0] += text.count(INVALID_MARK)
+        return text.replace(INVALID_MARK, REPLACEMENT)
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        return [_decode_strings(v, typ.value_type, marks) for v in value]
+    if pa.types.is_struct(typ):
+        return {f.name: _decode_strings(value[f.name], f.type, marks) for f in typ}
+    if pa.types.is_dictionary(typ):
+        return _decode_strings(value, typ.value_type, marks)
+    return value
 
 
 class JsonRecordStream:
@@ -48,14 +115,18 @@ class JsonRecordStream:
     After iteration: ``complete`` is true when the closing ``]`` (or the end of a concatenated run)
     was reached; otherwise ``stopped_at`` is the character offset of the first undecodable record
     and ``unparsed_chars`` how much text was left there. A cut-off file and a malformed record
-    both end the stream this way (JSON gives no way to resynchronise after either).
+    both end the stream this way (JSON gives no way to resynchronise after either). With ``mark``,
+    a record whose text holds that character is decoded with U+FFFD in its place, and
+    ``last_marks`` is how often it occurred in the record just yielded.
     """
 
     _WS = " \t\r\n"
 
-    def __init__(self, stream: TextIO, chunk_chars: int = 1 << 20):
+    def __init__(self, stream: TextIO, chunk_chars: int = 1 << 20, mark: str | None = None):
         self._stream = stream
         self._chunk = chunk_chars
+        self._mark = mark
+        self.last_marks = 0
         self.complete = False
         self.stopped_at: int | None = None
         self.unparsed_chars = 0
@@ -117,6 +188,10 @@ class JsonRecordStream:
                 want *= 2  # a long record: grow reads so re-decoding stays linear overall
                 continue
             want = self._chunk
+            if self._mark is not None:
+                self.last_marks = buf.count(self._mark, pos, end)
+                if self.last_marks:
+                    value = decoder.raw_decode(buf[pos:end].replace(self._mark, REPLACEMENT))[0]
             pos = end
             yield value
             if pos > self._chunk:  # keep memory bounded: drop what has been decoded
@@ -134,9 +209,17 @@ class Source:
     label: str  # short unique name, the prefix of sample ids
     rows_read: int = 0
     notes: list[str] = field(default_factory=list)
+    invalid_utf8_chars: int = 0  # characters of the rows read that were not UTF-8 (U+FFFD when replaced)
+    invalid_utf8_rows: int = 0  # rows holding any of them
+    _reject_invalid: bool = field(default=False, init=False, repr=False)
 
-    def iter_rows(self, limit: int | None = None) -> Iterator[tuple[int, Any]]:
-        """Yield ``(index, row)``; stop after ``limit`` rows. Raises PrepareError when unreadable."""
+    def iter_rows(self, limit: int | None = None, invalid_utf8: str = "replace") -> Iterator[tuple[int, Any]]:
+        """Yield ``(index, row)``; stop after ``limit`` rows. Raises PrepareError when unreadable.
+
+        ``invalid_utf8``: a row of a file holding bytes that are not UTF-8 comes out with U+FFFD in
+        their place (``"replace"``) or as :class:`InvalidUtf8` (``"reject"``); both are counted.
+        """
+        self._reject_invalid = invalid_utf8 == "reject"
         rows = {"json": self._json, "sharegpt": self._json, "jsonl": self._jsonl,
                 "parquet": self._parquet, "hf": self._hf}[self.kind]()
         for count, item in enumerate(rows):
@@ -147,17 +230,25 @@ class Source:
 
     def _open_text(self) -> TextIO:
         try:
-            # errors="replace": a file cut mid-character must not fail; the cut record is dropped anyway.
+            # Undecodable bytes never fail the read (a file cut mid-character: the cut record is
+            # dropped anyway); they are marked, counted per row and replaced or rejected (_invalid).
             # newline="\n": only LF ends a JSONL line (a CR inside a bad line must not split it in two).
-            return open(self.location, encoding="utf-8", errors="replace", newline="\n")
+            return open(self.location, encoding="utf-8", errors=_MARK_ERRORS, newline="\n")
         except OSError as exc:
             raise PrepareError(f"cannot read source {self.location}: {exc}") from exc
 
+    def _invalid(self, marks: int) -> InvalidUtf8 | None:
+        """Count a row's ``marks`` undecodable characters; what to yield instead of it, if rejecting."""
+        self.invalid_utf8_chars += marks
+        self.invalid_utf8_rows += 1
+        return InvalidUtf8(marks) if self._reject_invalid else None
+
     def _json(self) -> Iterator[tuple[int, Any]]:
         with self._open_text() as fh:
-            stream = JsonRecordStream(fh)
+            stream = JsonRecordStream(fh, mark=INVALID_MARK)
             for index, row in enumerate(stream):
-                yield index, row
+                rejected = self._invalid(stream.last_marks) if stream.last_marks else None
+                yield index, rejected or row
             if not stream.complete:
                 note = (f"JSON ends in an incomplete or malformed record at character {stream.stopped_at} "
                         f"({stream.unparsed_chars} characters not decoded): kept the records before it")
@@ -169,6 +260,12 @@ class Source:
             for lineno, line in enumerate(fh):
                 if not line.strip():
                     continue
+                marks = line.count(INVALID_MARK)
+                if marks:
+                    if rejected := self._invalid(marks):
+                        yield lineno, rejected
+                        continue
+                    line = line.replace(INVALID_MARK, REPLACEMENT)
                 try:
                     yield lineno, json.loads(line)
                 except json.JSONDecodeError as exc:
@@ -183,9 +280,32 @@ class Source:
             raise PrepareError(f"cannot read parquet source {self.location}: {exc}") from exc
         index = 0
         for batch in pf.iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
+            try:
+                rows = batch.to_pylist()
+            except UnicodeDecodeError:  # a string column holds bytes that are not UTF-8: row by row
+                rows = [self._parquet_row(batch.slice(i, 1), index + i) for i in range(batch.num_rows)]
+            for row in rows:
                 yield index, row
                 index += 1
+
+    def _parquet_row(self, one, index: int) -> Any:
+        """The row of a one-row batch whose strings may not be UTF-8 (read as bytes, then decoded)."""
+        try:
+            return one.to_pylist()[0]
+        except UnicodeDecodeError:
+            pass
+        import pyarrow as pa
+
+        types = [_strings_as_binary(f.type) for f in one.schema]
+        try:
+            raw = pa.RecordBatch.from_arrays([col.cast(t) for col, t in zip(one.columns, types)],
+                                             names=one.schema.names).to_pylist()[0]
+        except (UnicodeDecodeError, pa.ArrowException) as exc:  # strings inside a type not walked here
+            raise PrepareError(f"parquet source {self.location}: row {index} holds strings that are not UTF-8 "
+                               f"in a column of a type that cannot be read as bytes ({exc})") from exc
+        marks = [0]
+        row = {f.name: _decode_strings(raw[f.name], f.type, marks) for f in one.schema}
+        return (self._invalid(marks[0]) if marks[0] else None) or row
 
     def _hf(self) -> Iterator[tuple[int, Any]]:
         ds = load_hf_dataset(self.location)
