@@ -44,10 +44,11 @@ def staged_output(uri: str | os.PathLike) -> Iterator[Path]:
     if not is_remote(uri):
         yield local_path(uri)
         return
+    store = open_store(str(uri))  # a bad URI stops the stage here, before any work
     tmp = Path(tempfile.mkdtemp(prefix="peagle-stage-out-"))
     try:
         yield tmp
-        publish_dir(open_store(str(uri)), "", tmp, overwrite=True)
+        publish_dir(store, "", tmp, overwrite=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

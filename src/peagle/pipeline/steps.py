@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..stage_io import fetched_input, is_remote
-from ..storage import open_store, publish_dir
+from ..storage import check_uri, open_store, publish_dir
 from .layout import SPLITS, RunLayout, run_uri as make_run_uri
 from .objects import is_published, read_json, write_json
 from .params import PipelineParams, PipelineRun, resolve_run
@@ -99,6 +99,7 @@ def init_run(*, output_root: str, run_name: str, job_id: str, config: str, **par
     Fails before any heavy work when a setting is invalid. Returns the run URI.
     """
     with stage("init_run"):
+        check_uri(output_root, "output_root")
         p = PipelineParams(**params)
         uri = make_run_uri(output_root, run_name, job_id)
         run = resolve_run(p, config, uri)

@@ -30,7 +30,7 @@ from ..model import init_draft, inspect_target, resolve_spec
 from ..model.attention_mask import layer_masks
 from ..model.factory import load_tokenizer
 from ..model.target import fingerprint, read_target_tensors
-from ..storage import open_store
+from ..storage import check_uri, open_store
 from .batches import (PreparedRow, Prefetcher, RowMaker, pack_rows, plan_fingerprint, plan_run, rank_rows,
                       row_seed)
 from .checkpoint import ResumeError, export_final, latest_complete, load_checkpoint, save_checkpoint
@@ -63,6 +63,8 @@ def train(cfg: TrainRunConfig, dataset: SampleDataset | None = None) -> TrainRes
 
 def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> TrainResult:
     s = cfg.train
+    check_uri(s.output, "train.output")  # bad URIs stop the run here, not after the data scan
+    check_uri(s.data, "train.data")
     device = env.device
     cuda = device.type == "cuda"
     attention = s.attention if s.attention != "auto" else ("flex" if cuda else "dense")
