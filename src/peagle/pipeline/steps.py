@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..scratch import scratch_dir
 from ..stage_io import fetched_input, is_remote
 from ..storage import check_uri, open_store, publish_dir
 from .layout import SPLITS, RunLayout, run_uri as make_run_uri
@@ -34,13 +34,9 @@ def load_run(run_uri: str) -> tuple[PipelineRun, RunLayout]:
     return PipelineRun.model_validate(read_json(layout.run_json)), layout
 
 
-@contextmanager
-def scratch(prefix: str) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix=f"peagle-{prefix}-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def scratch(prefix: str):
+    """A local scratch directory for one step, removed after; a killed step's is swept by the next."""
+    return scratch_dir(f"peagle-{prefix}-")
 
 
 @contextmanager

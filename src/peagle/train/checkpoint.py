@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..model import PEagleDraftModel, save_draft
 from ..model.spec import DraftSpec
+from ..scratch import scratch_dir
 from ..storage import Store, list_complete, open_published, publish_dir
 from .distributed import DistEnv, all_gather_objects, barrier
 
@@ -118,22 +119,21 @@ def save_checkpoint(*, store: Store, step: int, model: torch.nn.Module, optimize
     optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
     rng = all_gather_objects(_rng_state(), env)
     if env.is_main:
-        out = staging / f"step-{step:09d}"
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        opt_tensors, groups = _flatten_optimizer(optim_sd)
-        save_file({k: v.contiguous() for k, v in model_sd.items()}, str(out / "model.safetensors"))
-        save_file(opt_tensors, str(out / "optimizer.safetensors"))
-        save_file({f"rank{r}/{k}": v for r, states in enumerate(rng) for k, v in states.items()},
-                  str(out / "rng.safetensors"))
-        state = {**trainer_state, "format": STATE_FORMAT, "step": step, "world_size": env.world_size,
-                 "optimizer_param_groups": groups}
-        (out / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        if metrics_path.is_file():
-            shutil.copyfile(metrics_path, out / "metrics.jsonl")
-        # manifest, then _SUCCESS: now resumable
-        publish_dir(store, step_prefix(step), out, {"step": step, "kind": "peagle-train-checkpoint"}, overwrite=True)
-        shutil.rmtree(out, ignore_errors=True)
+        # One directory per save, named after its process: a run killed mid-save leaves it behind,
+        # and the next save (of any run using this work_dir) sweeps it (peagle.scratch).
+        with scratch_dir("checkpoint-", staging) as out:
+            opt_tensors, groups = _flatten_optimizer(optim_sd)
+            save_file({k: v.contiguous() for k, v in model_sd.items()}, str(out / "model.safetensors"))
+            save_file(opt_tensors, str(out / "optimizer.safetensors"))
+            save_file({f"rank{r}/{k}": v for r, states in enumerate(rng) for k, v in states.items()},
+                      str(out / "rng.safetensors"))
+            state = {**trainer_state, "format": STATE_FORMAT, "step": step, "world_size": env.world_size,
+                     "optimizer_param_groups": groups}
+            (out / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+            if metrics_path.is_file():
+                shutil.copyfile(metrics_path, out / "metrics.jsonl")
+            # manifest, then _SUCCESS: now resumable
+            publish_dir(store, step_prefix(step), out, {"step": step, "kind": "peagle-train-checkpoint"}, overwrite=True)
     barrier(env)
     return model_sd if env.is_main else None
 
