@@ -26,20 +26,20 @@ from .base import ObjectInfo, Store, check_key, sha256_bytes, sha256_file
 from .errors import (ChecksumMismatchError, IncompletePrefixError, InvalidKeyError, ObjectNotFoundError,
                      PrefixExistsError, StorageConfigError, StorageError)
 from .local import LocalStore
-from .publish import (MANIFEST, SUCCESS, Manifest, PrefixWriter, Published, is_complete,
-                      list_complete, open_published, publish, publish_dir)
+from .publish import (MANIFEST, SUCCESS, DamagedPrefix, Manifest, PrefixWriter, Published, is_complete,
+                      list_complete, open_published, publish, publish_dir, scan_published)
 from .retry import RetryPolicy
 from .s3 import S3Store
 from .settings import S3Settings, Secret, TransferSettings
 from .uri import ParsedURI, check_bucket, check_uri, file_uri_path, parse_uri, resolve_bucket
 
 __all__ = [
-    "ChecksumMismatchError", "IncompletePrefixError", "InvalidKeyError", "LocalStore", "MANIFEST",
+    "ChecksumMismatchError", "DamagedPrefix", "IncompletePrefixError", "InvalidKeyError", "LocalStore", "MANIFEST",
     "Manifest", "ObjectInfo", "ObjectNotFoundError", "ParsedURI", "PrefixExistsError",
     "PrefixWriter", "Published", "RetryPolicy", "S3Settings", "S3Store", "SUCCESS", "Secret",
     "StorageConfigError", "StorageError", "Store", "TransferSettings", "check_bucket", "check_key",
     "check_uri", "file_uri_path", "is_complete", "list_complete", "open_published", "open_store",
-    "parse_uri", "publish", "publish_dir", "read_verified", "sha256_bytes", "sha256_file",
+    "parse_uri", "publish", "publish_dir", "read_verified", "sha256_bytes", "scan_published", "sha256_file",
 ]
 
 
