@@ -131,3 +131,14 @@ def test_stage_commands_check_uris_before_any_work(qwen3_target, tmp_path, s3_en
     assert main(["train", "--target", str(qwen3_target), "--data", str(tmp_path / "d.safetensors"),
                  "--output", f"s3://{BUCKET}/{run}/ckpt\n", "--set", f"work_dir={tmp_path / 'work'}"]) == 2
     assert capsys.readouterr().err.startswith("peagle: error: train.output (--output): ")
+
+
+def test_pipeline_submit_checks_its_uri_params_before_contacting_a_server(capsys):
+    from peagle.pipeline.__main__ import main as pipeline_main
+
+    rc = pipeline_main(["submit", "--package", "/nonexistent.yaml", "--host", "http://127.0.0.1:9",
+                        "--param", "target=s3:///models/m", "--param", "output_root=s3:///peagle//runs"])
+    assert rc == 2
+    assert capsys.readouterr().err.startswith("peagle pipeline: error: --param output_root: ")
+    # s3:/// is the cluster's data-connection bucket: not resolved (nor required) on the submitting machine
+    assert check_uri("s3:///peagle/runs", "--param output_root", env={}, bucket_from_env=False)

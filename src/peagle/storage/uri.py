@@ -148,19 +148,20 @@ def resolve_bucket(parsed: ParsedURI, uri: str, env_bucket: str | None) -> str:
     return check_bucket(env_bucket, "AWS_S3_BUCKET")
 
 
-def check_uri(uri: str | os.PathLike | None, what: str, *,
-              env: Mapping[str, str] | None = None) -> str | os.PathLike | None:
+def check_uri(uri: str | os.PathLike | None, what: str, *, env: Mapping[str, str] | None = None,
+              bucket_from_env: bool = True) -> str | os.PathLike | None:
     """Check a command's storage argument up front; return it unchanged (``None``/'' pass).
 
     Raises StorageConfigError whose message starts with ``what`` (e.g. ``--out`` or
     ``train.output``). For ``s3:///prefix`` the bucket comes from ``AWS_S3_BUCKET`` in ``env``
-    (default: the environment and a mounted data connection) and is checked too.
+    (default: the environment and a mounted data connection) and is checked too, unless
+    ``bucket_from_env`` is false (a URI checked here but opened elsewhere, e.g. in a cluster pod).
     """
     if uri is None or uri == "":
         return uri
     try:
         parsed = parse_uri(uri)
-        if parsed.scheme == "s3" and not parsed.bucket:
+        if parsed.scheme == "s3" and not parsed.bucket and bucket_from_env:
             from .settings import S3Settings
 
             resolve_bucket(parsed, str(uri), S3Settings.from_env(env).bucket)
