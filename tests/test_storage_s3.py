@@ -67,10 +67,10 @@ def test_bucket_rule():
 
 def test_path_style_for_custom_endpoints_only():
     creds = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-    custom = open_store("s3://b/p", env={**creds, "AWS_S3_ENDPOINT": "http://ceph-rgw:8080"})
+    custom = open_store("s3://bkt/p", env={**creds, "AWS_S3_ENDPOINT": "http://ceph-rgw:8080"})
     assert custom.client.meta.config.s3["addressing_style"] == "path"
     assert custom.client.meta.endpoint_url == "http://ceph-rgw:8080"
-    aws = open_store("s3://b/p", env={**creds, "AWS_REGION": "eu-central-1"})
+    aws = open_store("s3://bkt/p", env={**creds, "AWS_REGION": "eu-central-1"})
     assert (aws.client.meta.config.s3 or {}).get("addressing_style") is None
     assert aws.endpoint == "AWS S3 (eu-central-1)"
 

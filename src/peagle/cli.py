@@ -34,6 +34,14 @@ def _resolve(ns: argparse.Namespace, extra: dict | None = None) -> RunConfig:
     return C.build_config(RunConfig, ns.config, ns.overrides, values)  # type: ignore[return-value]
 
 
+def _check_uris(**uris) -> None:
+    """Check stage input/output URIs before any work (peagle.storage.check_uri: exit 2 naming the argument)."""
+    from .storage import check_uri
+
+    for what, uri in uris.items():
+        check_uri(uri, what)
+
+
 def _stage_parser(sub, name: str, help_text: str, target_help: str, sections: dict, func) -> argparse.ArgumentParser:
     """A stage command: --target, --config/--set, and the flags of its config sections."""
     p = sub.add_parser(name, help=help_text)
@@ -72,6 +80,7 @@ def cmd_prepare_target(ns: argparse.Namespace) -> int:
 
 
 def cmd_prepare(ns: argparse.Namespace) -> int:
+    _check_uris(**{"--out": ns.out})
     from .data import run_prepare
 
     cfg = _resolve(ns)
@@ -88,6 +97,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 
 
 def cmd_regenerate(ns: argparse.Namespace) -> int:
+    _check_uris(**{"--out": ns.out})
     from .data.regenerate import run_regenerate
 
     cfg = _resolve(ns)
@@ -98,6 +108,7 @@ def cmd_regenerate(ns: argparse.Namespace) -> int:
 
 
 def cmd_extract(ns: argparse.Namespace) -> int:
+    _check_uris(**{"--data": ns.data, "--out": ns.out})
     from .data import read_split
     from .extract import run_extract
     from .stage_io import fetched_input, join
@@ -127,6 +138,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from .train import train
 
     cfg = _resolve(ns)
+    _check_uris(**{"train.output (--output)": cfg.train.output, "train.data (--data)": cfg.train.data})
     result = train(cfg)  # RunConfig carries the target/draft/train/work_dir sections train() reads
     if result.final_uri:
         print(f"final draft (vLLM format): {result.final_uri}")

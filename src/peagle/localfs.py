@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .scratch import owned_dir
+
 
 def staging_dir(out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    """An empty sibling of ``out``; a killed writer's leftovers are swept (see :mod:`peagle.scratch`)."""
+    return owned_dir(f".{out.name}.tmp-", out.parent)
 
 
 def publish(tmp: Path, out: Path) -> None:

@@ -1,7 +1,7 @@
 """Stage inputs and outputs at local paths or object-store URIs (``s3://bucket/prefix``).
 
 Stages whose writers work on a local directory (prepare, training checkpoints' adapter export)
-write into a scratch directory that is *published* to the URI on success (objects first, then
+write into a scratch directory (:mod:`peagle.scratch`: swept after ``kill -9``) that is *published* to the URI on success (objects first, then
 ``_MANIFEST.json``, then ``_SUCCESS``), so a failed stage never leaves a prefix that looks complete.
 Inputs at a URI are downloaded (sha256-verified) into a cache directory named after the URI and the
 published manifest, so a rerun reuses them. Local paths pass through untouched.
@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from .scratch import scratch_dir
 from .storage import file_uri_path, open_published, open_store, publish_dir
 
 
@@ -44,12 +45,10 @@ def staged_output(uri: str | os.PathLike) -> Iterator[Path]:
     if not is_remote(uri):
         yield local_path(uri)
         return
-    tmp = Path(tempfile.mkdtemp(prefix="peagle-stage-out-"))
-    try:
+    store = open_store(str(uri))  # a bad URI stops the stage here, before any work
+    with scratch_dir("peagle-stage-out-") as tmp:  # a killed stage's directory is swept by the next
         yield tmp
-        publish_dir(open_store(str(uri)), "", tmp, overwrite=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        publish_dir(store, "", tmp, overwrite=True)
 
 
 def fetched_input(uri: str | os.PathLike, cache_root: str | os.PathLike | None = None) -> Path:

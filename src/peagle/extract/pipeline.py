@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from ..model.target import fingerprint, inspect_target
 from ..progress import Progress
+from ..scratch import owned_dir
 from .errors import ExtractError
 from .output import ShardDir, ShardRecord, build_manifest, sample_ids_digest, shard_name
 from .rows import ExtractRow, SampleHiddenStates, as_extract_row, sample_id_of, write_job_rows
@@ -151,8 +151,8 @@ class _VllmSink:
 
     def __init__(self, target, layer_ids: LayerIds, header: DatasetHeader, settings: ExtractSettings, out: ShardDir):
         self.target, self.layer_ids, self.header, self.settings, self.out = target, layer_ids, header, settings, out
-        self.tmp = tempfile.TemporaryDirectory(prefix="peagle-extract-job-", dir=settings.scratch_dir)
-        self.rows_file = Path(self.tmp.name) / "rows.jsonl"
+        self.tmp = owned_dir("peagle-extract-job-", settings.scratch_dir)  # swept by the next job if killed
+        self.rows_file = self.tmp / "rows.jsonl"
         self.fh = open(self.rows_file, "w")
         self.longest = 0
         self.pending = 0
@@ -183,7 +183,7 @@ class _VllmSink:
 
     def close(self) -> None:
         self.fh.close()
-        self.tmp.cleanup()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | os.PathLike,

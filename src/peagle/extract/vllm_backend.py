@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 from safetensors.torch import load_file
 
 from .. import progress as progress_mod
+from ..scratch import owned_dir
 from .errors import ExtractError
 from .rows import ExtractRow, SampleHiddenStates
 from .settings import ExtractSettings, LayerIds
@@ -164,7 +164,7 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     header = DatasetHeader.from_dict(job["header"])
     layer_ids = LayerIds(aux=tuple(job["layer_ids"][:-1]), last=job["layer_ids"][-1])
     out = ShardDir(job["out_dir"])
-    scratch = tempfile.mkdtemp(prefix="peagle-hs-", dir=settings.scratch_dir)
+    scratch = str(owned_dir("peagle-hs-", settings.scratch_dir))  # swept by the next job if this one is killed
     records = []
     reporter = progress_mod.child_reporter()
     extractor = VllmHiddenStatesExtractor(job["target"], layer_ids, header.compute_dtype, settings,

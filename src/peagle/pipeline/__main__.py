@@ -44,6 +44,11 @@ def _arguments(ns: argparse.Namespace) -> dict:
         args["config"] = Path(ns.config).read_text()
     if "target" not in args:
         raise ConfigError("submit needs the target: --param target=s3:///models/<dir> (or a .gguf path in the image)")
+    from ..storage import check_uri
+
+    for key in ("target", "output_root"):  # s3:/// takes the bucket of the cluster's data connection, not ours
+        if isinstance(args.get(key), str):
+            check_uri(args[key], f"--param {key}", bucket_from_env=False)
     return args
 
 

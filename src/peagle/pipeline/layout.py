@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 
 from ..stage_io import is_remote, join, local_path
+from ..storage import parse_uri
 
 SPLITS = ("train", "validation")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -109,7 +109,7 @@ class RunLayout:
 
 def bucket_and_key(uri: str) -> tuple[str, str]:
     """``s3://bucket/a/b`` -> (``bucket``, ``a/b``); the bucket is empty for ``s3:///a/b``."""
-    parts = urlsplit(uri)
-    if parts.scheme != "s3":
+    parsed = parse_uri(uri)  # the storage URI rule (peagle.storage.uri), not a second parser
+    if parsed.scheme != "s3":
         raise ValueError(f"{uri!r} is not an s3:// URI")
-    return parts.netloc, unquote(parts.path).strip("/")
+    return parsed.bucket, parsed.prefix

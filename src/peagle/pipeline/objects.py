@@ -6,11 +6,9 @@ directory exercises the code the cluster runs against the data-connection bucket
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
+from ..scratch import scratch_dir
 from ..stage_io import is_remote, local_path
 from ..storage import is_complete, open_published, open_store, publish_dir
 
@@ -49,12 +47,9 @@ def is_published(uri: str) -> bool:
 def copy_published(src: str, dst: str) -> str:
     """Republish the published prefix ``src`` at ``dst`` (same files, new manifest); returns ``dst``."""
     published = open_published(open_store(src), "")
-    tmp = Path(tempfile.mkdtemp(prefix="peagle-copy-"))
-    try:
+    with scratch_dir("peagle-copy-") as tmp:
         published.download(tmp)
         for marker in ("_MANIFEST.json", "_SUCCESS"):
             (tmp / marker).unlink(missing_ok=True)
         publish_dir(open_store(dst), "", tmp, overwrite=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dst

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..scratch import scratch_dir
 from ..stage_io import fetched_input, is_remote
-from ..storage import open_store, publish_dir
+from ..storage import check_uri, open_store, publish_dir
 from .layout import SPLITS, RunLayout, run_uri as make_run_uri
 from .objects import is_published, read_json, write_json
 from .params import PipelineParams, PipelineRun, resolve_run
@@ -34,13 +34,9 @@ def load_run(run_uri: str) -> tuple[PipelineRun, RunLayout]:
     return PipelineRun.model_validate(read_json(layout.run_json)), layout
 
 
-@contextmanager
-def scratch(prefix: str) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix=f"peagle-{prefix}-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def scratch(prefix: str):
+    """A local scratch directory for one step, removed after; a killed step's is swept by the next."""
+    return scratch_dir(f"peagle-{prefix}-")
 
 
 @contextmanager
@@ -99,6 +95,7 @@ def init_run(*, output_root: str, run_name: str, job_id: str, config: str, **par
     Fails before any heavy work when a setting is invalid. Returns the run URI.
     """
     with stage("init_run"):
+        check_uri(output_root, "output_root")
         p = PipelineParams(**params)
         uri = make_run_uri(output_root, run_name, job_id)
         run = resolve_run(p, config, uri)

@@ -3,7 +3,9 @@
 Contract (both backends):
 
 * A store is rooted at a URI (``file:///data/runs`` or ``s3://bucket/runs``). Keys are relative
-  to that root, ``/``-separated, without empty, ``.`` or ``..`` segments (:func:`check_key`).
+  to that root and obey the one key rule of :func:`check_key` (also applied to the prefix of a
+  URI, see :mod:`peagle.storage.uri`): ``/``-separated, no empty, ``.`` or ``..`` segment, no
+  control character, no backslash, at most 1024 UTF-8 bytes.
 * Writes are all-or-nothing: a reader sees the old object, the new one, or none -- never a
   partial one (S3 PUT semantics; temp file + ``os.replace`` on ``file://``).
 * ``put_*`` return an :class:`ObjectInfo` (key, size, sha256 of what was sent) for manifests.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .errors import ChecksumMismatchError
+from .errors import ChecksumMismatchError, InvalidKeyError
 
 TMP_MARKER = ".peagle-tmp-"  # names of in-flight local temp files; never listed, never a key
 CHUNK = 1024 * 1024
@@ -43,17 +46,41 @@ class ObjectInfo:
     sha256: str
 
 
+# C0 controls, DEL and C1 controls (Unicode category Cc). Refused, never dropped: a key that
+# silently lost a newline would alias another key.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def check_key(key: str) -> str:
-    """Return ``key`` if it is a valid object key, else raise ValueError saying why."""
+    """Return ``key`` if it is a valid object key, else raise :class:`InvalidKeyError` saying why.
+
+    The one key rule, for every key a store reads or writes (user-given or produced internally):
+    a non-empty string of ``/``-separated segments, none of them empty (no leading, trailing or
+    doubled ``/``), ``.`` or ``..``; no control character (C0, DEL, C1: newline and NUL too),
+    no backslash; at most 1024 UTF-8 bytes; the last segment not a reserved temp-file name.
+    Keys are taken literally: percent-decoding, where a URI is involved, happens before this check.
+    """
     if not isinstance(key, str) or not key:
-        raise ValueError(f"object key must be a non-empty string, got {key!r}")
-    if "\\" in key or "\x00" in key or len(key.encode()) > 1024:
-        raise ValueError(f"invalid object key {key!r}: no backslashes or NUL, at most 1024 bytes")
+        raise InvalidKeyError(f"object key must be a non-empty string, got {key!r}")
+    if m := _CONTROL.search(key):
+        raise InvalidKeyError(f"invalid object key {key!r}: control character U+{ord(m.group()):04X} "
+                              f"at position {m.start()}")
+    if "\\" in key:
+        raise InvalidKeyError(f"invalid object key {key!r}: no backslashes")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:  # lone surrogates (undecodable file names): not a UTF-8 key
+        raise InvalidKeyError(f"invalid object key {key!r}: not valid UTF-8") from None
+    if size > 1024:
+        raise InvalidKeyError(f"invalid object key {key!r}: longer than 1024 bytes")
     parts = key.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"invalid object key {key!r}: must be relative, without empty, '.' or '..' segments")
+    for p in parts:
+        if p in ("", ".", ".."):
+            what = "an empty segment (leading, trailing or doubled '/')" if p == "" else f"a {p!r} segment"
+            raise InvalidKeyError(f"invalid object key {key!r}: {what}; keys are relative, without empty, "
+                                  "'.' or '..' segments")
     if parts[-1].startswith(TMP_MARKER):
-        raise ValueError(f"invalid object key {key!r}: {TMP_MARKER!r} names are reserved for temp files")
+        raise InvalidKeyError(f"invalid object key {key!r}: {TMP_MARKER!r} names are reserved for temp files")
     return key
 
 

@@ -14,6 +14,10 @@ class StorageConfigError(StorageError, ValueError):
     """A storage URI or the storage environment is invalid (e.g. no bucket anywhere)."""
 
 
+class InvalidKeyError(StorageConfigError):
+    """An object key, prefix or URI path breaks the key rule (:func:`peagle.storage.check_key`)."""
+
+
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """The object does not exist. Also a :class:`FileNotFoundError`, like a missing local file."""
 

@@ -7,7 +7,8 @@ Write order (:class:`PrefixWriter`, :func:`publish`, :func:`publish_dir`):
    objects are confirmed present with their recorded sizes;
 3. ``_SUCCESS`` last, holding the manifest's sha256 and size.
 
-A reader (:func:`open_published`, :func:`is_complete`, :func:`list_complete`) trusts a prefix
+A reader (:func:`open_published`, :func:`is_complete`, :func:`list_complete`,
+:func:`scan_published`) trusts a prefix
 only if ``_SUCCESS`` exists, the manifest matches the sha256 in ``_SUCCESS`` (so a manifest
 being rewritten concurrently is never mixed with an old ``_SUCCESS``), and every manifest
 object exists with its recorded size; ``deep=True`` also re-hashes every object. Reads through
@@ -251,19 +252,47 @@ def is_complete(store: Store, prefix: str, *, deep: bool = False) -> bool:
     return True
 
 
-def list_complete(store: Store, root: str = "", *, deep: bool = False) -> list[str]:
-    """Store-relative prefixes under ``root`` (at any depth, ``root`` itself included) that are
-    completely published, sorted. For resuming: work whose prefix is listed is done.
-    One listing of ``root``, then two small reads per ``_SUCCESS`` found."""
+@dataclass(frozen=True)
+class DamagedPrefix:
+    """A prefix that carries ``_SUCCESS`` but fails verification; ``reason`` names the object."""
+
+    prefix: str
+    reason: str
+
+
+def scan_published(store: Store, root: str = "", *, deep: bool = False
+                   ) -> tuple[list[str], list[DamagedPrefix]]:
+    """Every prefix under ``root`` (at any depth, ``root`` included) that carries ``_SUCCESS``,
+    split into (complete prefixes, damaged ones), each sorted.
+
+    Damaged: ``_SUCCESS`` is there but its manifest does not match it, or an object is missing,
+    has another size, or (``deep``) another sha256. That is not a crash mid-publish (which leaves no
+    ``_SUCCESS``, and such prefixes are not reported at all): the data changed after publication,
+    or a republish is racing this read. One listing, then two small reads per ``_SUCCESS``.
+    """
     base = _base(root)
     listing = store.list_sizes(base + "/" if base else "")
     found = [k[: -len(SUCCESS)].rstrip("/") for k in listing
              if k == join_key(base, SUCCESS) or k.endswith("/" + SUCCESS)]
-    done = []
+    done, damaged = [], []
     for prefix in sorted(found):
         try:
             open_published(store, prefix, deep=deep, listing=listing)
             done.append(prefix)
         except (IncompletePrefixError, ChecksumMismatchError) as e:
-            log.info("not complete: %s", e)
+            damaged.append(DamagedPrefix(prefix, str(e)))
+    return done, damaged
+
+
+def list_complete(store: Store, root: str = "", *, deep: bool = False) -> list[str]:
+    """Store-relative prefixes under ``root`` (at any depth, ``root`` itself included) that are
+    completely published, sorted. Work whose prefix is listed is done.
+
+    Contract: a prefix that carries ``_SUCCESS`` but fails verification is *left out* (and logged
+    as a warning), like an unpublished one. A caller for whom that difference matters -- resuming
+    training must not silently step back past a damaged checkpoint -- uses :func:`scan_published`.
+    """
+    done, damaged = scan_published(store, root, deep=deep)
+    for d in damaged:
+        log.warning("published but damaged, left out: %s", d.reason)
     return done

@@ -16,10 +16,11 @@ from typing import Any, Callable, TypeVar
 
 from botocore.exceptions import NoCredentialsError, PartialCredentialsError
 
-from .base import CHUNK, ObjectInfo, Store, join_key, sha256_file
+from .base import CHUNK, ObjectInfo, Store, check_key, join_key, sha256_file
 from .errors import ObjectNotFoundError, StorageConfigError, StorageError
 from .retry import call_with_retry, client_error_code
 from .settings import S3Settings
+from .uri import check_bucket
 
 T = TypeVar("T")
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
@@ -38,8 +39,11 @@ class S3Store(Store):
                  *, client: Any = None):
         if not bucket:
             raise StorageConfigError("S3Store needs a bucket name")
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
+        self.bucket = check_bucket(bucket)
+        # The same rule as a URI's path (peagle.storage.uri): one trailing '/' is allowed, nothing
+        # else is normalised away ("//abs" is an error, not "abs").
+        prefix = prefix[:-1] if prefix.endswith("/") else prefix
+        self.prefix = check_key(prefix) if prefix else ""
         self.settings = settings if settings is not None else S3Settings.from_env()
         self._client = client if client is not None else self.settings.make_client()
         self._transfer = self.settings.transfer.to_boto()

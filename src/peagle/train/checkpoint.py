@@ -11,16 +11,22 @@ Layout under ``train.output`` (any :func:`peagle.storage.open_store` URI)::
         manifest.json, _SUCCESS      written last by the publication protocol
     final/                           vLLM-servable draft (peagle.model.save_draft), published the same way
 
-A prefix without ``_SUCCESS`` (a writer killed mid-upload) is never chosen: resume takes the highest
-step among the prefixes :func:`peagle.storage.list_complete` reports. No pickles: tensors are
+A prefix without ``_SUCCESS`` (a writer killed mid-upload) is never chosen and otherwise ignored:
+resume takes the highest step that verifies (:func:`plan_resume`). A ``_SUCCESS``-marked checkpoint
+that fails verification (size, sha256, manifest vs ``_SUCCESS``) is *damaged*: if it is newer than
+the resume point the run stops (exit 2) naming the file, unless ``train.resume_from_damaged`` is
+``previous``. Either way it is never overwritten or deleted: the loop skips saving a checkpoint at a
+damaged step (the next checkpoint, or the final export, still happens). No pickles: tensors are
 safetensors, everything else JSON. COD draws need no saved generator: they are seeded from the data
 position (see :mod:`peagle.train.batches`).
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +43,16 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..model import PEagleDraftModel, save_draft
 from ..model.spec import DraftSpec
-from ..storage import Store, list_complete, open_published, publish_dir
+from ..scratch import scratch_dir
+from ..storage import (SUCCESS, ChecksumMismatchError, IncompletePrefixError, Store, list_complete,
+                       open_published, publish_dir, scan_published)
 from .distributed import DistEnv, all_gather_objects, barrier
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
 STATE_FORMAT = "peagle.train.checkpoint/v1"
 _STEP = re.compile(rf"^{CHECKPOINTS}/step-(\d+)$")
+log = logging.getLogger("peagle.train")
 
 
 class ResumeError(ValueError):
@@ -55,13 +64,89 @@ def step_prefix(step: int) -> str:
 
 
 def latest_complete(store: Store) -> tuple[int, str] | None:
-    """(step, prefix) of the newest completely published checkpoint, or None."""
+    """(step, prefix) of the newest completely published checkpoint, or None (damaged ones left out)."""
     best = None
     for prefix in list_complete(store, CHECKPOINTS):
         m = _STEP.match(prefix)
         if m and (best is None or int(m.group(1)) > best[0]):
             best = (int(m.group(1)), prefix)
     return best
+
+
+class DamagedCheckpointError(ResumeError):
+    """A ``_SUCCESS``-marked checkpoint newer than any intact one fails verification."""
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where to resume, and the checkpoints this run must never publish over.
+
+    ``start``/``prefix``: the newest intact checkpoint (0/None: start fresh). ``damaged``: step ->
+    reason for every ``_SUCCESS``-marked checkpoint that failed verification; these are kept as
+    they are (evidence) and the loop skips saving at those steps. ``error``: the message to stop
+    with (train.resume_from_damaged=fail and a damaged checkpoint newer than ``start``).
+    """
+
+    start: int = 0
+    prefix: str | None = None
+    damaged: dict[int, str] = field(default_factory=dict)
+    error: str = ""
+
+
+def _steps(prefixes) -> dict[int, str]:
+    return {int(m.group(1)): p for p in prefixes if (m := _STEP.match(p))}
+
+
+def plan_resume(store: Store, *, resume: bool, on_damaged: str) -> ResumePlan:
+    """Decide where to resume (rank 0 runs this; see :func:`resume_plan` for every rank).
+
+    Every checkpoint carrying ``_SUCCESS`` is checked shallowly (manifest against ``_SUCCESS``, sizes);
+    the one chosen is also re-hashed, so an edit that keeps the size is caught the same way as one
+    that changes it. A damaged checkpoint newer than the chosen one stops the run unless
+    ``on_damaged == "previous"``. Prefixes without ``_SUCCESS`` (a crash mid-publish) are ignored.
+    """
+    done, bad = scan_published(store, CHECKPOINTS)
+    damaged = {int(m.group(1)): d.reason for d in bad if (m := _STEP.match(d.prefix))}
+    if not resume:
+        return ResumePlan(damaged=damaged)
+    chosen: tuple[int, str] | None = None
+    ordered = sorted(_steps(done).items(), reverse=True)
+    for step, prefix in ordered:
+        if on_damaged == "fail" and any(d > step for d in damaged):
+            break  # no need to hash anything: the run stops
+        try:
+            open_published(store, prefix, deep=True)
+        except (IncompletePrefixError, ChecksumMismatchError) as e:
+            damaged[step] = str(e)
+            continue
+        chosen = (step, prefix)
+        break
+    start = chosen[0] if chosen else 0
+    newer = sorted(d for d in damaged if d > start)
+    for step in sorted(damaged):
+        if step < start or on_damaged == "previous":
+            log.warning("checkpoint %s is damaged and kept as it is: %s", store.uri_for(step_prefix(step)),
+                        damaged[step])
+    error = ""
+    if newer and on_damaged != "previous":
+        top = newer[-1]
+        older = [step for step, _ in ordered if step < top and step not in damaged]
+        fallback = f"step {older[0]} (the newest older checkpoint)" if older else "step 0 (no older checkpoint)"
+        error = (f"checkpoint {store.uri_for(step_prefix(top))} is marked complete ({SUCCESS}) but fails "
+                 f"verification: {damaged[top]}. It was edited or corrupted after it was published; it is left "
+                 f"untouched. To resume from {fallback} instead, set train.resume_from_damaged=previous "
+                 "(flag --resume-from-damaged previous): the damaged checkpoint is kept and never published over; "
+                 "or use another train.output")
+    return ResumePlan(start, chosen[1] if chosen else None, damaged, error)
+
+
+def resume_plan(store: Store, *, resume: bool, on_damaged: str, env: DistEnv) -> ResumePlan:
+    """:func:`plan_resume` on rank 0, shared with every rank (all stop, or all resume alike)."""
+    plan = plan_resume(store, resume=resume, on_damaged=on_damaged) if env.is_main else None
+    plan = all_gather_objects(plan, env)[0]
+    if plan.error:
+        raise DamagedCheckpointError(plan.error)
+    return plan
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,22 +203,21 @@ def save_checkpoint(*, store: Store, step: int, model: torch.nn.Module, optimize
     optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
     rng = all_gather_objects(_rng_state(), env)
     if env.is_main:
-        out = staging / f"step-{step:09d}"
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        opt_tensors, groups = _flatten_optimizer(optim_sd)
-        save_file({k: v.contiguous() for k, v in model_sd.items()}, str(out / "model.safetensors"))
-        save_file(opt_tensors, str(out / "optimizer.safetensors"))
-        save_file({f"rank{r}/{k}": v for r, states in enumerate(rng) for k, v in states.items()},
-                  str(out / "rng.safetensors"))
-        state = {**trainer_state, "format": STATE_FORMAT, "step": step, "world_size": env.world_size,
-                 "optimizer_param_groups": groups}
-        (out / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        if metrics_path.is_file():
-            shutil.copyfile(metrics_path, out / "metrics.jsonl")
-        # manifest, then _SUCCESS: now resumable
-        publish_dir(store, step_prefix(step), out, {"step": step, "kind": "peagle-train-checkpoint"}, overwrite=True)
-        shutil.rmtree(out, ignore_errors=True)
+        # One directory per save, named after its process: a run killed mid-save leaves it behind,
+        # and the next save (of any run using this work_dir) sweeps it (peagle.scratch).
+        with scratch_dir("checkpoint-", staging) as out:
+            opt_tensors, groups = _flatten_optimizer(optim_sd)
+            save_file({k: v.contiguous() for k, v in model_sd.items()}, str(out / "model.safetensors"))
+            save_file(opt_tensors, str(out / "optimizer.safetensors"))
+            save_file({f"rank{r}/{k}": v for r, states in enumerate(rng) for k, v in states.items()},
+                      str(out / "rng.safetensors"))
+            state = {**trainer_state, "format": STATE_FORMAT, "step": step, "world_size": env.world_size,
+                     "optimizer_param_groups": groups}
+            (out / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+            if metrics_path.is_file():
+                shutil.copyfile(metrics_path, out / "metrics.jsonl")
+            # manifest, then _SUCCESS: now resumable
+            publish_dir(store, step_prefix(step), out, {"step": step, "kind": "peagle-train-checkpoint"}, overwrite=True)
     barrier(env)
     return model_sd if env.is_main else None
 

@@ -5,7 +5,8 @@
 1. checks, before any heavy work: target and draft resolve, the dataset matches the draft (aux
    layers, hidden size, target fingerprint), is not empty, every sample is well formed;
 2. plans every step (packing, world-size independent) and builds model, teacher, AdamW, schedule;
-3. resumes from the newest complete checkpoint under ``train.output`` if there is one;
+3. resumes from the newest intact checkpoint under ``train.output`` if there is one (a damaged newer
+   one stops the run unless ``train.resume_from_damaged=previous``; see :mod:`.checkpoint`);
 4. trains: per step, each rank runs its rows as micro-batches and accumulates gradients; the loss of
    every row is normalised by the supervised-element count of the *global* batch, so W processes
    with B/W rows each compute the same update as one process with B rows;
@@ -33,10 +34,10 @@ from ..model.attention_mask import layer_masks
 from ..model.factory import load_tokenizer
 from ..model.target import fingerprint, read_target_tensors
 from ..progress import report as report_progress
-from ..storage import open_store
+from ..storage import check_uri, open_store
 from .batches import (PreparedRow, Prefetcher, RowMaker, pack_rows, plan_fingerprint, plan_run, rank_rows,
                       row_seed)
-from .checkpoint import ResumeError, export_final, latest_complete, load_checkpoint, save_checkpoint
+from .checkpoint import ResumeError, export_final, load_checkpoint, resume_plan, save_checkpoint, step_prefix
 from .data import (DatasetError, SampleDataset, check_dataset_matches, check_sample, open_dataset,
                    split_indices)
 from .distributed import (DistEnv, all_gather_objects, all_reduce_sum, gradient_sync, init_distributed,
@@ -67,6 +68,8 @@ def train(cfg: TrainRunConfig, dataset: SampleDataset | None = None) -> TrainRes
 
 def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> TrainResult:
     s = cfg.train
+    check_uri(s.output, "train.output")  # bad URIs stop the run here, not after the data scan
+    check_uri(s.data, "train.data")
     device = env.device
     cuda = device.type == "cuda"
     attention = s.attention if s.attention != "auto" else ("flex" if cuda else "dense")
@@ -129,7 +132,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     work = Path(cfg.work_dir)
     metrics_path, staging = work / "metrics.jsonl", work / "staging"
     start = 0
-    latest = latest_complete(store) if s.resume else None
+    plan = resume_plan(store, resume=s.resume, on_damaged=s.resume_from_damaged, env=env)
+    latest = (plan.start, plan.prefix) if plan.prefix else None
     if latest is not None:
         if latest[0] > total_steps:
             raise ResumeError(f"{store.uri_for(latest[1])} is past the {total_steps} planned steps "
@@ -236,7 +240,11 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                 if env.is_main:
                     write_metrics(metrics_path, {"step": done, **val_metrics})
                     print_progress({"step": done, **val_metrics}, total_steps, K, prefix="val_")
-            if is_last or done % s.checkpoint_every == 0:
+            if (is_last or done % s.checkpoint_every == 0) and done in plan.damaged:
+                if env.is_main:  # kept as evidence: never published over (see peagle.train.checkpoint)
+                    print(f"[peagle.train] not saving step {done}: {store.uri_for(step_prefix(done))} is a damaged "
+                          "checkpoint, kept as it is", file=sys.stderr, flush=True)
+            elif is_last or done % s.checkpoint_every == 0:
                 state = {"epoch": steps[step].epoch, "total_steps": total_steps,
                          "plan_fingerprint": fingerprint_of_plan, "scheduler": scheduler.state_dict(),
                          "spec": json.loads(spec.model_dump_json()), "settings": json.loads(s.model_dump_json()),

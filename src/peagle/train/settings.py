@@ -75,6 +75,10 @@ class TrainSettings(StrictModel):
         500, ge=1, description="publish a resumable checkpoint every N steps (and at the end)"
     )
     resume: bool = Field(True, description="continue from the latest complete checkpoint under output")
+    resume_from_damaged: Literal["fail", "previous"] = Field(
+        "fail", description="a checkpoint marked complete (_SUCCESS) that fails verification (edited or corrupt) and "
+        "is newer than every intact one: fail (stop, exit 2) or previous (resume from the newest intact checkpoint "
+        "before it). Either way the damaged one is kept and never published over")
     eval_every: int | None = Field(None, ge=1, description="validate every N steps (always at the end)")
     log_every: int = Field(
         10, ge=1, description="print progress and write a metrics line (pooled over those steps) every N steps"

@@ -1,0 +1,106 @@
+"""A checkpoint marked complete (_SUCCESS) that fails verification stops resume (exit 2, naming the
+file and train.resume_from_damaged); with ``previous`` training falls back to an earlier intact step.
+The damaged checkpoint is never overwritten or deleted; a prefix without _SUCCESS stays ignored."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from peagle.storage import LocalStore, PrefixWriter, S3Store, open_store
+from peagle.train import ListDataset, train, write_sample_file
+from peagle.train.__main__ import main as train_main
+from peagle.train.checkpoint import DamagedCheckpointError, latest_complete, plan_resume, step_prefix
+from seaweed import BUCKET, seaweed_server, unique  # noqa: F401  (fixture)
+from train_data import target_dataset, tiny_config
+
+
+@pytest.fixture(scope="module")
+def dataset(qwen3_target) -> ListDataset:
+    return target_dataset(qwen3_target, 24, seed=3)
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("edit", ["size", "same_size"])
+def test_tampered_checkpoint_stops_resume_then_previous_falls_back_without_touching_it(
+        edit, qwen3_target, dataset, tmp_path, capsys):
+    """Before the fix a size-changing edit was logged at INFO, resume stepped back to step 2 and the run
+    then published over the tampered step 4; a same-size edit died with a checksum traceback."""
+    data = write_sample_file(tmp_path / "data.safetensors", dataset.info, dataset.samples)
+    common = dict(data=str(data), checkpoint_every=2, epochs=2)  # 8 planned steps
+    assert train(tiny_config(qwen3_target, tmp_path, max_steps=4, **common)).steps == 4
+    ckpt = tmp_path / "store" / step_prefix(4)
+    state = ckpt / "trainer_state.json"
+    text = state.read_text()
+    state.write_text(text.replace('"step": 4', '"step": 40') if edit == "size" else text.replace('"step": 4',
+                                                                                                '"step": 5'))
+    assert (len(state.read_text()) != len(text)) == (edit == "size")
+    tampered = _digests(ckpt)
+
+    # the CLI: one line, exit 2, naming the file and the way on
+    cfg = tiny_config(qwen3_target, tmp_path, max_steps=6, **common)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    capsys.readouterr()
+    assert train_main(["--config", str(tmp_path / "run.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step-000000004/trainer_state.json" in err[0], err
+    assert "train.resume_from_damaged=previous" in err[0] and "--resume-from-damaged previous" in err[0]
+    with pytest.raises(DamagedCheckpointError, match=r"step-000000004/trainer_state\.json"):
+        train(cfg)
+    assert _digests(ckpt) == tampered
+
+    # the explicit fallback: resumes from step 2, skips saving step 4, publishes step 6; step 4 untouched
+    result = train(tiny_config(qwen3_target, tmp_path, max_steps=6, resume_from_damaged="previous", **common))
+    assert (result.resumed_from, result.steps) == (2, 6)
+    assert "not saving step 4" in capsys.readouterr().err
+    assert _digests(ckpt) == tampered
+    store = open_store(tmp_path / "store")
+    assert latest_complete(store) == (6, step_prefix(6))
+    # a later resume: the damaged step 4 is older than the intact step 6 -- no reason to stop
+    assert train(tiny_config(qwen3_target, tmp_path, max_steps=6, **common)).resumed_from == 6
+    assert _digests(ckpt) == tampered
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request, tmp_path):
+    if request.param == "file":
+        return LocalStore(tmp_path / "store")
+    server = request.getfixturevalue("seaweed_server")
+    return S3Store(BUCKET, unique("dmg"), server.settings())
+
+
+def _checkpoint(store, step: int, commit: bool = True) -> None:
+    w = PrefixWriter(store, step_prefix(step))
+    w.put_bytes("trainer_state.json", b'{"step": %d}' % step)
+    w.put_bytes("model.safetensors", bytes(64))
+    if commit:
+        w.commit({"step": step})
+
+
+def test_plan_resume_tells_damaged_from_crashed(store):
+    for step in (2, 4, 6):
+        _checkpoint(store, step)
+    _checkpoint(store, 8, commit=False)  # crashed mid-publish: no _SUCCESS, ignored as before
+    plan = plan_resume(store, resume=True, on_damaged="fail")
+    assert (plan.start, plan.damaged, plan.error) == (6, {}, "")
+
+    # step 6: same size, other bytes (only the hash of the chosen checkpoint can tell)
+    store.put_bytes(step_prefix(6) + "/model.safetensors", b"\x01" + bytes(63))
+    plan = plan_resume(store, resume=True, on_damaged="fail")
+    assert plan.start == 0 and "step-000000006/model.safetensors" in plan.error and "sha256 mismatch" in plan.error
+    plan = plan_resume(store, resume=True, on_damaged="previous")
+    assert (plan.start, plan.prefix, sorted(plan.damaged), plan.error) == (4, step_prefix(4), [6], "")
+
+    # step 4: another size; its manifest/_SUCCESS pair is fine -- damaged, found without hashing
+    store.put_bytes(step_prefix(4) + "/trainer_state.json", b"{}")
+    plan = plan_resume(store, resume=True, on_damaged="previous")
+    assert (plan.start, sorted(plan.damaged)) == (2, [4, 6])
+    assert "has 2 bytes, manifest says" in plan.damaged[4]
+    # resume=false still knows what must not be published over (found without hashing)
+    assert sorted(plan_resume(store, resume=False, on_damaged="fail").damaged) == [4]
