@@ -20,6 +20,8 @@ from kubernetes.client import ApiException
 from peagle.deploy import Apis, DeployError, DeployFailed, DeployTimeout, kube, render, values_for
 from peagle.deploy.cli import deploy, main
 
+pytestmark = pytest.mark.integration  # the objects come from the real chart (Helm SDK)
+
 
 def merge_patch(target, patch):
     """RFC 7386 JSON merge patch (what CustomObjectsApi.patch sends for a dict body)."""

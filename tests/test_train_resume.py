@@ -12,12 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from peagle.storage import open_store
 from peagle.train import SampleFileDataset, train, write_sample_file
 from peagle.train.checkpoint import latest_complete, step_prefix
 from train_data import target_dataset, tiny_config
+
+pytestmark = pytest.mark.integration  # kill -9 of a real training process, then a second one
 
 STEPS, EVERY = 30, 4
 
