@@ -57,10 +57,10 @@ class SeaweedS3:
             try:
                 client.list_buckets()
                 return
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception as e:  # noqa: BLE001 - not up yet
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"weed mini did not answer S3 within {timeout}s:\n{self.log_tail()}")
+                    raise RuntimeError(f"weed mini did not answer S3 within {timeout}s:\n{self.log_tail()}") from e
                 time.sleep(0.1)
 
     def kill(self) -> None:

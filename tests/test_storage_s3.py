@@ -14,7 +14,7 @@ from peagle.storage import (IncompletePrefixError, ObjectNotFoundError, PrefixWr
                             TransferSettings, is_complete, list_complete, open_published, open_store,
                             publish, sha256_bytes)
 from peagle.storage.retry import is_transient
-from seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedS3, find_weed, seaweed_server, unique  # noqa: F401
+from seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedS3, find_weed, unique
 
 MiB = 1024 * 1024
 TOKEN = "FwoGZXIvYXdzEXAMPLESESSIONTOKENvalue"
