@@ -4,7 +4,7 @@ Every collected test gets exactly one tier marker, so ``-m unit`` (the fast tier
 ``-m e2e`` partition the suite:
 
 * ``integration`` -- uses a real engine or server: the ``vllm`` marker (a real vLLM engine) or the
-  ``seaweed_server`` fixture (a real SeaweedFS S3 server) make a test ``integration`` automatically;
+  ``weed_binary`` fixture (under ``seaweed_server``: a real SeaweedFS S3 server) make a test ``integration``;
   tests on kfp.local, the Helm SDK or real multi-process launches carry the marker explicitly;
 * ``e2e`` -- a whole pipeline run (explicit marker);
 * ``unit`` -- everything else (the default): in-process, tiny real models, seconds each.
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from seaweed import seaweed_server  # noqa: F401 - the fixture, for every test module (a real SeaweedFS S3)
+from seaweed import seaweed_server, weed_binary  # noqa: F401 - the fixtures, for every test module
 from tiny import build_target  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def pytest_report_header(config):
 TIERS = ("unit", "integration", "e2e")
 # Markers and fixtures that bring up a real engine or server: a test using one is never a unit test.
 INTEGRATION_MARKERS = frozenset({"vllm"})
-INTEGRATION_FIXTURES = frozenset({"seaweed_server"})
+INTEGRATION_FIXTURES = frozenset({"weed_binary"})  # under seaweed_server and any other SeaweedFS server
 TIERS_SEEN = pytest.StashKey[dict]()  # nodeid -> tiers, for every collected test (before -m deselects)
 
 

@@ -21,9 +21,9 @@ def test_the_selected_tests_carry_their_tier_marker(request):
 @pytest.mark.parametrize("markers, fixtures, tiers", [
     (set(), {"tmp_path"}, ["unit"]),                                   # the default
     ({"vllm"}, set(), ["integration"]),                               # a real vLLM engine
-    (set(), {"seaweed_server", "tmp_path"}, ["integration"]),         # a real S3 server
+    (set(), {"seaweed_server", "weed_binary", "tmp_path"}, ["integration"]),  # a real S3 server
     ({"integration"}, set(), ["integration"]),                        # explicit (Helm SDK, kfp.local, torchrun)
-    ({"e2e", "vllm"}, {"seaweed_server"}, ["e2e"]),                   # a pipeline run uses them all
+    ({"e2e", "vllm"}, {"weed_binary"}, ["e2e"]),                   # a pipeline run uses them all
     ({"unit", "vllm"}, set(), ["integration", "unit"]),               # a server in the fast tier: refused
     ({"integration", "e2e"}, set(), ["e2e", "integration"]),          # two explicit tiers: refused
 ])
