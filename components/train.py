@@ -1,9 +1,8 @@
 """train: train the draft (torchrun in this pod, or a TrainJob it creates and watches); publish it."""
+from kfp.dsl import Model, Output
+
 IMAGE = "trainer"
 LAUNCHER_IMAGE = "base"  # train_mode=trainjob: the step only creates and watches the TrainJob
-
-
-from kfp.dsl import Model, Output
 
 
 def train(run_uri: str, mode: str, num_gpus: int, cluster: str, data_connection: str, job_id: str,

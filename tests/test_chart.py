@@ -16,6 +16,8 @@ import yaml
 from k8s_schemas import ROOT, validate
 from peagle.deploy import RenderError, render, values_for
 
+pytestmark = pytest.mark.integration  # renders and lints with the Helm SDK (helm_python)
+
 CHART = ROOT / "charts" / "peagle-serving"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 

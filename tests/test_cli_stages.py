@@ -6,7 +6,7 @@ import json
 from peagle.cli import main
 from peagle.extract import open_hidden_states
 from peagle.model.target import fingerprint
-from seaweed import BUCKET, seaweed_server, unique  # noqa: F401
+from seaweed import BUCKET, unique
 
 
 def test_prepare_then_extract_cli(qwen3_target, tmp_path, capsys):

@@ -15,6 +15,8 @@ import yaml
 from peagle.config import ConfigError
 from peagle.pipeline.params import config_text
 
+pytestmark = pytest.mark.integration  # the component chain: a real torchrun node command, Helm render
+
 ROOT = Path(__file__).resolve().parents[1]
 
 TINY_CONFIG = {

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, seaweed_server  # noqa: F401 (fixture)
+from seaweed import ACCESS_KEY, BUCKET, SECRET_KEY
 from test_components import conversations, init_args, pointer
 
 
 @pytest.fixture
-def data_connection_env(seaweed_server, monkeypatch):  # noqa: F811
+def data_connection_env(seaweed_server, monkeypatch):
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,

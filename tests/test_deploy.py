@@ -20,6 +20,8 @@ from kubernetes.client import ApiException
 from peagle.deploy import Apis, DeployError, DeployFailed, DeployTimeout, kube, render, values_for
 from peagle.deploy.cli import deploy, main
 
+pytestmark = pytest.mark.integration  # the objects come from the real chart (Helm SDK)
+
 
 def merge_patch(target, patch):
     """RFC 7386 JSON merge patch (what CustomObjectsApi.patch sends for a dict body)."""
@@ -218,7 +220,8 @@ def test_cli_exit_codes_and_messages(cluster, apis, capsys):
     cluster.statuses[("InferenceService", "qwen3-peagle")] = [READY_ISVC]
     assert main(args, apis=apis) == 0
     out = capsys.readouterr().out
-    assert "ServingRuntime/qwen3-peagle patched" in out and "endpoint: https://qwen3-peagle-ml.apps.example.com" in out
+    assert ("patch", "ServingRuntime", "qwen3-peagle") in cluster.calls  # the second deploy patched
+    assert out.splitlines()[-1] == "endpoint: https://qwen3-peagle-ml.apps.example.com"
     assert main(["--name", "qwen3-peagle", "--pvc", "c", "--set", "mode=serverless"], apis=apis) == 2
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from peagle.deploy.fetch import fetch
 from peagle.storage import ChecksumMismatchError, IncompletePrefixError, LocalStore, StorageError, publish_dir
-from seaweed import BUCKET, seaweed_server, unique  # noqa: F401
+from seaweed import BUCKET, unique
 
 
 def make_run(src: Path) -> Path:
@@ -60,7 +60,7 @@ def test_fetch_refuses_corrupt_and_half_published_drafts(tmp_path):
         fetch(str(tmp_path / "nothing-here"), tmp_path / "c")
 
 
-def test_init_container_command_with_a_data_connection(seaweed_server, tmp_path):  # noqa: F811
+def test_init_container_command_with_a_data_connection(seaweed_server, tmp_path):
     src = make_run(tmp_path / "run")
     prefix = unique("runs")
     from peagle.storage import S3Store

@@ -23,6 +23,8 @@ from peagle.deploy.render import deep_merge
 from peagle.pipeline.__main__ import main as pipeline_main
 from peagle.pipeline.profile import load_profile
 
+pytestmark = pytest.mark.integration  # the chart's schema and templates through the Helm SDK
+
 CHART = ROOT / "charts" / "peagle-serving"
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 DIGEST = "sha256:" + "0123456789abcdef" * 4

@@ -12,9 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.integration  # every section's CPU part: a gloo process group with DDP, training, extraction
 def test_gpu_check_dry_run_passes_and_prints_one_table(qwen3_target, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.monotonic()

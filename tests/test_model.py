@@ -34,7 +34,7 @@ def reference_forward(sd, spec, tokens, feats, pos, allowed):
     ``allowed`` [S, S] bool says which keys each query sees.
     """
     lc = spec.layer_config
-    eps, h = lc["rms_norm_eps"], lc["hidden_size"]
+    eps = lc["rms_norm_eps"]
     nh, nkv, d = lc["num_attention_heads"], lc["num_key_value_heads"], lc["head_dim"]
     theta = lc["rope_parameters"]["rope_theta"]
     s = tokens.shape[0]

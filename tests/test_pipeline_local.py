@@ -14,6 +14,8 @@ from peagle.pipeline.local_runner import run_pipeline_locally
 from peagle.pipeline.params import config_text
 from test_components import conversations
 
+pytestmark = pytest.mark.e2e  # the whole pipeline under kfp.local
+
 TINY = {
     "prepare": {"validation_fraction": 0.25},
     "regenerate": {"max_tokens": 12, "max_model_len": 512, "batch_size": 16},

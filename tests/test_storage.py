@@ -14,10 +14,10 @@ from peagle.storage import (MANIFEST, SUCCESS, ChecksumMismatchError, Incomplete
                             open_published, open_store, publish, publish_dir, read_verified,
                             sha256_bytes)
 from peagle.storage.base import TMP_MARKER
-from seaweed import BUCKET, seaweed_server, unique  # noqa: F401  (fixture)
+from seaweed import BUCKET, unique
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.integration)])  # s3: a real SeaweedFS
 def store(request, tmp_path):
     if request.param == "file":
         return LocalStore(tmp_path / "store")

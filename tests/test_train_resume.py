@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from peagle.storage import open_store
@@ -19,11 +20,20 @@ from peagle.train import SampleFileDataset, train, write_sample_file
 from peagle.train.checkpoint import latest_complete, step_prefix
 from train_data import target_dataset, tiny_config
 
+pytestmark = pytest.mark.integration  # kill -9 of a real training process, then a second one
+
 STEPS, EVERY = 30, 4
 
 
 def _metrics(work: Path) -> list[dict]:
     return [json.loads(x) for x in (work / "work" / "metrics.jsonl").read_text().splitlines()]
+
+
+def _files(checkpoints: Path, up_to: int) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of every file of the checkpoints up to step ``up_to``: changes if any is rewritten."""
+    return {str(p.relative_to(checkpoints)): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for d in checkpoints.glob("step-*") if int(d.name.removeprefix("step-")) <= up_to
+            for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 def _wait_for(predicate, proc, timeout=240.0):
@@ -72,9 +82,11 @@ def test_kill_9_then_rerun_resumes_bitwise_identically(qwen3_target, tmp_path):
     shutil.copytree(root / prefix, fake)
     (fake / "_SUCCESS").unlink()
 
+    kept = _files(root / "checkpoints", up_to=resume_step)
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert f"resuming after step {resume_step} from" in again.stderr
+    # Resumed, not restarted: a fresh start would republish the early checkpoints (overwrite=True).
+    assert kept and _files(root / "checkpoints", up_to=resume_step) == kept
 
     final = f"step-{STEPS:09d}"
     for name in ("model.safetensors", "optimizer.safetensors"):

@@ -66,7 +66,7 @@ def test_vllm_runs_the_shape_that_crashed_and_every_worker_asked(tmp_path):
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: the worker is a spawned process
     proc = subprocess.run([sys.executable, str(HERE / "vllm_amx_probe.py"), str(target), "64"],
                           capture_output=True, text=True, timeout=600, env=env)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("PROBE ")), None)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")), None)
     assert line, f"exit {proc.returncode}:\n" + "\n".join(proc.stderr.splitlines()[-30:])
     probe = json.loads(line[len("PROBE "):])
     assert probe["generated"] == [16, 16, 16]

@@ -69,7 +69,7 @@ def build_target(out: Path, arch: str = "qwen3", num_layers: int = 8, hidden: in
         model = LlamaForCausalLM(LlamaConfig(**common))
     # Larger-than-default init so that the random model's greedy continuations vary with the prompt.
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 2:
                 p.normal_(0, 0.08)
     model = model.to(torch.bfloat16)

@@ -55,11 +55,11 @@ def _pct_ci_list(vals: list[float | None] | None, cis: list | None) -> str:
     return " / ".join(("–" if v is None else f"{100 * v:.1f}") + _interval(b, pct=True) for v, b in zip(vals, cis))
 
 
-def _lossless(l: dict[str, Any] | None) -> str:
-    if not l:
+def _lossless(counts: dict[str, Any] | None) -> str:
+    if not counts:
         return "–"
-    cls = "pass" if l["identical"] == l["compared"] else "fail"
-    return f'<span class="{cls}">{l["identical"]}/{l["compared"]}</span>'
+    cls = "pass" if counts["identical"] == counts["compared"] else "fail"
+    return f'<span class="{cls}">{counts["identical"]}/{counts["compared"]}</span>'
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:

@@ -20,7 +20,7 @@ from .layout import RunLayout
 from .objects import copy_published
 from .progress import stage
 from ..deploy.kube import current_namespace
-from .trainjob import (JOB_ID_LABEL, RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob, dns_label,
+from .trainjob import (JOB_ID_LABEL, RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob,
                        label_value, trainjob_name)
 
 
