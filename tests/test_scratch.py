@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from peagle.scratch import Owner, current_owner, owned_dir, owner_gone, parse_owner, sweep_stale
-from seaweed import BUCKET, seaweed_server, unique  # noqa: F401  (fixture)
+from seaweed import BUCKET, unique
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

@@ -10,7 +10,7 @@ import pytest
 from peagle.cli import main
 from peagle.storage import (InvalidKeyError, LocalStore, PrefixWriter, S3Store, StorageConfigError, StorageError,
                             check_bucket, check_key, check_uri, open_store, parse_uri)
-from seaweed import BUCKET, seaweed_server, unique  # noqa: F401  (fixture)
+from seaweed import BUCKET, unique
 
 BAD_PATHS = [
     ("p/../../escape", "'..' segment"),

@@ -13,7 +13,7 @@ from peagle.storage import LocalStore, PrefixWriter, S3Store, open_store
 from peagle.train import ListDataset, train, write_sample_file
 from peagle.train.__main__ import main as train_main
 from peagle.train.checkpoint import DamagedCheckpointError, latest_complete, plan_resume, step_prefix
-from seaweed import BUCKET, seaweed_server, unique  # noqa: F401  (fixture)
+from seaweed import BUCKET, unique
 from train_data import target_dataset, tiny_config
 
 
