@@ -139,6 +139,6 @@ def test_pipeline_submit_checks_its_uri_params_before_contacting_a_server(capsys
     rc = pipeline_main(["submit", "--package", "/nonexistent.yaml", "--host", "http://127.0.0.1:9",
                         "--param", "target=s3:///models/m", "--param", "output_root=s3:///peagle//runs"])
     assert rc == 2
-    assert capsys.readouterr().err.startswith("peagle pipeline: error: --param output_root: ")
+    assert capsys.readouterr().err.startswith("peagle: error: --param output_root: ")
     # s3:/// is the cluster's data-connection bucket: not resolved (nor required) on the submitting machine
     assert check_uri("s3:///peagle/runs", "--param output_root", env={}, bucket_from_env=False)
