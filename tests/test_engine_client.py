@@ -46,8 +46,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             payload = json.dumps({"choices": [{"message": {"content": "hello"}, "finish_reason": "stop"}],
                                   "usage": {"completion_tokens": 1}}).encode()
         self.send_response(status)
-        if status == 429:
-            self.send_header("Retry-After", "0")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
