@@ -123,3 +123,10 @@ def test_keyboard_interrupt_in_the_parent_kills_the_group(tmp_path):
         run_child([sys.executable, "-c", code], timeout=60,
                   progress=Progress("t", None, "x", stream=io.StringIO(), tty=False))
     assert _wait_gone(int(pid_file.read_text()))
+
+
+def test_a_child_that_never_reads_its_input_is_still_timed_out():
+    """10 MB of job on stdin fill the pipe: the parent must not block writing it past the timeout."""
+    t0 = time.monotonic()
+    result = run_child([sys.executable, "-c", "import time; time.sleep(120)"], "x" * 10_000_000, timeout=2)
+    assert result.timed_out and time.monotonic() - t0 < 20

@@ -83,21 +83,23 @@ def run_child(args: list[str], stdin_text: str = "", *, progress: progress_mod.P
                     progress.relay_line(line)
             elif on_stderr is None or not on_stderr(line):
                 tail.append(line)
-                log.debug("%s: %s", Path(args[-1]).name, line)
+                log.debug("child %d: %s", proc.pid, line)
 
     def pump_out() -> None:
         out.append(proc.stdout.read())  # type: ignore[union-attr]
 
-    readers = [threading.Thread(target=pump_err, daemon=True), threading.Thread(target=pump_out, daemon=True)]
-    for t in readers:
-        t.start()
-    timed_out = False
-    try:
+    def feed() -> None:  # on a thread too: a child that never reads stdin cannot outlast the timeout
         try:
             proc.stdin.write(stdin_text)  # type: ignore[union-attr]
             proc.stdin.close()  # type: ignore[union-attr]
-        except BrokenPipeError:
-            pass  # the child died at start-up; its stderr says why
+        except OSError:  # BrokenPipeError among them
+            pass  # the child died at start-up (or was killed); its stderr says why
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (pump_err, pump_out, feed)]
+    for t in threads:
+        t.start()
+    timed_out = False
+    try:
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -110,7 +112,7 @@ def run_child(args: list[str], stdin_text: str = "", *, progress: progress_mod.P
         raise
     finally:
         _kill_group(proc.pid)  # reap workers that outlived the child (the group holds only its processes)
-        for t in readers:
+        for t in threads:
             t.join(timeout=10)
     return ChildResult(rc, "".join(out), list(tail), timed_out, timeout)
 
