@@ -11,7 +11,7 @@ One :class:`Progress` per unit of work reports three ways:
 
 vLLM runs in child interpreters whose stderr carries its log. Such a child reports through a
 :class:`Relay` (from :func:`child_reporter`): the same calls, sent as marker lines on its stderr; the
-parent's :func:`run_child` (or its own stderr reader) hands them to :meth:`Progress.relay_line`. So
+parent's :func:`peagle.engine.child.run_child` hands them to :meth:`Progress.relay_line`. So
 the parent owns the one reporter, which sees the real terminal. :func:`vllm_tqdm` turns vLLM's
 ``use_tqdm`` hook into per-request progress within one ``generate``/``chat`` call.
 """
@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import threading
 import time
 from typing import Any, Callable, TextIO
 
 ENV = "PEAGLE_PROGRESS_FILE"  # where events go (the local runner's display tails it)
-RELAY_ENV = "PEAGLE_PROGRESS_RELAY"  # "1" in a child started by run_child: report through marker lines
+RELAY_ENV = "PEAGLE_PROGRESS_RELAY"  # "1" in a child started by engine.child.run_child: report through marker lines
 MARKER = "PEAGLE_PROGRESS "
 # The enclosing pipeline stage, set by peagle.pipeline.progress.stage (one stage at a time per kfp
 # task process) and inherited by its children (vLLM engines, training workers): events name the
@@ -299,7 +298,7 @@ class _Silent:
 
 
 def child_reporter() -> Relay | _Silent:
-    """In a child started by :func:`run_child` a :class:`Relay` on stderr, else a reporter that drops everything."""
+    """In a child started by :func:`peagle.engine.child.run_child` a :class:`Relay` on stderr, else a reporter that drops everything."""
     return Relay() if os.environ.get(RELAY_ENV) == "1" else _Silent()
 
 
@@ -337,46 +336,3 @@ def vllm_tqdm(reporter, weight: float = 1.0) -> Callable[..., Any]:
         return _RequestCounter(reporter, total, weight)
 
     return factory
-
-
-def run_child(args: list[str], stdin_text: str, progress: Progress | None, *, env: dict[str, str] | None = None,
-              timeout: float | None = None) -> tuple[int, str, str]:
-    """Run ``args`` feeding ``stdin_text``; relay its progress lines to ``progress``.
-
-    Returns (exit code, stdout, stderr without the progress lines). Raises
-    :class:`subprocess.TimeoutExpired` (after killing the child) past ``timeout`` seconds.
-    """
-    env = dict(os.environ if env is None else env)
-    if progress is not None:
-        env[RELAY_ENV] = "1"
-    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-    out: list[str] = []
-    err: list[str] = []
-
-    def pump_err() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            if progress is None or not progress.relay_line(line.rstrip("\n")):
-                err.append(line)
-
-    def pump_out() -> None:
-        out.append(proc.stdout.read())  # type: ignore[union-attr]
-
-    readers = [threading.Thread(target=pump_err, daemon=True), threading.Thread(target=pump_out, daemon=True)]
-    for t in readers:
-        t.start()
-    try:
-        proc.stdin.write(stdin_text)  # type: ignore[union-attr]
-        proc.stdin.close()  # type: ignore[union-attr]
-    except BrokenPipeError:
-        pass  # the child died at start-up; its stderr says why
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        for t in readers:
-            t.join(timeout=10)
-    return rc, "".join(out), "".join(err)

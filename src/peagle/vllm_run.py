@@ -32,39 +32,13 @@ Progress: every finished request of the prompts and workloads (repeats included,
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from typing import Any
 
 from . import progress as progress_mod
+from .engine import child, llm as engine
 from .evaluate.counters import counts_from_vllm_metrics
-
-
-def _in_process_env() -> dict[str, str]:
-    return {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        # On CPU vLLM pins the worker's OpenMP threads and reserves a core for the frontend process;
-        # in-process there is no separate frontend, so pinning would leave one process on one core ...
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        # ... and like vLLM, leave one core to the scheduler: OpenMP threads spinning on a busy core made
-        # a shared 2-core machine 2-3x slower. Takes effect when torch is first imported (first job).
-        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1)),
-    }
-
-
-_CALLER_ENV = {k: os.environ.get(k) for k in _in_process_env()}  # the caller's own choices win
-
-
-def _set_engine_env(in_process: bool) -> None:
-    """vLLM reads these when an engine is built, so jobs of one interpreter may differ."""
-    for key, value in _in_process_env().items():
-        mine = value if in_process else None
-        chosen = _CALLER_ENV[key] if _CALLER_ENV[key] is not None else mine
-        if chosen is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = chosen
 
 
 def spec_decode_counts(metrics) -> dict[str, Any]:
@@ -86,22 +60,11 @@ def requests_of(job: dict[str, Any] | list[dict[str, Any]]) -> int:
 
 
 def _run(job: dict[str, Any], reporter=None) -> dict[str, Any]:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(job.get("kv_cache_gib", 1)))
-    _set_engine_env(bool(job.get("in_process")))
-    from vllm import LLM, SamplingParams
-
-    kwargs: dict[str, Any] = dict(
-        model=job["model"],
-        dtype=job.get("dtype", "bfloat16"),
-        max_model_len=int(job.get("max_model_len", 1024)),
-        enforce_eager=True,
-        seed=int(job.get("seed", 0)),
-        disable_log_stats=False,
-        trust_remote_code=False,
-        max_num_seqs=int(job.get("max_num_seqs", 16)),
-    )
-    if job.get("in_process"):
-        kwargs["distributed_executor_backend"] = "uni"
+    in_process = bool(job.get("in_process"))
+    kwargs = engine.engine_kwargs(
+        job["model"], seed=int(job.get("seed", 0)), max_model_len=int(job.get("max_model_len", 1024)),
+        in_process=in_process, dtype=job.get("dtype", "bfloat16"), disable_log_stats=False,
+        max_num_seqs=int(job.get("max_num_seqs", 16)))
     kwargs.update(job.get("engine_args") or {})
     if job.get("draft"):
         # per request: an acceptance histogram in each output (bootstrap intervals over prompts)
@@ -113,14 +76,16 @@ def _run(job: dict[str, Any], reporter=None) -> dict[str, Any]:
             "parallel_drafting": True,
         }
     t0 = time.perf_counter()
-    llm = LLM(**kwargs)
+    llm = engine.build_llm(kwargs, in_process=in_process, kv_cache_gib=job.get("kv_cache_gib", 1))
     if reporter is not None:
         reporter.ready()  # the first engine is up (later engines' start-up is part of the work left)
     if "workloads" in job:
         try:
             return _run_workloads(llm, job, time.perf_counter() - t0, reporter)
         finally:
-            _shutdown(llm)
+            engine.shutdown(llm)
+    from vllm import SamplingParams
+
     params = SamplingParams(
         max_tokens=int(job.get("max_tokens", 32)),
         temperature=float(job.get("temperature", 0.0)),
@@ -139,7 +104,7 @@ def _run(job: dict[str, Any], reporter=None) -> dict[str, Any]:
         result["prompt_token_ids"] = [list(o.prompt_token_ids or []) for o in outs]
         result["logprobs"] = [[{str(tok): lp.logprob for tok, lp in pos.items()} for pos in o.outputs[0].logprobs]
                               for o in outs]
-    _shutdown(llm)
+    engine.shutdown(llm)
     return result
 
 
@@ -211,17 +176,6 @@ def _generate(llm, prompts: list, params, reporter=None):
     return llm.generate(prompts, params, use_tqdm=hook)
 
 
-def _shutdown(llm) -> None:
-    # Free the engine (and its worker processes) before the next job in the same interpreter.
-    import gc
-
-    engine_core = getattr(llm.llm_engine, "engine_core", None)
-    if engine_core is not None and hasattr(engine_core, "shutdown"):
-        engine_core.shutdown()
-    del llm
-    gc.collect()
-
-
 def _spec_config_of(llm) -> dict[str, Any] | None:
     sc = llm.llm_engine.vllm_config.speculative_config
     if sc is None:
@@ -233,17 +187,11 @@ def _spec_config_of(llm) -> dict[str, Any] | None:
 def run_in_subprocess(job: dict[str, Any] | list[dict[str, Any]], timeout: float = 1200,
                       progress: progress_mod.Progress | None = None):
     """Run one vLLM job (or a list, sequentially, sharing the interpreter's start-up) in a fresh
-    interpreter; returns the result (or list of results). Raises with vLLM's own error text on failure.
+    interpreter; returns the result (or list of results). Raises RuntimeError with vLLM's own error
+    text on failure, or when the job ran past ``timeout`` seconds (the engine and its workers killed).
     ``progress`` is advanced per finished request (its total: :func:`requests_of`)."""
-    rc, stdout, stderr = progress_mod.run_child(
-        [sys.executable, "-m", "peagle.vllm_run"], json.dumps(job), progress, timeout=timeout,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    marker = "PEAGLE_RESULT "
-    for line in stdout.splitlines():
-        if line.startswith(marker):
-            return json.loads(line[len(marker):])
-    tail = "\n".join(stderr.splitlines()[-40:])
-    raise RuntimeError(f"vLLM job failed (exit {rc}):\n{tail}")
+    return child.run_module("peagle.vllm_run", job, marker="PEAGLE_RESULT ", what="vLLM job", progress=progress,
+                            timeout=timeout, env=child.child_env(offline=True))
 
 
 def main() -> None:

@@ -26,9 +26,6 @@ import math
 import os
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +35,8 @@ from pydantic import Field
 
 from .. import progress as progress_mod
 from ..config import StrictModel
+from ..engine import child, llm as engine
+from ..engine.client import EndpointError, OpenAIClient
 from .errors import PrepareError, RowRejected
 from .rows import Conversation, parse_row, row_id_of
 from .sources import resolve_sources
@@ -67,7 +66,9 @@ class RegenerateSettings(StrictModel):
     batch_size: int = Field(64, ge=1, description="conversations per batch (and per flush of the output)")
     concurrency: int = Field(16, ge=1, description="parallel requests to the endpoint")
     max_model_len: int | None = Field(None, ge=64, description="context length for the offline engine (default: the model's)")
-    request_retries: int = Field(4, ge=0, description="retries per endpoint request on connection errors / 5xx")
+    request_retries: int = Field(4, ge=0, description="retries per endpoint request on connection errors, 429 / 5xx")
+    engine_timeout_s: float | None = Field(
+        None, gt=0, description="vllm backend: kill the engine (and its workers) after this many seconds (default: no limit)")
 
 
 @dataclass
@@ -128,42 +129,25 @@ class EndpointGenerator:
         if not settings.endpoint:
             raise PrepareError("regenerate backend 'endpoint' needs regenerate.endpoint (an OpenAI-compatible /v1 URL)")
         self.s = settings
-        self.base = settings.endpoint.rstrip("/")
-        self._key = os.environ.get(settings.api_key_env)  # never logged
+        self.client = OpenAIClient(settings.endpoint, token=os.environ.get(settings.api_key_env),  # never logged
+                                   retries=settings.request_retries)
         self.model = settings.model_name or self._first_model()
 
-    def _request(self, path: str, body: dict | None = None) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
-        data = json.dumps(body).encode() if body is not None else None
-        delay = 0.5
-        for attempt in range(self.s.request_retries + 1):
-            req = urllib.request.Request(self.base + path, data=data, headers=headers)
-            try:
-                with urllib.request.urlopen(req, timeout=600) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                if exc.code < 500 or attempt == self.s.request_retries:
-                    raise PrepareError(f"endpoint {self.base}{path} answered HTTP {exc.code}: {exc.read()[:300]!r}") from None
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-                if attempt == self.s.request_retries:
-                    raise PrepareError(f"endpoint {self.base}{path} unreachable after {attempt + 1} tries: {exc}") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 10)
-        raise AssertionError("unreachable")
-
     def _first_model(self) -> str:
-        models = self._request("/models").get("data") or []
+        try:
+            models = self.client.models()
+        except EndpointError as exc:
+            raise PrepareError(f"regenerate endpoint: {exc}") from None
         if not models:
-            raise PrepareError(f"endpoint {self.base} lists no models; set regenerate.model_name")
-        return models[0]["id"]
+            raise PrepareError(f"endpoint {self.client.api_url} lists no models; set regenerate.model_name")
+        return models[0]
 
     def _one(self, messages: list[dict]) -> tuple[str, str]:
-        out = self._request("/chat/completions", {
-            "model": self.model, "messages": messages, "max_tokens": self.s.max_tokens,
-            "temperature": self.s.temperature, "seed": self.s.seed,
-        })
+        try:
+            out = self.client.chat({"model": self.model, "messages": messages, "max_tokens": self.s.max_tokens,
+                                    "temperature": self.s.temperature, "seed": self.s.seed})
+        except EndpointError as exc:
+            raise PrepareError(f"regenerate endpoint: {exc}") from None
         choice = out["choices"][0]
         return choice["message"].get("content") or "", choice.get("finish_reason") or ""
 
@@ -183,11 +167,10 @@ class VllmGenerator:
     """Offline batches with real vLLM; only constructed inside the child interpreter."""
 
     def __init__(self, settings: RegenerateSettings, target: str):
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        from vllm import LLM, SamplingParams
+        from vllm import SamplingParams
 
-        self.llm = LLM(model=target, max_model_len=settings.max_model_len, enforce_eager=True, seed=settings.seed,
-                       trust_remote_code=False)
+        self.llm = engine.build_llm(engine.engine_kwargs(target, seed=settings.seed,
+                                                         max_model_len=settings.max_model_len))
         self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
                                      seed=settings.seed)
         self.tokenizer = self.llm.get_tokenizer()
@@ -365,13 +348,10 @@ def run_regenerate(settings: RegenerateSettings, target: str | os.PathLike | Non
         raise PrepareError("regenerate backend 'vllm' needs a target directory")
     job = {"settings": settings.model_dump(), "target": str(target), "output": str(output)}
     with progress:
-        rc, stdout, stderr = progress_mod.run_child([sys.executable, "-m", "peagle.data.regenerate"],
-                                                    json.dumps(job), progress)
-        for line in stdout.splitlines():
-            if line.startswith("PEAGLE_RESULT "):
-                return RegenerateResult(output, json.loads(line[len("PEAGLE_RESULT "):]))
-        tail = "\n".join(stderr.splitlines()[-30:])
-        raise PrepareError(f"offline regeneration failed (exit {rc}):\n{tail}")
+        counts = child.run_module("peagle.data.regenerate", job, marker="PEAGLE_RESULT ",
+                                  what="offline regeneration", error=PrepareError, progress=progress,
+                                  env=child.child_env(), timeout=settings.engine_timeout_s)
+    return RegenerateResult(output, counts)
 
 
 def _child_main() -> None:

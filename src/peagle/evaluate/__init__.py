@@ -32,7 +32,7 @@ _EXPORTS = {
     "render_html": ".html_report", "render_plots": ".plots",
     "kfp_scalar_metrics": ".kfp_logging", "log_to_kfp": ".kfp_logging",
     "EvaluationOutcome": ".run", "evaluate": ".run", "write_report": ".run",
-    "EndpointClient": ".endpoint", "EndpointError": ".endpoint",
+    "EndpointError": ".endpoint",
 }
 
 __all__ = sorted(_EXPORTS)

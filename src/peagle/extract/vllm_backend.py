@@ -17,23 +17,20 @@ Progress: the child reports every finished request through :func:`peagle.progres
 """
 from __future__ import annotations
 
-import collections
 import fcntl
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file
 
 from .. import progress as progress_mod
 from ..scratch import owned_dir
+from ..engine import child, llm as engine
+from ..engine.llm import KV_CACHE_ENV
 from .errors import ExtractError
 from .rows import ExtractRow, SampleHiddenStates
 from .settings import ExtractSettings, LayerIds
@@ -84,17 +81,12 @@ class VllmHiddenStatesExtractor:
 
     def __init__(self, target: str, layer_ids: LayerIds, dtype: str, settings: ExtractSettings,
                  max_model_len: int, scratch_dir: str, progress=None):
-        from vllm import LLM, SamplingParams
+        from vllm import SamplingParams
 
         self.scratch_dir = scratch_dir
         self.progress = progress  # advanced by one per finished request (samples)
-        kwargs: dict[str, Any] = dict(
-            model=target,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            enforce_eager=True,
-            seed=settings.seed,
-            trust_remote_code=False,
+        kwargs = engine.engine_kwargs(
+            target, seed=settings.seed, max_model_len=max_model_len, dtype=dtype,
             max_num_seqs=settings.batch_size,
             tensor_parallel_size=settings.tensor_parallel_size,
             gpu_memory_utilization=settings.gpu_memory_utilization,
@@ -113,7 +105,7 @@ class VllmHiddenStatesExtractor:
         )
         if settings.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = settings.max_num_batched_tokens
-        self.llm = LLM(**kwargs)
+        self.llm = engine.build_llm(kwargs, kv_cache_gib=settings.cpu_kv_cache_gib)
         self.params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
 
     def extract(self, rows: list[ExtractRow]) -> list[SampleHiddenStates]:
@@ -133,9 +125,7 @@ class VllmHiddenStatesExtractor:
         return results
 
     def close(self) -> None:
-        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
-        if engine_core is not None and hasattr(engine_core, "shutdown"):
-            engine_core.shutdown()
+        engine.shutdown(self.llm)
         del self.llm
 
 
@@ -192,17 +182,6 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
 # Parent side
 
 
-def _child_env(settings: ExtractSettings) -> dict[str, str]:
-    import peagle
-
-    src = str(Path(peagle.__file__).resolve().parents[1])
-    env = {**os.environ, progress_mod.RELAY_ENV: "1"}
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",  # the target is a local directory
-                "VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kv_cache_gib)})  # read only by vLLM's CPU platform
-    return env
-
-
 def run_engine_job(job: dict[str, Any], settings: ExtractSettings,
                    progress: progress_mod.Progress | None = None) -> list[dict[str, Any]]:
     """Run ``job`` in a fresh interpreter; return the manifest entries of the shards it wrote.
@@ -210,67 +189,19 @@ def run_engine_job(job: dict[str, Any], settings: ExtractSettings,
     The child's per-request progress goes to ``progress`` (samples done; its total is the caller's).
     The child's stderr (vLLM's log) is logged at DEBUG, shard lines at INFO; on failure the error
     names the sample/shard when the child could, else the last lines of its log are included.
+    Past ``settings.engine_timeout_s`` the engine and its workers are killed.
     """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "peagle.extract.vllm_backend"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=_child_env(settings),
-        start_new_session=True,  # its own process group: a timeout kills the engine's workers too
-    )
-    tail: collections.deque[str] = collections.deque(maxlen=60)
+    def shard_line(line: str) -> bool:
+        if line.startswith(PROGRESS_MARKER):
+            log.info("extracted %s", line[len(PROGRESS_MARKER):])
+            return True
+        return False
 
-    def pump_stderr() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            line = line.rstrip("\n")
-            if line.startswith(progress_mod.MARKER):
-                if progress is not None:
-                    progress.relay_line(line)
-            elif line.startswith(PROGRESS_MARKER):
-                log.info("extracted %s", line[len(PROGRESS_MARKER):])
-            else:
-                tail.append(line)
-                log.debug("vllm: %s", line)
-
-    def kill_group() -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    pump = threading.Thread(target=pump_stderr, daemon=True)
-    pump.start()
-    timer = threading.Timer(settings.engine_timeout_s, kill_group) if settings.engine_timeout_s else None
-    if timer:
-        timer.start()
-    result: list[dict[str, Any]] | None = None
-    error: str | None = None
-    try:
-        try:
-            proc.stdin.write(json.dumps(job))  # type: ignore[union-attr]
-            proc.stdin.close()  # type: ignore[union-attr]
-        except BrokenPipeError:
-            pass  # the child died at start-up; its log tail below says why
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if line.startswith(RESULT_MARKER):
-                result = json.loads(line[len(RESULT_MARKER):])
-            elif line.startswith(ERROR_MARKER):
-                error = json.loads(line[len(ERROR_MARKER):])
-            else:
-                tail.append(line.rstrip("\n"))
-        rc = proc.wait()
-        kill_group()  # reap engine workers that outlived the child (the group holds only our processes)
-    except BaseException:
-        kill_group()
-        raise
-    finally:
-        if timer:
-            timer.cancel()
-        pump.join(timeout=10)
-    if error is not None:
-        raise ExtractError(error)
-    if result is None or rc != 0:
-        why = f"killed after {settings.engine_timeout_s} s" if rc == -signal.SIGKILL and timer else f"exit {rc}"
-        raise ExtractError(f"vLLM extraction engine failed ({why}):\n" + "\n".join(tail))
-    return result
+    env = child.child_env(offline=True)  # the target is a local directory
+    env[KV_CACHE_ENV] = str(settings.cpu_kv_cache_gib)
+    return child.run_module("peagle.extract.vllm_backend", job, marker=RESULT_MARKER, error_marker=ERROR_MARKER,
+                            what="vLLM extraction engine", error=ExtractError, progress=progress, env=env,
+                            timeout=settings.engine_timeout_s or None, on_stderr=shard_line)
 
 
 if __name__ == "__main__":

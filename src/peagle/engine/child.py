@@ -1,0 +1,147 @@
+"""The one child-process runner: vLLM engines (and anything else heavy) run in fresh interpreters.
+
+:func:`run_child` starts the child in its own process group, feeds it ``stdin_text``, reads stdout
+and stderr on threads, relays progress marker lines (:mod:`peagle.progress`) to the caller's
+:class:`~peagle.progress.Progress`, and kills the whole group -- vLLM's engine core and workers
+included -- past ``timeout``, on Ctrl-C or any other error in the parent, and after the child exits
+(workers that outlived it). :func:`run_module` is the usual form: ``python -m MODULE`` with a JSON
+job on stdin and one ``MARKER {json}`` result line on stdout; a failure raises with the exit code
+(or the timeout) and the last lines of the child's stderr.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import progress as progress_mod
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 40  # lines of the child's stderr kept for the error message
+
+
+@dataclass
+class ChildResult:
+    """How a child ended. ``stderr_tail``: its last stderr lines, progress and hooked lines left out."""
+
+    returncode: int
+    stdout: str
+    stderr_tail: list[str]
+    timed_out: bool
+    timeout: float | None
+
+    def marked(self, marker: str) -> Any | None:
+        """The JSON after ``marker`` on the first stdout line starting with it, else None."""
+        for line in self.stdout.splitlines():
+            if line.startswith(marker):
+                return json.loads(line[len(marker):])
+        return None
+
+    def failure(self, what: str) -> str:
+        """``{what} failed (exit N):`` (or ``killed after T s``) and the stderr tail."""
+        why = f"killed after {self.timeout:g} s" if self.timed_out else f"exit {self.returncode}"
+        return f"{what} failed ({why}):\n" + "\n".join(self.stderr_tail)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+
+
+def run_child(args: list[str], stdin_text: str = "", *, progress: progress_mod.Progress | None = None,
+              env: dict[str, str] | None = None, timeout: float | None = None,
+              on_stderr: Callable[[str], bool] | None = None) -> ChildResult:
+    """Run ``args`` to completion (see the module docstring); never raises for the child's failure.
+
+    ``on_stderr(line)`` sees each stderr line that is not progress; True keeps it out of the tail.
+    Other stderr lines are logged at DEBUG.
+    """
+    env = dict(os.environ if env is None else env)
+    if progress is not None:
+        env[progress_mod.RELAY_ENV] = "1"
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)  # its own group: killpg reaches workers
+    out: list[str] = []
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+
+    def pump_err() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            line = line.rstrip("\n")
+            if line.startswith(progress_mod.MARKER):
+                if progress is not None:
+                    progress.relay_line(line)
+            elif on_stderr is None or not on_stderr(line):
+                tail.append(line)
+                log.debug("child %d: %s", proc.pid, line)
+
+    def pump_out() -> None:
+        out.append(proc.stdout.read())  # type: ignore[union-attr]
+
+    def feed() -> None:  # on a thread too: a child that never reads stdin cannot outlast the timeout
+        try:
+            proc.stdin.write(stdin_text)  # type: ignore[union-attr]
+            proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:  # BrokenPipeError among them
+            pass  # the child died at start-up (or was killed); its stderr says why
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (pump_err, pump_out, feed)]
+    for t in threads:
+        t.start()
+    timed_out = False
+    try:
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc.pid)
+            rc = proc.wait()
+    except BaseException:  # Ctrl-C or an error here: leave no engine behind
+        _kill_group(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        _kill_group(proc.pid)  # reap workers that outlived the child (the group holds only its processes)
+        for t in threads:
+            t.join(timeout=10)
+    return ChildResult(rc, "".join(out), list(tail), timed_out, timeout)
+
+
+def run_module(module: str, job: Any, *, marker: str, what: str, error: type[Exception] = RuntimeError,
+               error_marker: str | None = None, **kwargs: Any) -> Any:
+    """``python -m module`` with ``job`` as JSON on stdin; returns the JSON of its ``marker`` line.
+
+    A child that printed ``error_marker`` + a JSON string raises ``error(that string)`` (an error it
+    could name itself); a child that printed no result raises ``error`` with :meth:`ChildResult.failure`.
+    ``kwargs`` go to :func:`run_child`.
+    """
+    result = run_child([sys.executable, "-m", module], json.dumps(job), **kwargs)
+    if error_marker is not None and (message := result.marked(error_marker)) is not None:
+        raise error(message)
+    value = result.marked(marker)
+    if value is None:  # a child that printed its result and then stumbled on exit still delivered it
+        raise error(result.failure(what))
+    return value
+
+
+def child_env(*, offline: bool = False) -> dict[str, str]:
+    """This environment for a peagle child: this peagle first on its path (vLLM's workers import
+    peagle's connector and plugin), and with ``offline`` no Hugging Face Hub (local model dirs)."""
+    import peagle
+
+    src = str(Path(peagle.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if offline:
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    return env

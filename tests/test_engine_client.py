@@ -1,0 +1,140 @@
+"""The one OpenAI-compatible client (peagle.engine.client) against a real loopback HTTP server."""
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from peagle.deploy.smoke import SmokeTestError, chat as smoke_chat
+from peagle.engine.client import EndpointError, OpenAIClient, safe_url
+
+METRICS = "# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total{model_name=\"m\"} 7.0\n"
+
+
+class Server(http.server.ThreadingHTTPServer):
+    """Answers each path with the next status of its script (then 200); records what it was sent."""
+
+    def __init__(self, script: dict[str, list[int]]):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.script = {k: list(v) for k, v in script.items()}
+        self.seen: list[tuple[str, str, dict | None, str | None]] = []
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: Server
+
+    def _answer(self, body: dict | None) -> None:
+        self.server.seen.append((self.command, self.path, body, self.headers.get("Authorization")))
+        statuses = self.server.script.get(self.path, [])
+        status = statuses.pop(0) if statuses else 200
+        if status != 200:
+            payload = f"status {status} for {self.path}".encode()
+        elif self.path.endswith("/models"):
+            payload = json.dumps({"data": [{"id": "tiny"}, {"id": "other"}]}).encode()
+        elif self.path.endswith("/metrics"):
+            payload = METRICS.encode()
+        else:
+            payload = json.dumps({"choices": [{"message": {"content": "hello"}, "finish_reason": "stop"}],
+                                  "usage": {"completion_tokens": 1}}).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self):  # noqa: N802
+        self._answer(None)
+
+    def do_POST(self):  # noqa: N802
+        self._answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(script=None):
+        servers.append(Server(script or {}))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def _client(url: str, **kw) -> OpenAIClient:
+    return OpenAIClient(url + "/v1", base_delay_s=0.01, max_delay_s=0.05, timeout=10, **kw)
+
+
+def test_5xx_and_429_are_retried_until_the_answer(serve):
+    server = serve({"/v1/chat/completions": [503, 429, 502]})
+    reply = _client(server.url, token="s3cret").chat({"model": "tiny", "messages": []})
+    assert reply["choices"][0]["message"]["content"] == "hello"
+    assert [p for _, p, _, _ in server.seen] == ["/v1/chat/completions"] * 4
+    assert {auth for *_, auth in server.seen} == {"Bearer s3cret"}
+    assert server.seen[-1][2] == {"model": "tiny", "messages": []}
+
+
+def test_other_4xx_is_final_at_once_and_names_the_url(serve):
+    server = serve({"/v1/chat/completions": [400]})
+    with pytest.raises(EndpointError) as info:
+        _client(server.url, token="s3cret").chat({"model": "tiny", "messages": []})
+    assert str(info.value) == f"{server.url}/v1/chat/completions: HTTP 400: status 400 for /v1/chat/completions"
+    assert "s3cret" not in str(info.value)
+    assert len(server.seen) == 1
+
+
+def test_retries_run_out_with_the_last_error(serve):
+    server = serve({"/metrics": [500] * 10})
+    with pytest.raises(EndpointError, match=r"/metrics: HTTP 500: status 500 for /metrics after 3 tries$"):
+        _client(server.url, retries=2).metrics_text()
+    assert len(server.seen) == 3
+
+
+def test_connection_refused_is_retried_then_reported(serve):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens here
+    t0 = time.monotonic()
+    with pytest.raises(EndpointError, match=rf"^http://127\.0\.0\.1:{port}/v1/models: unreachable: .*refused.* after 3 tries$"):
+        OpenAIClient(f"http://127.0.0.1:{port}/v1", retries=2, base_delay_s=0.2, max_delay_s=1).models()
+    assert time.monotonic() - t0 >= 0.3  # backoff 0.2*[0.5,1] + 0.4*[0.5,1] at least
+
+
+def test_models_metrics_and_a_metrics_url_elsewhere(serve):
+    server, other = serve(), serve()
+    client = _client(server.url)
+    assert client.models() == ["tiny", "other"]
+    assert client.metrics_text() == METRICS
+    assert _client(server.url, metrics_url=other.url + "/metrics").metrics_text() == METRICS
+    assert [p for _, p, _, _ in other.seen] == ["/metrics"]
+
+
+def test_safe_url_drops_userinfo_only():
+    assert safe_url("https://me:tok@host:8443/v1?x=1") == "https://host:8443/v1?x=1"
+    assert safe_url("http://host/v1") == "http://host/v1"
+
+
+def test_smoke_test_uses_the_client(serve):
+    server = serve({"/v1/chat/completions": [503]})
+    reply = smoke_chat(server.url, "tiny", token="t")
+    assert reply["choices"][0]["message"]["content"] == "hello"
+    method, path, body, auth = server.seen[-1]
+    assert (method, path, auth) == ("POST", "/v1/chat/completions", "Bearer t")
+    assert body == {"model": "tiny", "messages": [{"role": "user", "content": "Say hello in five words."}],
+                    "max_tokens": 16, "temperature": 0}
+    bad = serve({"/v1/chat/completions": [404]})
+    with pytest.raises(SmokeTestError, match=r"/v1/chat/completions: HTTP 404"):
+        smoke_chat(bad.url, "tiny")
