@@ -142,6 +142,62 @@ def test_vllm_tqdm_hook_counts_finished_requests():
     assert p.done == 2.0
 
 
+class _Metric:
+    def __init__(self, name: str, value: float):
+        self.name, self.value = name, value
+
+
+class _CountingEngine:
+    """Stands in for a vllm.LLM's get_metrics() (the real counter is read in the real-vLLM test below)."""
+
+    def __init__(self):
+        self.generated = 100.0  # tokens of earlier calls: the meter counts from where it starts
+
+    def get_metrics(self):
+        return [_Metric("vllm:prompt_tokens", 7.0), _Metric(pm.GENERATION_TOKENS, self.generated)]
+
+
+def test_token_budget_drives_the_eta_and_is_settled_when_the_call_ends():
+    """A vLLM batch finishes its requests late and together: the ETA comes from the token budget
+    (requests x max_tokens) metered through vLLM's generated-token counter, not from requests."""
+    clock, llm = Clock(), _CountingEngine()
+    p = pm.Progress("regenerate", 4, "conversations", stream=io.StringIO(), clock=clock)
+    bar = pm.vllm_tqdm(p, llm=llm, max_tokens=10)(total=4)
+    assert (p.work_total, p.work_done) == (40.0, 0.0)
+    bar.meter.stop.set()  # poll by hand: deterministic
+    clock.t, llm.generated = 5.0, 115.0
+    bar.meter.poll()
+    assert p.work_done == 15.0 and p.rate() is None  # no request finished yet ...
+    assert p.eta_s() == pytest.approx((40 - 15) / (15 / 5))  # ... the tokens still tell the time left
+    e = p.event()
+    assert (e["work_done"], e["work_total"], e["work_unit"], e["work_rate"]) == (15, 40, "tokens", 3.0)
+    assert "15/40 tokens of budget (3/s), eta 8s" in pm.format_progress(e)
+    bar.update(4)
+    bar.close()  # requests that stopped early leave budget unused: credited at the end
+    assert p.work_done == p.work_total == 40.0 and p.eta_s() == 0.0
+
+
+def test_no_token_meter_without_engine_stats():
+    class NoStats:
+        def get_metrics(self):
+            raise AssertionError("stat logging is disabled")  # what vLLM raises with disable_log_stats
+
+    p = pm.Progress("extract", 2, "samples", stream=io.StringIO())
+    bar = pm.vllm_tqdm(p, llm=NoStats(), max_tokens=8)(total=2)
+    assert bar.meter is None and p.work_total == 0 and "work_total" not in p.event()
+
+
+def test_relay_carries_the_work_measure():
+    out = io.StringIO()
+    relay = pm.Relay(out, interval_s=0)
+    relay.add_work(64)
+    relay.advance_work(10)
+    parent = pm.Progress("regenerate", 2, "conversations", stream=io.StringIO())
+    for line in out.getvalue().splitlines():
+        assert parent.relay_line(line)
+    assert (parent.work_total, parent.work_done, parent.work_unit) == (64, 10, "tokens")
+
+
 class _Scripted:
     """Generator stand-in for the credit arithmetic: replies from a script, requests finished one by
     one; ``seen`` records the conversations counted after each."""
@@ -222,9 +278,11 @@ def test_training_event_reads_like_the_others(events, monkeypatch):
 
 
 @pytest.mark.vllm
-def test_real_vllm_regeneration_reports_progress_to_the_end(tmp_path, events, qwen3_target, capsys):
+def test_real_vllm_regeneration_reports_progress_to_the_end(tmp_path, events, qwen3_target, capsys, monkeypatch):
     """The child's per-request progress reaches the parent: events end with done == total, the
     plain line (what a KFP pod log shows) is printed, and the display turns the events into lines."""
+    # every update an event: the tiny target answers within the default 2 s between events
+    monkeypatch.setenv(pm.EVENT_INTERVAL_ENV, "0")
     src = tmp_path / "conv.jsonl"
     rows = [{"id": str(i), "messages": [{"role": "user", "content": f"Count to {i}."},
                                         {"role": "assistant", "content": "old"}]} for i in range(5)]
@@ -238,7 +296,12 @@ def test_real_vllm_regeneration_reports_progress_to_the_end(tmp_path, events, qw
     assert got and all(e["name"] == "regenerate" and e["unit"] == "conversations" for e in got)
     assert [e["done"] for e in got] == sorted(e["done"] for e in got)
     assert got[-1]["finished"] and got[-1]["done"] == got[-1]["total"] == 6
-    assert any(0 < e["done"] < 6 for e in got)  # progress arrived while the engine worked
+    # progress arrived while the engine worked: finished requests, or tokens metered before they finished
+    assert any(0 < e["done"] < 6 or 0 < e.get("work_done", 0) < e.get("work_total", 0) for e in got), got
+    # the token budget (6 first turns + the second turn unless the first reply was empty, 16 tokens each),
+    # metered and settled at the end
+    assert got[-1]["work_total"] in (6 * 16, 7 * 16) and got[-1]["work_done"] == got[-1]["work_total"]
+    assert got[-1]["work_unit"] == "tokens"
     err = capsys.readouterr().err
     assert "[peagle] regenerate: 6/6 conversations (100%)" in err and pm.MARKER not in err
     # the display, fed the events as they came (a poll per event), shows a line for each

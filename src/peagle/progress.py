@@ -14,6 +14,13 @@ vLLM runs in child interpreters whose stderr carries its log. Such a child repor
 parent's :func:`peagle.engine.child.run_child` hands them to :meth:`Progress.relay_line`. So
 the parent owns the one reporter, which sees the real terminal. :func:`vllm_tqdm` turns vLLM's
 ``use_tqdm`` hook into per-request progress within one ``generate``/``chat`` call.
+
+Requests in one vLLM batch run together and mostly finish together, so counting finished requests
+says little about time left. Given the engine and its token budget (prompts x ``max_tokens``),
+:func:`vllm_tqdm` also meters generated tokens (vLLM's ``vllm:generation_tokens`` counter, polled
+while the call runs) as the reporter's *work* measure; the ETA then comes from the tokens still in
+the budget. The budget counts every request at ``max_tokens``, so that ETA errs long, never short
+while the token rate holds.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from typing import Any, Callable, TextIO
 ENV = "PEAGLE_PROGRESS_FILE"  # where events go (the local runner's display tails it)
 RELAY_ENV = "PEAGLE_PROGRESS_RELAY"  # "1" in a child started by engine.child.run_child: report through marker lines
 MARKER = "PEAGLE_PROGRESS "
+EVENT_INTERVAL_ENV = "PEAGLE_PROGRESS_EVENT_INTERVAL_S"  # at most one event per this many seconds (default 2)
 # The enclosing pipeline stage, set by peagle.pipeline.progress.stage (one stage at a time per kfp
 # task process) and inherited by its children (vLLM engines, training workers): events name the
 # stage ("extract[0]") while the code reporting only knows what it does ("extract").
@@ -75,7 +83,12 @@ def format_progress(e: dict[str, Any]) -> str:
         text = f"{_count(done)}/{_count(total)} {unit} ({100 * done / total:.0f}%)"
     else:
         text = f"{_count(done)} {unit}"
-    if e.get("rate"):
+    if e.get("work_total"):
+        done_w, total_w = int(math.floor(e["work_done"] + 1e-6)), int(e["work_total"])
+        text += f", {done_w:,}/{total_w:,} {e.get('work_unit', '')} of budget"
+        if e.get("work_rate"):
+            text += f" ({e['work_rate']:.3g}/s)"
+    elif e.get("rate"):
         text += f", {e['rate']:.3g}/s"
     if e.get("finished"):
         text += f", done in {format_duration(e.get('elapsed_s') or 0)}"
@@ -113,19 +126,23 @@ class Progress:
     """
 
     def __init__(self, name: str, total: float | None = None, unit: str = "items", *,
-                 stream: TextIO | None = None, interval_s: float = 20.0, event_interval_s: float = 2.0,
+                 stream: TextIO | None = None, interval_s: float = 20.0, event_interval_s: float | None = None,
                  bar_interval_s: float = 0.2, tty: bool | None = None, clock: Callable[[], float] = time.monotonic):
         self.name, self.total, self.unit = name, total, unit
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
+        if event_interval_s is None:  # events are cheap; $PEAGLE_PROGRESS_EVENT_INTERVAL_S=0 records every update
+            event_interval_s = float(os.environ.get(EVENT_INTERVAL_ENV, "2"))
         self.interval_s, self.event_interval_s, self.bar_interval_s = interval_s, event_interval_s, bar_interval_s
         self.clock = clock
         self.done = 0.0
         self.skipped = 0.0
         self.finished = False
+        self.work_done = self.work_total = 0.0  # a second measure of the same work (tokens); drives the ETA
+        self.work_unit = ""
         self._lock = threading.RLock()
         self._t_start = self._t_origin = clock()
-        self._counted_at_origin = 0.0
+        self._counted_at_origin = self._work_at_origin = 0.0
         self._last_event = self._last_line = self._last_bar = -math.inf
 
     # ---- counting ----------------------------------------------------------------------------
@@ -146,11 +163,24 @@ class Progress:
             self.total = total
             self._show()
 
+    def add_work(self, total: float, unit: str = "tokens") -> None:
+        """More work of the second measure is planned (e.g. one vLLM call's token budget); shown with
+        the next advance (a call's budget arrives at its start, before there is progress to show)."""
+        with self._lock:
+            self.work_total += total
+            self.work_unit = unit
+
+    def advance_work(self, n: float) -> None:
+        with self._lock:
+            self.work_done += n
+            self._show()
+
     def ready(self) -> None:
         """The work starts now (e.g. the engine is loaded): measure the rate from here."""
         with self._lock:
             self._t_origin = self.clock()
             self._counted_at_origin = self.done - self.skipped
+            self._work_at_origin = self.work_done
 
     def finish(self) -> None:
         """Final event and line. An unknown total, or one larger than what turned out to exist
@@ -188,6 +218,10 @@ class Progress:
             self.skip(msg["skip"])
         if msg.get("advance"):
             self.advance(msg["advance"])
+        if msg.get("add_work"):
+            self.add_work(msg["add_work"], msg.get("work_unit", "tokens"))
+        if msg.get("advance_work"):
+            self.advance_work(msg["advance_work"])
         return True
 
     # ---- figures -----------------------------------------------------------------------------
@@ -197,7 +231,15 @@ class Progress:
         seconds = self.clock() - self._t_origin
         return counted / seconds if counted > 0 and seconds > 0 else None
 
+    def work_rate(self) -> float | None:
+        counted = self.work_done - self._work_at_origin
+        seconds = self.clock() - self._t_origin
+        return counted / seconds if counted > 0 and seconds > 0 else None
+
     def eta_s(self) -> float | None:
+        if self.work_total:  # the second measure, when there is one, says more about the time left
+            rate = self.work_rate()
+            return None if rate is None else max(0.0, self.work_total - self.work_done) / rate
         rate = self.rate()
         if self.total is None or rate is None:
             return None
@@ -208,7 +250,15 @@ class Progress:
                 "done": _tidy(self.done), "total": _tidy(self.total), "unit": self.unit,
                 "rate": None if self.rate() is None else round(self.rate(), 4),
                 "elapsed_s": round(self.clock() - self._t_start, 2),
-                "eta_s": None if self.eta_s() is None else round(self.eta_s(), 1), "finished": self.finished}
+                "eta_s": None if self.eta_s() is None else round(self.eta_s(), 1), "finished": self.finished,
+                **self._work_fields()}
+
+    def _work_fields(self) -> dict[str, Any]:
+        if not self.work_total:
+            return {}
+        rate = self.work_rate()
+        return {"work_done": _tidy(self.work_done), "work_total": _tidy(self.work_total), "work_unit": self.work_unit,
+                "work_rate": None if rate is None else round(rate, 2)}
 
     # ---- output ------------------------------------------------------------------------------
 
@@ -286,6 +336,14 @@ class Relay:
             self._flush()
             self._send({"ready": True})
 
+    def add_work(self, total: float, unit: str = "tokens") -> None:
+        with self._lock:
+            self._send({"add_work": total, "work_unit": unit})
+
+    def advance_work(self, n: float) -> None:
+        with self._lock:
+            self._send({"advance_work": n})
+
 
 class _Silent:
     """The reporter of a child nobody listens to."""
@@ -295,6 +353,8 @@ class _Silent:
     def set_total(self, total: float | None) -> None: ...
     def ready(self) -> None: ...
     def flush(self) -> None: ...
+    def add_work(self, total: float, unit: str = "tokens") -> None: ...
+    def advance_work(self, n: float) -> None: ...
 
 
 def child_reporter() -> Relay | _Silent:
@@ -302,12 +362,58 @@ def child_reporter() -> Relay | _Silent:
     return Relay() if os.environ.get(RELAY_ENV) == "1" else _Silent()
 
 
+GENERATION_TOKENS = "vllm:generation_tokens"  # vLLM's counter of decoded tokens (needs log stats on)
+
+
+def generated_tokens(llm) -> float | None:
+    """vLLM's running count of generated tokens, or None when the engine keeps no stats."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # stats off (disable_log_stats) or an engine without the method
+        return None
+    values = [m.value for m in metrics if m.name == GENERATION_TOKENS and hasattr(m, "value")]
+    return float(sum(values)) if values else None
+
+
+class _TokenMeter(threading.Thread):
+    """Polls ``llm``'s generated-token counter during one call and advances ``reporter``'s work measure."""
+
+    def __init__(self, llm, reporter, budget: float, interval_s: float = 2.0):
+        super().__init__(daemon=True)
+        self.llm, self.reporter, self.budget, self.interval_s = llm, reporter, budget, interval_s
+        self.start_count = generated_tokens(llm)
+        self.counted = 0.0
+        self.stop = threading.Event()
+
+    def poll(self) -> None:
+        now = generated_tokens(self.llm)
+        if now is None or self.start_count is None:
+            return
+        delta = min(now - self.start_count, self.budget) - self.counted
+        if delta > 0:
+            self.counted += delta
+            self.reporter.advance_work(delta)
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            self.poll()
+
+    def close(self) -> None:
+        """The call ended: every request is done, so the whole budget is (its unused part credited)."""
+        self.stop.set()
+        if self.is_alive():
+            self.join()
+        if self.budget > self.counted:
+            self.reporter.advance_work(self.budget - self.counted)
+            self.counted = self.budget
+
+
 class _RequestCounter:
     """What vLLM's ``LLM._run_engine`` uses of a tqdm bar: ``update`` per finished request, plus the
     attributes it reads and writes for its own speed estimate."""
 
-    def __init__(self, reporter, total: int | None, weight: float):
-        self.reporter, self.total, self.weight = reporter, total, weight
+    def __init__(self, reporter, total: int | None, weight: float, meter: _TokenMeter | None = None):
+        self.reporter, self.total, self.weight, self.meter = reporter, total, weight, meter
         self.n = 0
         self.postfix = ""
         self._t0 = time.monotonic()
@@ -322,17 +428,28 @@ class _RequestCounter:
         self.reporter.advance(n * self.weight)
 
     def refresh(self) -> None: ...
-    def close(self) -> None: ...
+
+    def close(self) -> None:
+        if self.meter is not None:
+            self.meter.close()
 
 
-def vllm_tqdm(reporter, weight: float = 1.0) -> Callable[..., Any]:
+def vllm_tqdm(reporter, weight: float = 1.0, *, llm=None, max_tokens: int | None = None) -> Callable[..., Any]:
     """A ``use_tqdm`` value for ``vllm.LLM.generate``/``chat``: each finished request advances
     ``reporter`` by ``weight``. vLLM calls it twice per call: with the prompts to render (given back
-    unchanged: rendering is not the work counted) and with ``total=`` for the engine loop."""
+    unchanged: rendering is not the work counted) and with ``total=`` for the engine loop.
+
+    With ``llm`` (built with log stats on) and ``max_tokens``, the call's token budget (requests x
+    ``max_tokens``) is metered too, as the reporter's work measure (see the module docstring)."""
 
     def factory(iterable=None, *args, total=None, **kwargs):
         if iterable is not None:
             return iterable
-        return _RequestCounter(reporter, total, weight)
+        meter = None
+        if llm is not None and max_tokens and total and generated_tokens(llm) is not None:
+            meter = _TokenMeter(llm, reporter, float(total * max_tokens))
+            reporter.add_work(meter.budget, "tokens")
+            meter.start()
+        return _RequestCounter(reporter, total, weight, meter)
 
     return factory

@@ -169,7 +169,8 @@ class VllmGenerator:
     def __init__(self, settings: RegenerateSettings, target: str):
         from vllm import SamplingParams
 
-        self.llm = engine.build_llm(engine.engine_kwargs(target, seed=settings.seed,
+        # log stats on: the progress meter reads vLLM's generated-token counter (peagle.progress)
+        self.llm = engine.build_llm(engine.engine_kwargs(target, seed=settings.seed, disable_log_stats=False,
                                                          max_model_len=settings.max_model_len))
         self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
                                      seed=settings.seed)
@@ -188,7 +189,8 @@ class VllmGenerator:
         # max_prompt_tokens) gets an empty reply instead, which ends its conversation (_regenerate_batch).
         replies = [("", "prompt_too_long")] * len(batch)
         kept = [i for i, m in enumerate(batch) if self._prompt_tokens(m) <= self.max_prompt]
-        hook = progress_mod.vllm_tqdm(progress) if progress is not None else False
+        hook = (progress_mod.vllm_tqdm(progress, llm=self.llm, max_tokens=self.params.max_tokens)
+                if progress is not None else False)
         for i, o in zip(kept, self.llm.chat([batch[i] for i in kept], self.params, use_tqdm=hook)):
             replies[i] = (o.outputs[0].text, o.outputs[0].finish_reason or "")
         return replies
@@ -243,6 +245,13 @@ class _RoundReporter:
         with self.lock:
             self.credit.live += n * self.share
         self.credit.progress.advance(n * self.share)
+
+    # the token budget (peagle.progress.vllm_tqdm's meter) is the whole run's, not per conversation
+    def add_work(self, total: float, unit: str = "tokens") -> None:
+        self.credit.progress.add_work(total, unit)
+
+    def advance_work(self, n: float) -> None:
+        self.credit.progress.advance_work(n)
 
 
 def _regenerate_batch(generator, convs: list[Conversation], max_turns: int | None = None,
