@@ -177,6 +177,20 @@ def test_token_budget_drives_the_eta_and_is_settled_when_the_call_ends():
     assert p.work_done == p.work_total == 40.0 and p.eta_s() == 0.0
 
 
+def test_work_rate_is_measured_over_the_last_minute():
+    """A long prefill (no tokens) then fast decoding: the ETA follows the recent token rate."""
+    clock = Clock()
+    p = pm.Progress("regenerate", 480, "conversations", stream=io.StringIO(), clock=clock)
+    p.add_work(60_000)
+    clock.t = 300.0  # prefill: nothing decoded yet
+    p.advance_work(0.5)
+    for _ in range(60):  # then 100 tokens/s
+        clock.t += 1.0
+        p.advance_work(100)
+    assert p.work_rate() == pytest.approx(100, rel=0.02)  # since the start it would be about 16.7/s
+    assert p.eta_s() == pytest.approx((60_000 - 6000.5) / 100, rel=0.02)
+
+
 def test_no_token_meter_without_engine_stats():
     class NoStats:
         def get_metrics(self):

@@ -24,6 +24,7 @@ while the token rate holds.
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from typing import Any, Callable, TextIO
 ENV = "PEAGLE_PROGRESS_FILE"  # where events go (the local runner's display tails it)
 RELAY_ENV = "PEAGLE_PROGRESS_RELAY"  # "1" in a child started by engine.child.run_child: report through marker lines
 MARKER = "PEAGLE_PROGRESS "
+WORK_WINDOW_S = 60.0  # the work rate (tokens/s) behind the ETA is measured over this window
 EVENT_INTERVAL_ENV = "PEAGLE_PROGRESS_EVENT_INTERVAL_S"  # at most one event per this many seconds (default 2)
 # The enclosing pipeline stage, set by peagle.pipeline.progress.stage (one stage at a time per kfp
 # task process) and inherited by its children (vLLM engines, training workers): events name the
@@ -140,6 +142,7 @@ class Progress:
         self.finished = False
         self.work_done = self.work_total = 0.0  # a second measure of the same work (tokens); drives the ETA
         self.work_unit = ""
+        self._work_samples: collections.deque[tuple[float, float]] = collections.deque()  # (time, work_done)
         self._lock = threading.RLock()
         self._t_start = self._t_origin = clock()
         self._counted_at_origin = self._work_at_origin = 0.0
@@ -169,10 +172,12 @@ class Progress:
         with self._lock:
             self.work_total += total
             self.work_unit = unit
+            self._work_samples.append((self.clock(), self.work_done))
 
     def advance_work(self, n: float) -> None:
         with self._lock:
             self.work_done += n
+            self._work_samples.append((self.clock(), self.work_done))
             self._show()
 
     def ready(self) -> None:
@@ -232,8 +237,17 @@ class Progress:
         return counted / seconds if counted > 0 and seconds > 0 else None
 
     def work_rate(self) -> float | None:
+        """Work per second over the last ``WORK_WINDOW_S``: a vLLM batch first prefills for a long
+        while (no tokens), then decodes fast; a rate since the start would keep the ETA far too long."""
+        now, samples = self.clock(), self._work_samples
+        while len(samples) > 2 and now - samples[1][0] >= WORK_WINDOW_S:
+            samples.popleft()  # keep the newest sample at least a window old as the base
+        if len(samples) >= 2:
+            (t0, w0), (t1, w1) = samples[0], samples[-1]
+            if w1 > w0 and t1 > t0:
+                return (w1 - w0) / (t1 - t0)
         counted = self.work_done - self._work_at_origin
-        seconds = self.clock() - self._t_origin
+        seconds = now - self._t_origin
         return counted / seconds if counted > 0 and seconds > 0 else None
 
     def eta_s(self) -> float | None:
