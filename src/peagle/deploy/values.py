@@ -36,7 +36,8 @@ _LABEL = "[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
 _SUBDOMAIN = f"{_LABEL}(?:\\.{_LABEL})*"
 _QUALIFIED_NAME = "[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"  # a label key's name part
 # One segment of an object-store path: not '.' or '..', no '/', backslash or control characters
-# (peagle.storage.base.check_key refuses the same; the control characters are this module's addition).
+# (peagle.storage.base.check_key refuses the same, control characters included; the regex is kept so the
+# chart schema, which has no Python to call, says it too).
 _SEG_CHAR = r"[^/\\\x00-\x1f\x7f]"
 _SEG_NODOT = r"[^/.\\\x00-\x1f\x7f]"
 _SEGMENT = f"(?:{_SEG_NODOT}{_SEG_CHAR}*|\\.{_SEG_NODOT}{_SEG_CHAR}*|\\.\\.{_SEG_CHAR}+)"
