@@ -35,9 +35,8 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from . import errors as E
 from .chat import ChatRenderer, tokenizer_fingerprint
-from .errors import PrepareError, RowRejected
+from .errors import INVALID_JSON, INVALID_UTF8, TOO_FEW_SUPERVISED, TOO_LONG, PrepareError, RowRejected
 from .output import FORMAT, SPLITS, TOKEN_FREQ, open_writer
 from .rows import Conversation, Sample, parse_row
 from .settings import PrepareSettings
@@ -118,23 +117,23 @@ class _Stage:
         if truncated:
             if self.s.overlong == "reject":
                 more = "more than " if cut else ""
-                raise RowRejected(E.TOO_LONG, f"{more}{len(ids)} tokens > max_length {self.s.max_length}")
+                raise RowRejected(TOO_LONG, f"{more}{len(ids)} tokens > max_length {self.s.max_length}")
             ids, mask = ids[: self.s.max_length], mask[: self.s.max_length]
         arr_mask = np.asarray(mask, dtype=np.int8)
         supervised = int(arr_mask.sum())
         if supervised == 0 and truncated:
-            raise RowRejected(E.TOO_LONG, f"no supervised token within the first {self.s.max_length} tokens")
+            raise RowRejected(TOO_LONG, f"no supervised token within the first {self.s.max_length} tokens")
         if supervised < self.s.min_supervised_tokens:
-            raise RowRejected(E.TOO_FEW_SUPERVISED,
+            raise RowRejected(TOO_FEW_SUPERVISED,
                               f"{supervised} supervised tokens < min_supervised_tokens {self.s.min_supervised_tokens}")
         return np.asarray(ids, dtype=np.int32), arr_mask, truncated
 
     def samples_for(self, source: Source, index: int, raw: Any) -> list[Sample]:
         """Samples of one input row, or RowRejected."""
         if isinstance(raw, Unparsable):
-            raise RowRejected(E.INVALID_JSON, raw.error)
+            raise RowRejected(INVALID_JSON, raw.error)
         if isinstance(raw, InvalidUtf8):
-            raise RowRejected(E.INVALID_UTF8, f"{raw.chars} undecodable byte sequence(s) (not UTF-8) "
+            raise RowRejected(INVALID_UTF8, f"{raw.chars} undecodable byte sequence(s) (not UTF-8) "
                                               "(prepare.invalid_utf8=replace keeps such rows, with U+FFFD)")
         record = parse_row(raw, self.vocab_size)
         base = self._base_id(source, index, record.row_id)

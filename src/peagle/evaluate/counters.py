@@ -141,7 +141,7 @@ class SpecDecodeCounts:
     # ---- (de)serialisation
 
     def as_dict(self) -> dict[str, Any]:
-        """The plain counter dict (the keys :func:`peagle.vllm_run.spec_decode_counts` always returned)."""
+        """The plain counter dict (the keys :func:`.vllm_job.spec_decode_counts` always returned)."""
         return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "accepted_per_pos": list(self.accepted_per_pos)}
 
