@@ -70,7 +70,7 @@ class TrainSettings(StrictModel):
         "auto", description="auto: flex-attention BlockMask on CUDA, dense SDPA mask on CPU"
     )
 
-    # Checkpoints, evaluation, logging
+    # Checkpoints, validation, logging
     checkpoint_every: int = Field(
         500, ge=1, description="publish a resumable checkpoint every N steps (and at the end)"
     )
