@@ -59,8 +59,8 @@ class TokenizedRow:
 
 
 @dataclass
-class Sample:
-    """One training row as written to the parquet shards."""
+class PreparedRow:
+    """One prepared row (token ids + loss mask) as written to the parquet shards."""
 
     sample_id: str
     split_key: str  # the conversation-level id: all rows of one conversation land in the same split
