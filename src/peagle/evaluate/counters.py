@@ -26,7 +26,7 @@ unless one is selected). Counters only grow, so a measurement over a workload is
 two snapshots (:meth:`SpecDecodeCounts.minus`), which also removes warm-up traffic and, on a shared
 server, earlier requests.
 
-Derived figures (speculators-peagle.md §5.1, the same formulas as vLLM's own log line):
+Derived figures (docs/peagle-format.md §4, the same formulas as vLLM's own log line):
 acceptance length AL = 1 + accepted / drafts (the +1 is the target's bonus token); per-position
 acceptance a_i = accepted_at_pos[i] / drafts, the *unconditional* probability that the first i+1
 draft tokens were all accepted (hence non-increasing); Σ_i accepted_at_pos[i] = accepted.

@@ -1,7 +1,7 @@
 """Checkpoint adapter: PEagleDraftModel <-> speculators-format ``config.json`` + ``model.safetensors``.
 
-This module is the only place that knows the on-disk format vLLM reads (speculators-peagle.md §1
-and its "Must match for vLLM compatibility" list). It has
+This module is the only place that knows the on-disk format vLLM reads (docs/peagle-format.md §1
+and its must-match list, §1.4). It has
 
 * an explicit name map (:func:`checkpoint_tensors`): every tensor the checkpoint must hold, with
   the model parameter it comes from and its exact shape;
