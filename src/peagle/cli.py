@@ -15,6 +15,7 @@ from pathlib import Path
 from . import config as C
 from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
+from .errors import PeagleError, report
 from .extract.settings import ExtractSettings
 from .pipeline.local.job import add_arguments as add_run_arguments
 from .train.settings import TrainSettings
@@ -244,19 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         return evaluate_main(argv[1:])
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    from .data import PrepareError
-    from .extract import DatasetMismatchError, ExtractError, ShardChecksumError
-    from .model import CheckpointError, TargetError
-    from .storage import StorageError
-    from .train.checkpoint import ResumeError
-    from .train.data import DatasetError
-
     try:
         return ns.func(ns)
-    except (C.ConfigError, TargetError, CheckpointError, PrepareError, ExtractError, DatasetMismatchError,
-            ShardChecksumError, StorageError, ResumeError, DatasetError) as exc:
-        print(f"peagle: error: {exc}", file=sys.stderr)
-        return 2
+    except PeagleError as exc:
+        return report(exc)
 
 
 if __name__ == "__main__":

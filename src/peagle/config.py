@@ -20,8 +20,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .errors import PeagleError
 
-class ConfigError(ValueError):
+
+class ConfigError(PeagleError, ValueError):
     """A configuration problem, with the offending key (and file, when there is one) in the message."""
 
 

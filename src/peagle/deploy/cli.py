@@ -15,9 +15,10 @@ import os
 import sys
 from pathlib import Path
 
-from .kube import Apis, DeployError, apply, current_namespace, endpoint, wait_ready
-from .render import RenderError, render, values_for, write_manifests
-from .smoke import SmokeTestError, chat
+from ..errors import PeagleError, report
+from .kube import Apis, apply, current_namespace, endpoint, wait_ready
+from .render import render, values_for, write_manifests
+from .smoke import chat
 from .values import check_flags, check_image, check_prefix, rule_of
 
 # Flags whose values land in the manifests, and their rule (the chart's schema holds the same ones).
@@ -149,7 +150,9 @@ def main(argv: list[str] | None = None, apis: Apis | None = None) -> int:
         namespace = _namespace(ns)
         values = values_from_args(ns)
         objs = render(values, ns.name, namespace, ns.chart)
-    except (RenderError, OSError, ValueError) as e:
+    except PeagleError as e:  # a bad argument or value (exit 2)
+        return report(e)
+    except (OSError, ValueError) as e:  # a values file that cannot be read or parsed
         print(f"peagle: error: {e}", file=sys.stderr)
         return 2
     if ns.render_only:
@@ -165,9 +168,8 @@ def main(argv: list[str] | None = None, apis: Apis | None = None) -> int:
     try:
         deploy(objs, apis, timeout=ns.timeout, smoke_test=not ns.no_smoke_test, endpoint_override=ns.endpoint,
                token=os.environ.get(ns.token_env) or None, verify_tls=not ns.insecure)
-    except (DeployError, SmokeTestError) as e:
-        print(f"peagle: error: {e}", file=sys.stderr)
-        return 1
+    except PeagleError as e:  # DeployError, SmokeTestError: exit 1
+        return report(e)
     return 0
 
 

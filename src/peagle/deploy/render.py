@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from .values import InvalidValue, check, parse_image
+from ..errors import PeagleError
 
 CHART_NAME = "peagle-serving"
 # Objects a later one refers to are applied first (the InferenceService names its ServingRuntime).
@@ -20,7 +21,7 @@ APPLY_ORDER = ("ServiceAccount", "Secret", "ConfigMap", "ServingRuntime", "Servi
                "InferenceService", "Route", "ServiceMonitor", "PodMonitor")
 
 
-class RenderError(ValueError):
+class RenderError(PeagleError, ValueError):
     """The chart could not be rendered with the given values (the message says which value)."""
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ConfigError, parse_override
+from ..errors import PeagleError, report
 
 
 def cmd_compile(ns: argparse.Namespace) -> int:
@@ -131,15 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    from ..deploy import RenderError
-    from ..deploy.values import InvalidValue
-    from ..storage import StorageError
-    from .submit import SubmitError
-
     try:
         return ns.func(ns)
-    except (ConfigError, SubmitError, StorageError, FileNotFoundError, yaml.YAMLError, InvalidValue,
-            RenderError) as exc:
+    except PeagleError as exc:
+        return report(exc)
+    except (FileNotFoundError, yaml.YAMLError) as exc:  # --config / --package / a profile file
         print(f"peagle: error: {exc}", file=sys.stderr)
         return 2
 

@@ -31,13 +31,14 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from ..stage_io import local_path
+from ..errors import PeagleError
 
 # One training sample: sample_id, input_ids, loss_mask, aux_hidden, last_hidden (check_sample holds the shapes).
 TrainSample = dict[str, Any]
 SAMPLE_FILE_FORMAT = "peagle.train.samples/v1"
 
 
-class DatasetError(ValueError):
+class DatasetError(PeagleError, ValueError):
     """The dataset cannot be trained on; the message names the sample or the mismatching field."""
 
 
