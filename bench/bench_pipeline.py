@@ -57,14 +57,14 @@ def main() -> int:
     ap.add_argument("--json", help="also write the breakdown as JSON here")
     args = ap.parse_args()
 
-    from peagle.pipeline.local_runner import print_summary, run_pipeline_locally
+    from peagle.pipeline.local.runner import print_summary, run_pipeline_locally
 
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     if args.tiny:
         arguments = tiny_arguments(work)
     else:
-        from peagle.local_run import pipeline_arguments, user_settings
+        from peagle.pipeline.local.job import pipeline_arguments, user_settings
 
         arguments = pipeline_arguments(user_settings(None, args.overrides))
     arguments["output_root"] = str(work / "runs")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def child(run: Path, cache_stored: bool, steps: int) -> None:
-    from peagle.pipeline.embedded import CONFIG
+    from peagle.pipeline.local.embedded import CONFIG
     from peagle.run_config import RunConfig
     from peagle.train import train
     from peagle.train.data import ExtractedDataset

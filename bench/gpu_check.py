@@ -42,10 +42,10 @@ CUDA-only branches this script reaches (``grep -rn 'cuda\\|flex_attention\\|nccl
 * src/peagle/extract/connector.py: the parent's CUDA stream / event / pinned-memory copy for a KV cache
   on the GPU (extraction); its dispatch (accelerator cache -> the parent's path) is also tested on
   CPU in tests/test_connector_dispatch.py.
-* src/peagle/vllm_run.py: eagle3 + ``parallel_drafting`` on CUDA, ``_device()`` naming the GPU (serving).
+* src/peagle/evaluate/vllm_job.py: eagle3 + ``parallel_drafting`` on CUDA, ``_device()`` naming the GPU (serving).
 
 Not reached: CUDA graphs in the evaluation stage (src/peagle/evaluate/live.py
-``default_enforce_eager`` is False on CUDA; vllm_run runs eager here), resume on CUDA, FSDP2 over
+``default_enforce_eager`` is False on CUDA; vllm_job runs eager here), resume on CUDA, FSDP2 over
 NCCL with more than one rank, NCCL across GPUs/nodes, and the GPU container images themselves.
 """
 from __future__ import annotations
@@ -504,7 +504,7 @@ def serving(ctx: Context) -> None:
     from peagle.model import inspect_target
     from peagle.stage_io import local_path
     from peagle.train import TrainRunConfig, train
-    from peagle.vllm_run import run_in_subprocess
+    from peagle.evaluate.vllm_job import run_in_subprocess
 
     target = ctx.target or _prepare_target(ctx)
     if ctx.dataset is None:

@@ -1,4 +1,4 @@
-"""The P-EAGLE attention rule (speculators-peagle.md §2.4): flex mask_mod, dense mask and SDPA agree
+"""The P-EAGLE attention rule (docs/peagle-format.md §2.3): flex mask_mod, dense mask and SDPA agree
 with references written here from the rule's text."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""COD sampling (speculators-peagle.md §3.2): counts of the spec's setting and structural properties."""
+"""COD sampling (docs/peagle-format.md §3.2): counts of the spec's setting and structural properties."""
 from __future__ import annotations
 
 import math

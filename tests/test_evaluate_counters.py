@@ -12,7 +12,7 @@ from peagle.evaluate.counters import (
     counts_from_vllm_metrics,
     parse_prometheus_text,
 )
-from peagle.vllm_run import spec_decode_counts
+from peagle.evaluate.vllm_job import spec_decode_counts
 
 # Two data-parallel engines and a second served model, as vLLM 0.32 exposes them (with the
 # `_created` series prometheus_client adds, a histogram and an unrelated counter mixed in).
@@ -141,7 +141,7 @@ def test_get_metrics_objects_and_prometheus_text_normalise_alike():
     ]
     offline = counts_from_vllm_metrics(metrics)
     assert offline == counts_from_prometheus_text(EXPOSITION, "tiny")
-    # the legacy dict API of peagle.vllm_run is the same normaliser
+    # the legacy dict API of peagle.evaluate.vllm_job is the same normaliser
     assert spec_decode_counts(metrics) == {"drafts": 150, "draft_tokens": 600, "accepted_tokens": 255,
                                            "accepted_per_pos": [115, 80, 40, 20]}
     assert spec_decode_counts([]) == {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_pos": []}

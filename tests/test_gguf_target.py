@@ -19,7 +19,7 @@ import torch
 
 from peagle.model import inspect_target, prepare_target
 from peagle.model.target import MANIFEST
-from peagle.vllm_run import run_in_subprocess
+from peagle.evaluate.vllm_job import run_in_subprocess
 
 pytestmark = [
     pytest.mark.vllm,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from peagle.pipeline.local_runner import run_pipeline_locally
+from peagle.pipeline.local.runner import run_pipeline_locally
 from peagle.pipeline.params import config_text
 from test_components import conversations
 

@@ -59,7 +59,7 @@ def test_bad_config_is_refused_naming_the_key(config, match):
 
 
 def test_embedded_arguments_move_covered_keys_to_parameters():
-    from peagle.local_run import pipeline_arguments, user_settings
+    from peagle.pipeline.local.job import pipeline_arguments, user_settings
 
     user = user_settings(None, ["draft.num_depths=3", "prepare.max_samples=50", "train.lr=0.01",
                                 "evaluate.max_tokens=16", "target.path=/models/t", "work_dir=/tmp/w"])
@@ -179,7 +179,7 @@ def test_the_pipeline_function_and_init_run_component_derive_from_the_definition
 
 
 def test_embedded_arguments_are_complete_validated_parameters():
-    from peagle.pipeline import embedded
+    from peagle.pipeline.local import embedded
     from peagle.pipeline.params import PipelineParams
 
     assert set(embedded.PARAMS) == set(PipelineParams.model_fields)
@@ -190,7 +190,7 @@ def test_coverage_maps_both_ways_and_names_real_keys():
     """Every covered config key exists in RunConfig, every covering name is a typed parameter, and
     parameter -> config -> parameter returns the value (what `peagle run --set key=...` relies on)."""
     from peagle.config import build_config
-    from peagle.pipeline import embedded
+    from peagle.pipeline.local import embedded
     from peagle.pipeline.params import COVERAGE, PipelineParams
     from peagle.run_config import RunConfig
 
@@ -206,7 +206,7 @@ def test_coverage_maps_both_ways_and_names_real_keys():
 
 
 def test_two_keys_of_one_parameter_must_agree():
-    from peagle.local_run import pipeline_arguments, user_settings
+    from peagle.pipeline.local.job import pipeline_arguments, user_settings
 
     user = user_settings(None, ["prepare.max_samples=50", "regenerate.max_conversations=60"])
     with pytest.raises(ConfigError, match="'prepare.max_samples' and 'regenerate.max_conversations'"):

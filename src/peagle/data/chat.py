@@ -35,8 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import errors as E
-from .errors import PrepareError, RowRejected
+from .errors import PREFIX_MISMATCH, TEMPLATE_ERROR, TOO_LONG, PrepareError, RowRejected
 
 # Characters searched after the bound for a word boundary to cut at (see ChatRenderer.cut_point).
 CUT_SEARCH_CHARS = 4096
@@ -142,9 +141,9 @@ class ChatRenderer:
                 messages, tokenize=False, add_generation_prompt=generation_prompt, **self.template_kwargs
             )
         except Exception as exc:  # jinja TemplateError (raise_exception in templates), TypeError, ...
-            raise RowRejected(E.TEMPLATE_ERROR, f"{type(exc).__name__}: {str(exc)[:200]}") from None
+            raise RowRejected(TEMPLATE_ERROR, f"{type(exc).__name__}: {str(exc)[:200]}") from None
         if not isinstance(text, str):
-            raise RowRejected(E.TEMPLATE_ERROR, f"template rendered a {type(text).__name__}, not text")
+            raise RowRejected(TEMPLATE_ERROR, f"template rendered a {type(text).__name__}, not text")
         return text
 
     def _is_blank(self, tid: int) -> bool:
@@ -242,7 +241,7 @@ class ChatRenderer:
                 break
             if len(upto.ids) <= len(ctx.ids) or upto.ids[: len(ctx.ids)] != ctx.ids:
                 raise RowRejected(
-                    E.PREFIX_MISMATCH,
+                    PREFIX_MISMATCH,
                     f"assistant turn {k}: the render with the generation prompt is not a token prefix of the "
                     "render including the reply",
                 )
@@ -255,7 +254,7 @@ class ChatRenderer:
         if not spans:
             n = len(overflow.ids) if overflow is not None else 0
             at_least = "at least " if overflow is not None and overflow.cut else ""
-            raise RowRejected(E.TOO_LONG, f"the context before the first reply has {at_least}{n} tokens, "
+            raise RowRejected(TOO_LONG, f"the context before the first reply has {at_least}{n} tokens, "
                                           f"not below the limit {max_tokens}")
         skipped = len(turns) - len(spans)
 
@@ -264,7 +263,7 @@ class ChatRenderer:
         nested = all(full.ids[: len(r.ids)] == r.ids for r in renders)
         if rows_per == "conversation" and not nested:
             raise RowRejected(
-                E.PREFIX_MISMATCH,
+                PREFIX_MISMATCH,
                 "the template renders earlier turns differently once later turns follow (renders of growing "
                 "prefixes do not nest); use rows_per=assistant_turn or auto",
             )

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import PeagleError
+
 # Rejection reasons: short, stable codes (the manifest counts rows by these). The detail string that
 # goes with each rejection says which field / message / turn was at fault.
 INVALID_JSON = "invalid_json"                      # a JSONL line that does not parse
@@ -30,7 +32,7 @@ TOO_FEW_SUPERVISED = "too_few_supervised_tokens"   # fewer supervised tokens tha
 BAD_TOKENS = "bad_tokens"                          # pre-tokenised row: ids out of range, mask not 0/1, lengths differ
 
 
-class PrepareError(RuntimeError):
+class PrepareError(PeagleError, RuntimeError):
     """The data-preparation stage failed; the message names the source and the reason.
 
     ``report`` holds the counts gathered so far (same shape as the manifest's ``counts`` and

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import PrepareError
-from .rows import Sample
+from .rows import PreparedRow
 
 FORMAT = "peagle.prepared/v1"
 MANIFEST = "manifest.json"
@@ -70,7 +70,7 @@ def _atomic(path: Path, write) -> None:
         raise
 
 
-def samples_to_table(samples: list[Sample]) -> pa.Table:
+def samples_to_table(samples: list[PreparedRow]) -> pa.Table:
     lengths = np.array([s.num_tokens for s in samples], dtype=np.int32)
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
     # one flat buffer per list column (no per-element Python conversion)
@@ -102,7 +102,7 @@ class LocalPreparedWriter:
             if f.is_file() and (SHARD_NAME.match(f.name) or f.name == TOKEN_FREQ):
                 f.unlink()
 
-    def write_shard(self, split: str, index: int, samples: list[Sample]) -> dict[str, Any]:
+    def write_shard(self, split: str, index: int, samples: list[PreparedRow]) -> dict[str, Any]:
         """Write one parquet shard; return its manifest entry (file, rows, tokens, sha256)."""
         path = self.root / shard_name(split, index)
         table = samples_to_table(samples)

@@ -35,11 +35,10 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from . import errors as E
 from .chat import ChatRenderer, tokenizer_fingerprint
-from .errors import PrepareError, RowRejected
+from .errors import INVALID_JSON, INVALID_UTF8, TOO_FEW_SUPERVISED, TOO_LONG, PrepareError, RowRejected
 from .output import FORMAT, SPLITS, TOKEN_FREQ, open_writer
-from .rows import Conversation, Sample, parse_row
+from .rows import Conversation, PreparedRow, parse_row
 from .settings import PrepareSettings
 from .sources import InvalidUtf8, Source, Unparsable, resolve_sources
 
@@ -91,7 +90,7 @@ class _Stage:
         self.seen_hashes: set[bytes] = set()
         self.seen_ids: set[str] = set()  # conversation-level ids handed out
         self.kept_ids: set[str] = set()  # sample ids written
-        self.buffers: dict[str, list[Sample]] = {s: [] for s in SPLITS}
+        self.buffers: dict[str, list[PreparedRow]] = {s: [] for s in SPLITS}
         self.shards: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
         self.tokens = {s: {"total": 0, "supervised": 0} for s in SPLITS}
         self.freq = np.zeros(vocab_size, dtype=np.int64)
@@ -118,23 +117,23 @@ class _Stage:
         if truncated:
             if self.s.overlong == "reject":
                 more = "more than " if cut else ""
-                raise RowRejected(E.TOO_LONG, f"{more}{len(ids)} tokens > max_length {self.s.max_length}")
+                raise RowRejected(TOO_LONG, f"{more}{len(ids)} tokens > max_length {self.s.max_length}")
             ids, mask = ids[: self.s.max_length], mask[: self.s.max_length]
         arr_mask = np.asarray(mask, dtype=np.int8)
         supervised = int(arr_mask.sum())
         if supervised == 0 and truncated:
-            raise RowRejected(E.TOO_LONG, f"no supervised token within the first {self.s.max_length} tokens")
+            raise RowRejected(TOO_LONG, f"no supervised token within the first {self.s.max_length} tokens")
         if supervised < self.s.min_supervised_tokens:
-            raise RowRejected(E.TOO_FEW_SUPERVISED,
+            raise RowRejected(TOO_FEW_SUPERVISED,
                               f"{supervised} supervised tokens < min_supervised_tokens {self.s.min_supervised_tokens}")
         return np.asarray(ids, dtype=np.int32), arr_mask, truncated
 
-    def samples_for(self, source: Source, index: int, raw: Any) -> list[Sample]:
+    def samples_for(self, source: Source, index: int, raw: Any) -> list[PreparedRow]:
         """Samples of one input row, or RowRejected."""
         if isinstance(raw, Unparsable):
-            raise RowRejected(E.INVALID_JSON, raw.error)
+            raise RowRejected(INVALID_JSON, raw.error)
         if isinstance(raw, InvalidUtf8):
-            raise RowRejected(E.INVALID_UTF8, f"{raw.chars} undecodable byte sequence(s) (not UTF-8) "
+            raise RowRejected(INVALID_UTF8, f"{raw.chars} undecodable byte sequence(s) (not UTF-8) "
                                               "(prepare.invalid_utf8=replace keeps such rows, with U+FFFD)")
         record = parse_row(raw, self.vocab_size)
         base = self._base_id(source, index, record.row_id)
@@ -156,7 +155,7 @@ class _Stage:
                 continue
             self.counts["truncated"] += truncated
             sid = base if turn is None else f"{base}#t{turn}"
-            samples.append(Sample(sid, base, source.label, arr_ids, arr_mask))
+            samples.append(PreparedRow(sid, base, source.label, arr_ids, arr_mask))
         if not samples:
             raise first_problem  # type: ignore[misc]  # candidates is never empty
         self.counts["turn_rows_dropped"] += len(candidates) - len(samples) + skipped_turns
@@ -173,7 +172,7 @@ class _Stage:
         if len(self.rejected) < self.s.max_rejected_listed:
             self.rejected.append({"source": source.label, "index": index, "reason": exc.reason, "detail": exc.detail})
 
-    def keep(self, sample: Sample) -> bool:
+    def keep(self, sample: PreparedRow) -> bool:
         """Dedup, split and buffer one sample; False when it was a duplicate."""
         if self.s.dedup:
             h = hashlib.sha256(sample.input_ids.tobytes() + b"\0" + sample.loss_mask.tobytes()).digest()

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from . import errors as E
-from .errors import RowRejected
+from .errors import (BAD_TOKENS, BAD_TYPE, EMPTY_ASSISTANT_MESSAGE, EMPTY_CONVERSATION, MISSING_FIELD, NO_ASSISTANT_TURN,
+                     NON_STRING_CONTENT, NOT_AN_OBJECT, UNKNOWN_ROLE, RowRejected)
 
 # ShareGPT exports name the assistant after the product it came from; all are assistant replies.
 ROLE_ALIASES = {
@@ -59,8 +59,8 @@ class TokenizedRow:
 
 
 @dataclass
-class Sample:
-    """One training row as written to the parquet shards."""
+class PreparedRow:
+    """One prepared row (token ids + loss mask) as written to the parquet shards."""
 
     sample_id: str
     split_key: str  # the conversation-level id: all rows of one conversation land in the same split
@@ -89,20 +89,20 @@ def row_id_of(row: Mapping[str, Any]) -> str | None:
 def parse_row(row: Any, vocab_size: int) -> Conversation | TokenizedRow:
     """Validate one decoded input row; raise :class:`RowRejected` when it cannot be used."""
     if not isinstance(row, Mapping):
-        raise RowRejected(E.NOT_AN_OBJECT, f"row is a {type(row).__name__}, not an object")
+        raise RowRejected(NOT_AN_OBJECT, f"row is a {type(row).__name__}, not an object")
     if "input_ids" in row or "loss_mask" in row:
         return _parse_tokenized(row, vocab_size)
     for key in ("conversations", "messages"):
         if key in row:
             return _parse_conversation(row, key)
     keys = ", ".join(sorted(map(str, row.keys()))[:8]) or "none"
-    raise RowRejected(E.MISSING_FIELD, f"no 'conversations', 'messages' or 'input_ids' field (keys: {keys})")
+    raise RowRejected(MISSING_FIELD, f"no 'conversations', 'messages' or 'input_ids' field (keys: {keys})")
 
 
 def _parse_tokenized(row: Mapping[str, Any], vocab_size: int) -> TokenizedRow:
     for key in ("input_ids", "loss_mask"):
         if key not in row:
-            raise RowRejected(E.MISSING_FIELD, f"pre-tokenised row has no '{key}'")
+            raise RowRejected(MISSING_FIELD, f"pre-tokenised row has no '{key}'")
     ids, mask = row["input_ids"], row["loss_mask"]
     # parquet hands back numpy arrays / lists; JSON hands back lists
     if isinstance(ids, np.ndarray):
@@ -110,18 +110,18 @@ def _parse_tokenized(row: Mapping[str, Any], vocab_size: int) -> TokenizedRow:
     if isinstance(mask, np.ndarray):
         mask = mask.tolist()
     if not isinstance(ids, list) or not isinstance(mask, list):
-        raise RowRejected(E.BAD_TYPE, "input_ids and loss_mask must be lists")
+        raise RowRejected(BAD_TYPE, "input_ids and loss_mask must be lists")
     if not ids:
-        raise RowRejected(E.EMPTY_CONVERSATION, "input_ids is empty")
+        raise RowRejected(EMPTY_CONVERSATION, "input_ids is empty")
     if len(ids) != len(mask):
-        raise RowRejected(E.BAD_TOKENS, f"input_ids has {len(ids)} entries but loss_mask has {len(mask)}")
+        raise RowRejected(BAD_TOKENS, f"input_ids has {len(ids)} entries but loss_mask has {len(mask)}")
     for pos, tid in enumerate(ids):
         if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < vocab_size:
-            raise RowRejected(E.BAD_TOKENS, f"input_ids[{pos}] = {tid!r} is not a token id in [0, {vocab_size})")
+            raise RowRejected(BAD_TOKENS, f"input_ids[{pos}] = {tid!r} is not a token id in [0, {vocab_size})")
     clean_mask = []
     for pos, m in enumerate(mask):
         if m not in (0, 1) or isinstance(m, float):
-            raise RowRejected(E.BAD_TOKENS, f"loss_mask[{pos}] = {m!r} is not 0 or 1")
+            raise RowRejected(BAD_TOKENS, f"loss_mask[{pos}] = {m!r} is not 0 or 1")
         clean_mask.append(int(m))
     return TokenizedRow(list(ids), clean_mask, row_id_of(row))
 
@@ -133,7 +133,7 @@ def _message_fields(msg: Mapping[str, Any], pos: int) -> tuple[Any, Any]:
         role_key, content_key = "from", "value"
     for key in (role_key, content_key):
         if key not in msg:
-            raise RowRejected(E.MISSING_FIELD, f"message {pos} has no '{key}'")
+            raise RowRejected(MISSING_FIELD, f"message {pos} has no '{key}'")
     return msg[role_key], msg[content_key]
 
 
@@ -143,19 +143,19 @@ def _parse_conversation(row: Mapping[str, Any], key: str) -> Conversation:
         if isinstance(raw, np.ndarray):  # parquet list column
             raw = raw.tolist()
         else:
-            raise RowRejected(E.BAD_TYPE, f"'{key}' is a {type(raw).__name__}, not a list")
+            raise RowRejected(BAD_TYPE, f"'{key}' is a {type(raw).__name__}, not a list")
     if not raw:
-        raise RowRejected(E.EMPTY_CONVERSATION, f"'{key}' is empty")
+        raise RowRejected(EMPTY_CONVERSATION, f"'{key}' is empty")
     messages: list[dict[str, str]] = []
     for pos, msg in enumerate(raw):
         if not isinstance(msg, Mapping):
-            raise RowRejected(E.BAD_TYPE, f"message {pos} is a {type(msg).__name__}, not an object")
+            raise RowRejected(BAD_TYPE, f"message {pos} is a {type(msg).__name__}, not an object")
         role, content = _message_fields(msg, pos)
         canon = ROLE_ALIASES.get(role.strip().lower()) if isinstance(role, str) else None
         if canon is None:
-            raise RowRejected(E.UNKNOWN_ROLE, f"message {pos} has role {role!r}")
+            raise RowRejected(UNKNOWN_ROLE, f"message {pos} has role {role!r}")
         if not isinstance(content, str):
-            raise RowRejected(E.NON_STRING_CONTENT, f"message {pos} content is a {type(content).__name__}")
+            raise RowRejected(NON_STRING_CONTENT, f"message {pos} content is a {type(content).__name__}")
         messages.append({"role": canon, "content": content})
 
     # ShareGPT V3 splits long chats into chunks, so many start with a reply to a prompt that is not
@@ -168,11 +168,11 @@ def _parse_conversation(row: Mapping[str, Any], key: str) -> Conversation:
     n_assistant = sum(m["role"] == "assistant" for m in messages)
     if n_assistant == 0:
         why = f"all {dropped} assistant turn(s) come before the first user turn" if dropped else "no assistant turn"
-        raise RowRejected(E.NO_ASSISTANT_TURN, why)
+        raise RowRejected(NO_ASSISTANT_TURN, why)
     # Messages after the last reply supervise nothing: they would only lengthen the row.
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     messages = messages[: last + 1]
     for pos, m in enumerate(messages):
         if m["role"] == "assistant" and not m["content"].strip():
-            raise RowRejected(E.EMPTY_ASSISTANT_MESSAGE, f"assistant message {pos} (after normalising) is blank")
+            raise RowRejected(EMPTY_ASSISTANT_MESSAGE, f"assistant message {pos} (after normalising) is blank")
     return Conversation(messages, row_id_of(row), dropped)

@@ -15,21 +15,24 @@ import os
 import sys
 from pathlib import Path
 
-from . import kube, render, smoke
-from . import values as rules
+from ..errors import PeagleError, report
+from .kube import Apis, apply, current_namespace, endpoint, wait_ready
+from .render import render, values_for, write_manifests
+from .smoke import chat
+from .values import check_flags, check_image, check_prefix, rule_of
 
 # Flags whose values land in the manifests, and their rule (the chart's schema holds the same ones).
 ARGUMENT_RULES = {
-    "--name": rules.rule_of("objectName"),
-    "--namespace": rules.rule_of("dnsLabel"),
-    "--data-connection": rules.rule_of("dnsSubdomain"),
-    "--path": rules.check_prefix,  # an object-store prefix; with --pvc a sub-path of the claim (check_arguments)
-    "--storage-uri": rules.rule_of("storageUri"),
-    "--target-uri": rules.rule_of("storageUri"),
-    "--draft-uri": rules.rule_of("storageUri"),
-    "--pvc": rules.rule_of("dnsSubdomain"),
-    "--service-account": rules.rule_of("dnsSubdomain"),
-    "--image": rules.check_image,
+    "--name": rule_of("objectName"),
+    "--namespace": rule_of("dnsLabel"),
+    "--data-connection": rule_of("dnsSubdomain"),
+    "--path": check_prefix,  # an object-store prefix; with --pvc a sub-path of the claim (check_arguments)
+    "--storage-uri": rule_of("storageUri"),
+    "--target-uri": rule_of("storageUri"),
+    "--draft-uri": rule_of("storageUri"),
+    "--pvc": rule_of("dnsSubdomain"),
+    "--service-account": rule_of("dnsSubdomain"),
+    "--image": check_image,
 }
 
 
@@ -37,8 +40,8 @@ def check_arguments(ns: argparse.Namespace) -> None:
     """Raise :class:`.values.InvalidValue` ``--flag: why`` for the first bad value in :data:`ARGUMENT_RULES`."""
     flag_rules = dict(ARGUMENT_RULES)
     if ns.pvc:
-        flag_rules["--path"] = rules.rule_of("volumePath")
-    rules.check_flags(ns, flag_rules)
+        flag_rules["--path"] = rule_of("volumePath")
+    check_flags(ns, flag_rules)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _namespace(ns: argparse.Namespace) -> str:
-    return ns.namespace or kube.current_namespace()
+    return ns.namespace or current_namespace()
 
 
 def values_from_args(ns: argparse.Namespace) -> dict:
@@ -98,7 +101,7 @@ def values_from_args(ns: argparse.Namespace) -> dict:
 
     extra = [yaml.safe_load(Path(f).read_text()) or {} for f in ns.values]
     extra += [helm.parse_set_string(s) for s in ns.sets]
-    return render.values_for(
+    return values_for(
         mode=ns.mode, data_connection=ns.data_connection, path=ns.path, storage_uri=ns.storage_uri,
         target_uri=ns.target_uri, draft_uri=ns.draft_uri, pvc=ns.pvc, service_account=ns.service_account,
         num_speculative_tokens=ns.num_speculative_tokens, gpus=ns.gpus, tensor_parallel_size=ns.tensor_parallel_size,
@@ -106,22 +109,22 @@ def values_from_args(ns: argparse.Namespace) -> dict:
         extra_args=ns.extra_args, extra_values=extra)
 
 
-def deploy(objs: list[dict], apis: kube.Apis, *, timeout: float, smoke_test: bool = True,
+def deploy(objs: list[dict], apis: Apis, *, timeout: float, smoke_test: bool = True,
            endpoint_override: str | None = None, token: str | None = None, verify_tls: bool = True,
            interval: float = 10, out=None) -> str:
     """Apply ``objs``, wait for readiness, optionally send one chat request; returns the endpoint."""
     out = out or sys.stdout
-    for ref, action in kube.apply(apis, objs):
+    for ref, action in apply(apis, objs):
         print(f"{ref} {action}", file=out)
     main_obj = next(o for o in objs if o["kind"] in ("InferenceService", "Deployment"))
     meta = main_obj["metadata"]
     print(f"waiting up to {timeout:.0f}s for {main_obj['kind']}/{meta['name']} to be ready ...", file=out, flush=True)
-    ready = kube.wait_ready(apis, main_obj["kind"], main_obj["apiVersion"], meta["name"], meta["namespace"],
-                            timeout=timeout, interval=interval)
-    url = endpoint_override or kube.endpoint(apis, objs, ready)
+    ready = wait_ready(apis, main_obj["kind"], main_obj["apiVersion"], meta["name"], meta["namespace"],
+                       timeout=timeout, interval=interval)
+    url = endpoint_override or endpoint(apis, objs, ready)
     if smoke_test:
         model = _served_model_name(objs) or meta["name"]
-        reply = smoke.chat(url, model, token=token, verify_tls=verify_tls)
+        reply = chat(url, model, token=token, verify_tls=verify_tls)
         text = (reply["choices"][0].get("message") or {}).get("content", "")
         print(f"test request answered: {text[:80]!r}", file=out)
     print(f"endpoint: {url}", file=out)
@@ -139,33 +142,34 @@ def _served_model_name(objs: list[dict]) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None, apis: kube.Apis | None = None) -> int:
+def main(argv: list[str] | None = None, apis: Apis | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         check_arguments(ns)
         namespace = _namespace(ns)
         values = values_from_args(ns)
-        objs = render.render(values, ns.name, namespace, ns.chart)
-    except (render.RenderError, OSError, ValueError) as e:
+        objs = render(values, ns.name, namespace, ns.chart)
+    except PeagleError as e:  # a bad argument or value (exit 2)
+        return report(e)
+    except (OSError, ValueError) as e:  # a values file that cannot be read or parsed
         print(f"peagle: error: {e}", file=sys.stderr)
         return 2
     if ns.render_only:
-        for path in render.write_manifests(objs, ns.render_only):
+        for path in write_manifests(objs, ns.render_only):
             print(path)
         return 0
     if apis is None:
         try:
-            apis = kube.Apis.from_environment(ns.kubeconfig, ns.context)
+            apis = Apis.from_environment(ns.kubeconfig, ns.context)
         except Exception as e:  # kubernetes.config.ConfigException and file errors
             print(f"peagle: error: no cluster credentials ({e})", file=sys.stderr)
             return 2
     try:
         deploy(objs, apis, timeout=ns.timeout, smoke_test=not ns.no_smoke_test, endpoint_override=ns.endpoint,
                token=os.environ.get(ns.token_env) or None, verify_tls=not ns.insecure)
-    except (kube.DeployError, smoke.SmokeTestError) as e:
-        print(f"peagle: error: {e}", file=sys.stderr)
-        return 1
+    except PeagleError as e:  # DeployError, SmokeTestError: exit 1
+        return report(e)
     return 0
 
 

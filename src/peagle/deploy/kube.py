@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import PeagleError
+
 log = logging.getLogger(__name__)
 
 # (group, kind) -> plural, for kinds served by CustomObjectsApi.
@@ -43,8 +45,10 @@ BUILTIN = {
 FAILED_MODEL_STATES = {"FailedToLoad"}
 
 
-class DeployError(RuntimeError):
+class DeployError(PeagleError, RuntimeError):
     """Base class: the deployment did not become usable."""
+
+    exit_code = 1
 
 
 class DeployFailed(DeployError):

@@ -12,7 +12,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from . import values as rules
+from .values import InvalidValue, check, parse_image
+from ..errors import PeagleError
 
 CHART_NAME = "peagle-serving"
 # Objects a later one refers to are applied first (the InferenceService names its ServingRuntime).
@@ -20,7 +21,7 @@ APPLY_ORDER = ("ServiceAccount", "Secret", "ConfigMap", "ServingRuntime", "Servi
                "InferenceService", "Route", "ServiceMonitor", "PodMonitor")
 
 
-class RenderError(ValueError):
+class RenderError(PeagleError, ValueError):
     """The chart could not be rendered with the given values (the message says which value)."""
 
 
@@ -104,8 +105,8 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
         _set(v, "vllm.maxModelLen", int(max_model_len))
     if image:
         try:
-            repo, tag, digest = rules.parse_image(image)
-        except rules.InvalidValue as e:
+            repo, tag, digest = parse_image(image)
+        except InvalidValue as e:
             raise RenderError(f"image: {e}") from None
         # Both parts always: the chart's default tag must not stay next to a digest given alone.
         _set(v, "image", {"repository": repo, "tag": tag, "digest": digest})
@@ -124,8 +125,8 @@ def render(values: Mapping, name: str, namespace: str, chart: str | os.PathLike 
     # Helm does not check the release name against what KServe accepts, nor the namespace at all.
     for what, rule, value in (("name", "objectName", name), ("namespace", "dnsLabel", namespace)):
         try:
-            rules.check(rule, value)
-        except rules.InvalidValue as e:
+            check(rule, value)
+        except InvalidValue as e:
             raise RenderError(f"{what}: {e}") from None
     try:
         files = helm.Chart.load(str(chart_dir(chart))).render(dict(values), name=name, namespace=namespace)

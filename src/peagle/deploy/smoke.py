@@ -9,10 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.client import EndpointError, OpenAIClient
+from ..errors import PeagleError
 
 
-class SmokeTestError(RuntimeError):
+class SmokeTestError(PeagleError, RuntimeError):
     """The endpoint did not answer a chat request with a completion."""
+
+    exit_code = 1
 
 
 def chat(base_url: str, model: str, *, prompt: str = "Say hello in five words.", max_tokens: int = 16,

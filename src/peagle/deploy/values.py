@@ -20,6 +20,8 @@ from typing import Annotated, Any, Callable
 
 from pydantic import AfterValidator
 
+from ..errors import PeagleError
+
 # -- building blocks (the OCI / Docker distribution reference grammar; Kubernetes' validation)
 _ALNUM = "[a-z0-9]+"
 _PATH_COMPONENT = f"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"  # lower case, '.', '_', '__' or '-'s between
@@ -92,7 +94,7 @@ _COMPILED = {k: re.compile(r.pattern) for k, r in RULES.items()}
 _REFERENCE = re.compile(f"^(?P<repository>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?$")
 
 
-class InvalidValue(ValueError):
+class InvalidValue(PeagleError, ValueError):
     """A value breaks its rule; ``str()`` says why (callers add which argument or field it was)."""
 
 

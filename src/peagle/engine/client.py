@@ -18,12 +18,16 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable, TypeVar
 
+from ..errors import PeagleError
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class EndpointError(RuntimeError):
+class EndpointError(PeagleError, RuntimeError):
     """The endpoint could not be used; the message names the URL and what went wrong."""
+
+    exit_code = 3  # as a failed measurement (peagle evaluate)
 
 
 class _Transient(EndpointError):

@@ -12,7 +12,7 @@
   gate on ``min_acceptance_length`` (:func:`passes_gate`).
 
 Entry: :func:`evaluate` with an :class:`EvaluateRunConfig`. Names are imported lazily so that
-``peagle.vllm_run`` (which uses the counters inside vLLM's child interpreter) stays light.
+``python -m peagle.evaluate.vllm_job`` (vLLM's child interpreter, which uses the counters) stays light.
 """
 from __future__ import annotations
 

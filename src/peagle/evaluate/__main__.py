@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as C
+from ..errors import PeagleError, report
 from .settings import EvaluateRunConfig, EvaluateSettings
 
 SECTION = "evaluate"
@@ -53,7 +54,7 @@ def _check(report_path: str, cfg: EvaluateRunConfig) -> int:
     try:
         report = json.loads(Path(report_path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        print(f"peagle evaluate: error: cannot read {report_path}: {exc}", file=sys.stderr)
+        print(f"peagle: error: cannot read {report_path}: {exc}", file=sys.stderr)
         return 2
     gate = apply_gate(report, cfg.evaluate.min_acceptance_length, cfg.evaluate.require_lossless)
     print(f"gate {'passed' if gate.passed else 'FAILED'}: acceptance length {gate.acceptance_length}"
@@ -64,11 +65,6 @@ def _check(report_path: str, cfg: EvaluateRunConfig) -> int:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    from ..extract import DatasetMismatchError, ExtractError
-    from ..model import CheckpointError, TargetError
-    from .endpoint import EndpointError
-    from .prompts import PromptSetError
-
     values = C.flag_values(ns)
     if ns.target:
         values["target.path"] = ns.target
@@ -76,15 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(ns.config, ns.overrides, values)
         if ns.check:
             return _check(ns.check, cfg)
-        from .run import EvaluationError, evaluate, summary_lines
+        from .run import evaluate, summary_lines
 
         outcome = evaluate(cfg)
-    except (C.ConfigError, TargetError, CheckpointError, PromptSetError, DatasetMismatchError, ExtractError) as exc:
-        print(f"peagle evaluate: error: {exc}", file=sys.stderr)
-        return 2
-    except (EvaluationError, EndpointError) as exc:
-        print(f"peagle evaluate: measurement failed: {exc}", file=sys.stderr)
-        return 3
+    except PeagleError as exc:  # exit 2, or 3 for a failed measurement (EvaluationError, EndpointError)
+        return report(exc)
     for line in summary_lines(outcome.report):
         print(line)
     print(f"report: {outcome.report_json} and {outcome.report_html}")

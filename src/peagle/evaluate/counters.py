@@ -26,7 +26,7 @@ unless one is selected). Counters only grow, so a measurement over a workload is
 two snapshots (:meth:`SpecDecodeCounts.minus`), which also removes warm-up traffic and, on a shared
 server, earlier requests.
 
-Derived figures (speculators-peagle.md §5.1, the same formulas as vLLM's own log line):
+Derived figures (docs/peagle-format.md §4, the same formulas as vLLM's own log line):
 acceptance length AL = 1 + accepted / drafts (the +1 is the target's bonus token); per-position
 acceptance a_i = accepted_at_pos[i] / drafts, the *unconditional* probability that the first i+1
 draft tokens were all accepted (hence non-increasing); Σ_i accepted_at_pos[i] = accepted.
@@ -141,7 +141,7 @@ class SpecDecodeCounts:
     # ---- (de)serialisation
 
     def as_dict(self) -> dict[str, Any]:
-        """The plain counter dict (the keys :func:`peagle.vllm_run.spec_decode_counts` always returned)."""
+        """The plain counter dict (the keys :func:`.vllm_job.spec_decode_counts` always returned)."""
         return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "accepted_per_pos": list(self.accepted_per_pos)}
 

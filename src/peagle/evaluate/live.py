@@ -5,7 +5,7 @@ engine (the target alone, then target + draft for each K) runs the same workload
 order with the same batches, so greedy outputs are comparable token by token (on CPU, greedy
 output depends on batch composition — vllm-on-cpu.md) and tokens/s are measured side by side.
 
-The offline-API runner drives :mod:`peagle.vllm_run` (all engines in one child interpreter, which
+The offline-API runner drives :mod:`.vllm_job` (all engines in one child interpreter, which
 pays vLLM's import once); its spec-decode counters per workload are differences of
 ``LLM.get_metrics()`` snapshots taken around the batch. The endpoint runner
 (:mod:`peagle.evaluate.endpoint`) returns the same :class:`EngineRun` records from ``/metrics``.
@@ -64,7 +64,7 @@ class Workload:
         return f"{self.category}@{self.sampling.name}"
 
     def job(self) -> dict[str, Any]:
-        """The workload as a :mod:`peagle.vllm_run` workload entry."""
+        """The workload as a :mod:`.vllm_job` workload entry."""
         s = self.sampling.as_dict()
         return {"name": self.name, "prompts": self.chats, "max_tokens": self.max_tokens,
                 "temperature": s["temperature"], "top_p": s["top_p"], "seed": s["seed"],
@@ -159,7 +159,7 @@ def default_enforce_eager(settings: EvaluateSettings) -> bool:
 
 def offline_api_jobs(settings: EvaluateSettings, target_dir: str, draft_dir: str, ks: list[int],
                      workloads: list[Workload]) -> list[tuple[int, str, dict[str, Any]]]:
-    """(K, purpose, vllm_run job) per engine: the baseline first (when measured; with the
+    """(K, purpose, vllm_job job) per engine: the baseline first (when measured; with the
     self-consistency workload), then each K, then the float32 check's pair (when asked)."""
     engine_args: dict[str, Any] = {"enforce_eager": default_enforce_eager(settings),
                                    "tensor_parallel_size": settings.tensor_parallel_size}
@@ -188,7 +188,7 @@ def offline_api_jobs(settings: EvaluateSettings, target_dir: str, draft_dir: str
 def run_offline_api(settings: EvaluateSettings, target_dir: str, draft_dir: str, ks: list[int],
                     workloads: list[Workload], raw_log: Path | None = None) -> list[EngineRun]:
     """Run every engine of the sweep in one child interpreter; returns one :class:`EngineRun` each."""
-    from ..vllm_run import requests_of, run_in_subprocess
+    from .vllm_job import requests_of, run_in_subprocess
 
     jobs = offline_api_jobs(settings, target_dir, draft_dir, ks, workloads)
     with Progress("evaluate", requests_of([j for _, _, j in jobs]), "requests") as progress:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import PeagleError
+
 PROMPTS_DIR = Path(__file__).with_name("prompt_sets")
 BUILTIN_CATEGORIES = ("code", "math", "summarization", "qa", "translation", "writing")
 MTBENCH = "mtbench"
@@ -26,7 +28,7 @@ MTBENCH_ATTRIBUTION = ("MT-Bench questions (LMSYS FastChat, Apache-2.0), first t
 PROJECT_ATTRIBUTION = "peagle built-in prompt set (written for this project, Apache-2.0)"
 
 
-class PromptSetError(ValueError):
+class PromptSetError(PeagleError, ValueError):
     """A prompt set name or file that cannot be used; the message names it."""
 
 

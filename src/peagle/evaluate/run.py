@@ -27,6 +27,7 @@ from .live import build_workloads, run_offline_api, samplings_of
 from .prompts import load_prompt_sets
 from .report import apply_gate, build_report, draft_fingerprint, headline_k
 from .settings import EvaluateRunConfig, EvaluateSettings
+from ..errors import PeagleError
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,10 @@ REPORT_HTML = "report.html"
 ENGINE_OUTPUTS = "engine_outputs.json"  # offline mode: every engine's raw outputs and counters per workload
 
 
-class EvaluationError(RuntimeError):
+class EvaluationError(PeagleError, RuntimeError):
     """The measurement itself failed (vLLM did not start or crashed, an endpoint broke off)."""
+
+    exit_code = 3
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Errors of the hidden-state extraction stage; every message names the sample, shard or field at fault."""
 from __future__ import annotations
 
+from ..errors import PeagleError
 
-class ExtractError(RuntimeError):
+
+class ExtractError(PeagleError, RuntimeError):
     """Extraction cannot go on (bad input row, engine failure, token mismatch, inconsistent output dir)."""
 
 

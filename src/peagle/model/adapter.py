@@ -1,7 +1,7 @@
 """Checkpoint adapter: PEagleDraftModel <-> speculators-format ``config.json`` + ``model.safetensors``.
 
-This module is the only place that knows the on-disk format vLLM reads (speculators-peagle.md §1
-and its "Must match for vLLM compatibility" list). It has
+This module is the only place that knows the on-disk format vLLM reads (docs/peagle-format.md §1
+and its must-match list, §1.4). It has
 
 * an explicit name map (:func:`checkpoint_tensors`): every tensor the checkpoint must hold, with
   the model parameter it comes from and its exact shape;
@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from ..localfs import staged
 from .draft import PEagleDraftModel
 from .spec import SUPPORTED_DRAFT_ARCHS, DraftSpec
+from ..errors import PeagleError
 
 FORMAT_VERSION = "0.9.0"  # the speculators release whose format we write
 CONFIG_FILE = "config.json"
@@ -31,7 +32,7 @@ WEIGHTS_FILE = "model.safetensors"
 READ_ALIASES = {"midlayer.": "layers.0."}  # older EAGLE-3 checkpoints name layer 0 "midlayer"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(PeagleError, ValueError):
     """A checkpoint is incomplete or inconsistent; the message names the field or tensor."""
 
 

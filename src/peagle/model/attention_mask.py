@@ -1,4 +1,4 @@
-"""The P-EAGLE attention rule (speculators-peagle.md §2.4), once, for every backend.
+"""The P-EAGLE attention rule (docs/peagle-format.md §2.3), once, for every backend.
 
 A flattened P-EAGLE sequence holds S *elements*; element i is (anchor a_i, depth d_i, document
 doc_i). Query element q may attend to key element k iff they are in the same document and either

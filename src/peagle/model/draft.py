@@ -1,4 +1,4 @@
-"""The P-EAGLE draft model: EAGLE-3 base + parallel drafting (speculators-peagle.md §1–2).
+"""The P-EAGLE draft model: EAGLE-3 base + parallel drafting (docs/peagle-format.md §1–2).
 
 Parameter names equal the tensor names of the speculators checkpoint, so the adapter's name map
 (:mod:`peagle.model.adapter`) is explicit but short.

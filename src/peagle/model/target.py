@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..localfs import staged
+from ..errors import PeagleError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ MANIFEST = "peagle_target.json"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class TargetError(ValueError):
+class TargetError(PeagleError, ValueError):
     """The target cannot be used; the message names the path and what is wrong."""
 
 

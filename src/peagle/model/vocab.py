@@ -1,4 +1,4 @@
-"""Draft vocabulary: ``d2t`` / ``t2d`` from token frequencies (speculators-peagle.md §3.5).
+"""Draft vocabulary: ``d2t`` / ``t2d`` from token frequencies (docs/peagle-format.md §3.4).
 
 Selection: sort token ids by (-count, id) and keep the first ``draft_vocab_size``; when fewer ids
 were counted, pad with the smallest unused ids 0, 1, 2, ...; sort the selection ascending.

@@ -1,5 +1,5 @@
 """The Kubeflow pipeline around the stages: library logic of its components, the TrainJob launcher,
-the cluster profile, compilation/submission and the kfp.local runner (``python -m peagle.pipeline``).
+the cluster profile, compilation/submission and the kfp.local runner (``peagle pipeline``).
 
 * :mod:`.layout`      -- one object-store prefix per run, fixed sub-prefixes per stage
 * :mod:`.params`      -- typed pipeline parameters + config YAML -> the validated run settings
@@ -10,8 +10,9 @@ the cluster profile, compilation/submission and the kfp.local runner (``python -
 * :mod:`.profile`     -- the cluster profile applied at compile time
 * :mod:`.build`       -- find ``pipelines/`` + ``components/``, compile
 * :mod:`.submit`      -- kfp.Client submission
-* :mod:`.local_runner` -- the same pipeline under kfp.local, with a progress display
-* :mod:`.embedded`    -- the embedded default ``peagle run`` uses (SmolLM2 + ShareGPT on CPU)
+* :mod:`.local`       -- the main job, ``peagle run``: the same pipeline under kfp.local on the embedded
+  default (``local.job``: its flags and settings; ``local.runner``: kfp.local with a progress display;
+  ``local.embedded``: SmolLM2 + ShareGPT on CPU)
 * :mod:`.seaweed`     -- a throw-away SeaweedFS S3 server for ``run --s3``
 * :mod:`.objects`, :mod:`.progress` -- object-store helpers; stage timing events
 """

@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ConfigError, parse_override
+from ..errors import PeagleError, report
 
 
 def cmd_compile(ns: argparse.Namespace) -> int:
@@ -82,14 +83,6 @@ def cmd_render(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(ns: argparse.Namespace) -> int:
-    from ..local_run import run_local, user_settings
-
-    settings = user_settings(ns.config, ns.overrides)
-    return run_local(settings=settings, prompts=ns.prompts, max_tokens=ns.max_tokens, s3=ns.s3,
-                     regenerate=ns.regenerate, verbose=ns.verbose, run_name=ns.run_name)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="peagle pipeline", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -131,32 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--deploy-mode", default="kserve", choices=["kserve", "deployment", "none"])
     v.set_defaults(func=cmd_render)
 
-    r = sub.add_parser("run", help="run the pipeline here with kfp.local on the embedded default")
-    r.add_argument("--config", help="YAML run configuration (sections as for peagle; evaluate too)")
-    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one setting, e.g. --set train.lr=1e-3 (repeatable)")
-    r.add_argument("--s3", action="store_true", help="keep the stage data in a local SeaweedFS S3 server")
-    r.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=None,
-                   help="let the target regenerate the responses first (default: the embedded run's, which does)")
-    r.add_argument("--prompts", type=int, default=None, help="evaluation prompts per category")
-    r.add_argument("--max-tokens", type=int, default=None, help="tokens generated per evaluation prompt")
-    r.add_argument("--run-name", help="run name (default local-<timestamp>); reuse one to resume a run")
-    r.add_argument("-v", "--verbose", action="store_true", help="also print every task's log")
-    r.set_defaults(func=cmd_run)
+    from .local.job import add_arguments as add_run_arguments  # the same flags as `peagle run`
+
+    add_run_arguments(sub.add_parser("run", help="run the pipeline here with kfp.local on the embedded default"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    from ..deploy import RenderError
-    from ..deploy.values import InvalidValue
-    from ..storage import StorageError
-    from .submit import SubmitError
-
     try:
         return ns.func(ns)
-    except (ConfigError, SubmitError, StorageError, FileNotFoundError, yaml.YAMLError, InvalidValue,
-            RenderError) as exc:
+    except PeagleError as exc:
+        return report(exc)
+    except (FileNotFoundError, yaml.YAMLError) as exc:  # --config / --package / a profile file
         print(f"peagle: error: {exc}", file=sys.stderr)
         return 2
 

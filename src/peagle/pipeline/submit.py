@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import PeagleError
+
 HOST_ENV = ("KF_PIPELINES_ENDPOINT", "KFP_HOST")
 TOKEN_ENV = ("KF_PIPELINES_TOKEN", "KFP_TOKEN")
 
 
-class SubmitError(RuntimeError):
+class SubmitError(PeagleError, RuntimeError):
     """The run could not be submitted (no host, server error)."""
 
 

@@ -5,8 +5,10 @@ Callers can catch :class:`StorageError` for "anything storage", or the subclasse
 """
 from __future__ import annotations
 
+from ..errors import PeagleError
 
-class StorageError(Exception):
+
+class StorageError(PeagleError):
     """A storage operation failed; the message names the object URI (and S3 endpoint)."""
 
 

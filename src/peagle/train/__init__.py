@@ -1,4 +1,4 @@
-"""Training engine of the P-EAGLE draft (speculators-peagle.md §3).
+"""Training engine of the P-EAGLE draft (docs/peagle-format.md §3).
 
 Entry point: :func:`train` (``python -m peagle.train`` on the command line). Data contract:
 :mod:`peagle.train.data`; checkpoint layout: :mod:`peagle.train.checkpoint`; the loop itself:

@@ -10,13 +10,10 @@ import argparse
 import logging
 import sys
 
-from ..config import ConfigError, build_config
-from ..model import CheckpointError, TargetError
-from ..storage import StorageError
-from .checkpoint import ResumeError
-from .data import DatasetError
-from .loop import train
+from ..config import build_config
+from ..errors import PeagleError, report
 from ..run_config import RunConfig
+from .loop import train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = build_config(RunConfig, args.config, args.overrides)
         result = train(cfg)
-    except (ConfigError, DatasetError, TargetError, CheckpointError, ResumeError, StorageError) as exc:
-        print(f"peagle train: error: {exc}", file=sys.stderr)
-        return 2
+    except PeagleError as exc:
+        return report(exc)
     if result.final_uri:
         print(result.final_uri)
     return 0

@@ -47,6 +47,7 @@ from ..scratch import scratch_dir
 from ..storage import (SUCCESS, ChecksumMismatchError, IncompletePrefixError, Store, list_complete,
                        open_published, publish_dir, scan_published)
 from .distributed import DistEnv, all_gather_objects, barrier
+from ..errors import PeagleError
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
@@ -55,7 +56,7 @@ _STEP = re.compile(rf"^{CHECKPOINTS}/step-(\d+)$")
 log = logging.getLogger("peagle.train")
 
 
-class ResumeError(ValueError):
+class ResumeError(PeagleError, ValueError):
     """A checkpoint cannot continue this run; the message names what differs."""
 
 

@@ -1,4 +1,4 @@
-"""COD (Conditional Drop-token) sampling of P-EAGLE training elements (speculators-peagle.md §3.2).
+"""COD (Conditional Drop-token) sampling of P-EAGLE training elements (docs/peagle-format.md §3.2).
 
 A P-EAGLE training step runs the draft once over a flattened list of *elements* (anchor a, depth d).
 Depth 0 is every row of the (shifted, §3.1) packed sequence. A depth-d element (d >= 1) asks the

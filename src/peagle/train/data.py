@@ -31,12 +31,14 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from ..stage_io import local_path
+from ..errors import PeagleError
 
-Sample = dict[str, Any]
+# One training sample: sample_id, input_ids, loss_mask, aux_hidden, last_hidden (check_sample holds the shapes).
+TrainSample = dict[str, Any]
 SAMPLE_FILE_FORMAT = "peagle.train.samples/v1"
 
 
-class DatasetError(ValueError):
+class DatasetError(PeagleError, ValueError):
     """The dataset cannot be trained on; the message names the sample or the mismatching field."""
 
 
@@ -67,13 +69,13 @@ class SampleDataset(Protocol):
 
     def num_tokens(self, index: int) -> int: ...
 
-    def __getitem__(self, index: int) -> Sample: ...
+    def __getitem__(self, index: int) -> TrainSample: ...
 
 
 class ListDataset:
     """Samples held in memory (tests, small experiments)."""
 
-    def __init__(self, info: DatasetInfo, samples: list[Sample]):
+    def __init__(self, info: DatasetInfo, samples: list[TrainSample]):
         self.info = info
         self.samples = list(samples)
 
@@ -86,7 +88,7 @@ class ListDataset:
     def num_tokens(self, index: int) -> int:
         return int(self.samples[index]["input_ids"].shape[0])
 
-    def __getitem__(self, index: int) -> Sample:
+    def __getitem__(self, index: int) -> TrainSample:
         return self.samples[index]
 
 
@@ -94,7 +96,7 @@ class ListDataset:
 # One-file format: every sample's rows concatenated, offsets[i]:offsets[i+1] is sample i.
 
 
-def write_sample_file(path: str | os.PathLike, info: DatasetInfo, samples: list[Sample]) -> Path:
+def write_sample_file(path: str | os.PathLike, info: DatasetInfo, samples: list[TrainSample]) -> Path:
     """Write ``samples`` into one safetensors file (hidden states keep their dtype)."""
     from safetensors.torch import save_file
 
@@ -148,9 +150,9 @@ class SampleFileDataset:
     def num_tokens(self, index: int) -> int:
         return self._offsets[index + 1] - self._offsets[index]
 
-    def __getitem__(self, index: int) -> Sample:
+    def __getitem__(self, index: int) -> TrainSample:
         a, b = self._offsets[index], self._offsets[index + 1]
-        out: Sample = {"sample_id": self._ids[index]}
+        out: TrainSample = {"sample_id": self._ids[index]}
         for name in ("input_ids", "loss_mask", "aux_hidden", "last_hidden"):
             out[name] = self._fh.get_slice(name)[a:b]
         return out
@@ -208,7 +210,7 @@ class ExtractedDataset:
     def num_tokens(self, index: int) -> int:
         return self._index[index][3]
 
-    def __getitem__(self, index: int) -> Sample:
+    def __getitem__(self, index: int) -> TrainSample:
         name, local, _, _ = self._index[index]
         with self._lock:
             if name in self._cache:
@@ -255,7 +257,7 @@ def check_dataset_matches(info: DatasetInfo, aux_layer_ids: list[int], hidden_si
         )
 
 
-def check_sample(sample: Sample, hidden_size: int, num_aux: int, vocab_size: int) -> None:
+def check_sample(sample: TrainSample, hidden_size: int, num_aux: int, vocab_size: int) -> None:
     """Refuse a malformed sample with a message that names it and the bad field."""
     sid = sample.get("sample_id", "<no sample_id>")
     where = f"sample {sid!r}"

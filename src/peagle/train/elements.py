@@ -1,11 +1,11 @@
 """From one packed row of target outputs to the flattened P-EAGLE element batch.
 
-Two steps, both for a single packed row (micro-batch 1, speculators-peagle.md §3.7):
+Two steps, both for a single packed row (micro-batch 1, docs/peagle-format.md §3.5):
 
 1. :func:`shift_row` — the one-token alignment of §3.1. Row t of the shifted row pairs the real
    token x_{t+1} with the target's aux features g_t; it is supervised by the target's distribution
    at position t+1 (teacher hidden y_{t+1}) and only where l_{t+1} = 1. Row t drafts x_{t+2}.
-2. :func:`build_elements` — §2.3 steps 1–4 for the (anchor, depth) list that COD
+2. :func:`build_elements` — the element inputs of §2.2 for the (anchor, depth) list that COD
    (:mod:`peagle.train.cod`) samples: per element the token, the aux-feature row, the RoPE
    position, the document, the target row and the loss flag.
 
@@ -113,7 +113,7 @@ class Elements:
         )
 
     def attention_mask(self, window: int | None = None) -> torch.Tensor:
-        """Dense bool [S, S] P-EAGLE mask (True = may attend), §2.4."""
+        """Dense bool [S, S] P-EAGLE mask (True = may attend), §2.3."""
         return dense_mask(self.anchors, self.depths, self.document_ids, window)
 
     def layer_masks(self, layer_types: list[str], sliding_window: int | None, kind: str = "dense"):

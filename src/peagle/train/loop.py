@@ -236,7 +236,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                                     detail=f"loss {last_metrics['loss']:.4f}")
             is_last = done == total_steps
             if val_idx and (is_last or (s.eval_every and done % s.eval_every == 0)):
-                val_metrics = evaluate(wrapped, forward_row, make_row, dataset, val_idx, s, env, K)
+                val_metrics = validate(wrapped, forward_row, make_row, dataset, val_idx, s, env, K)
                 if env.is_main:
                     write_metrics(metrics_path, {"step": done, **val_metrics})
                     print_progress({"step": done, **val_metrics}, total_steps, K, prefix="val_")
@@ -312,7 +312,7 @@ def scan_samples(dataset: SampleDataset, train_idx: list[int], val_idx: list[int
 
 
 @torch.no_grad()
-def evaluate(wrapped, forward_row, make_row: RowMaker, dataset: SampleDataset, val_idx: list[int], s, env: DistEnv,
+def validate(wrapped, forward_row, make_row: RowMaker, dataset: SampleDataset, val_idx: list[int], s, env: DistEnv,
              num_depths: int) -> dict[str, float]:
     """Loss and per-depth accuracy on the validation split (fixed packing and COD draws)."""
     rows = pack_rows(sorted(val_idx), {i: dataset.num_tokens(i) for i in val_idx}, s.row_tokens)

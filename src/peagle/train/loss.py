@@ -1,4 +1,4 @@
-"""Objective and metrics (speculators-peagle.md §3.3-3.4).
+"""Objective and metrics (docs/peagle-format.md §3.3).
 
 Teacher: the target's own next-token distribution rebuilt from its last hidden state y (before
 the final norm): logits = lm_head_pruned(RMSNorm_target(y)), where lm_head_pruned are the target

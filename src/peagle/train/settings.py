@@ -3,7 +3,7 @@
 :class:`TrainSettings` is the ``train`` section of a run; :class:`TrainRunConfig` is the whole
 config the stand-alone CLI (``python -m peagle.train``) reads: the target, the draft shape and the
 training knobs. Defaults follow speculators 0.9.0 / the published P-EAGLE recipe
-(speculators-peagle.md §3.6-3.7) where that makes sense, except the optimiser (AdamW only).
+(docs/peagle-format.md §3.5) where that makes sense, except the optimiser (AdamW only).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class TrainSettings(StrictModel):
         True, description="read every sample once before step 1 and refuse corrupt ones (shapes, NaN, token ids)"
     )
 
-    # COD sampling (speculators-peagle.md §3.2); the number of depths is draft.num_depths
+    # COD sampling (docs/peagle-format.md §3.2); the number of depths is draft.num_depths
     cod_ratio: float = Field(DEFAULT_RATIO, gt=0.0, le=1.0, description="COD down-sample ratio r")
     cod_ratio_min: float = Field(DEFAULT_RATIO_MIN, ge=0.0, le=1.0, description="COD minimum ratio r_min")
     max_anchors: int | None = Field(DEFAULT_MAX_ANCHORS, ge=1, description="COD cap on chain seeds per row")
@@ -70,7 +70,7 @@ class TrainSettings(StrictModel):
         "auto", description="auto: flex-attention BlockMask on CUDA, dense SDPA mask on CPU"
     )
 
-    # Checkpoints, evaluation, logging
+    # Checkpoints, validation, logging
     checkpoint_every: int = Field(
         500, ge=1, description="publish a resumable checkpoint every N steps (and at the end)"
     )

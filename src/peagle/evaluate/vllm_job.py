@@ -1,8 +1,8 @@
 """Run real vLLM offline on a target, with or without a P-EAGLE draft, and read its spec-decode counters.
 
 vLLM starts worker processes with spawn and holds a lot of memory, so callers run it in a child
-process: ``run_in_subprocess(job)`` executes ``python -m peagle.vllm_run`` with a JSON job and returns
-its JSON result. The same module is the engine-side entry for the evaluation stage later.
+process: ``run_in_subprocess(job)`` executes ``python -m peagle.evaluate.vllm_job`` with a JSON job and
+returns its JSON result. It is the engine side of the evaluation stage (:mod:`.live`).
 
 Job keys: ``model`` (target dir, or a draft dir for the short form), ``draft`` (optional draft dir,
 long form), ``num_speculative_tokens``, ``prompts`` (list of chat message lists or strings),
@@ -36,9 +36,9 @@ import sys
 import time
 from typing import Any
 
-from . import progress as progress_mod
-from .engine import child, llm as engine
-from .evaluate.counters import counts_from_vllm_metrics
+from .. import progress as progress_mod
+from ..engine import child, llm as engine
+from .counters import counts_from_vllm_metrics
 
 
 def spec_decode_counts(metrics) -> dict[str, Any]:
@@ -190,8 +190,8 @@ def run_in_subprocess(job: dict[str, Any] | list[dict[str, Any]], timeout: float
     interpreter; returns the result (or list of results). Raises RuntimeError with vLLM's own error
     text on failure, or when the job ran past ``timeout`` seconds (the engine and its workers killed).
     ``progress`` is advanced per finished request (its total: :func:`requests_of`)."""
-    return child.run_module("peagle.vllm_run", job, marker="PEAGLE_RESULT ", what="vLLM job", progress=progress,
-                            timeout=timeout, env=child.child_env(offline=True))
+    return child.run_module("peagle.evaluate.vllm_job", job, marker="PEAGLE_RESULT ", what="vLLM job",
+                            progress=progress, timeout=timeout, env=child.child_env(offline=True))
 
 
 def main() -> None:

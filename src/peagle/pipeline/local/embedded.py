@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .params import PipelineParams
+from ..params import PipelineParams
 
 # Typed pipeline parameters of the embedded run, validated (names, types, bounds) by PipelineParams.
 PARAMS: dict[str, Any] = PipelineParams(**{
