@@ -32,7 +32,8 @@ def extract_data(target: Path, work: Path, samples: int, length: int) -> Path:
     out = work / f"hs-{samples}-{length}"
     if not (out / "manifest.json").exists():
         rng = random.Random(0)
-        rows = [{"sample_id": f"s{i:04d}", "input_ids": [rng.randrange(1000, 20000) for _ in range(length)],
+        vocab = int(json.loads((target / "config.json").read_text())["vocab_size"])
+        rows = [{"sample_id": f"s{i:04d}", "input_ids": [rng.randrange(vocab) for _ in range(length)],
                  "loss_mask": [int(j >= length // 4) for j in range(length)]} for i in range(samples)]
         run_extract(rows, target, out, ExtractSettings(backend="hf", samples_per_shard=8, batch_size=8,
                                                        hf_device="cpu"))
