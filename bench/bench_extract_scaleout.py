@@ -190,7 +190,7 @@ def main() -> None:
         eff = base["wall_s"] * counts[0] / (n * r["wall_s"])
         reqs = sum(w["requests"] for w in r["workers"]) / n
         print(f"{delay:>8g} {n:>2} {r['wall_s']:>7.1f} {tokens / r['wall_s']:>9.1f} "
-              f"{' '.join(f'{x:.0f}' for x in rates):>28} {eff:>10.2f} "
+              f"{' '.join(f'{x:.3g}' for x in rates):>28} {eff:>10.2f} "
               f"{sum(w['import_s'] for w in r['workers']) / n:>8.1f} {reqs if delay else float('nan'):>13.0f} "
               f"{r['bytes_per_token']:>9.0f} {r['load_end'][0]:>9.2f}")
     print(f"efficiency = wall(N={counts[0]}) x {counts[0]} / (N x wall(N)); worker rate = its tokens / time inside "

@@ -16,9 +16,10 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.g
 pytestmark = pytest.mark.integration  # worker processes, a SeaweedFS server, torchrun
 
 
-def _table(stdout: str, first: str) -> list[list[str]]:
+def _table(stdout: str, header: list[str]) -> list[list[str]]:
+    """The rows under the table header starting with ``header`` (up to the first non-numeric line)."""
     lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.split()[:1] == [first])
+    start = next(i for i, line in enumerate(lines) if line.split()[:len(header)] == header)
     rows = []
     for line in lines[start + 2:]:
         if not line.strip() or not line.split()[0][0].isdigit():
@@ -29,12 +30,12 @@ def _table(stdout: str, first: str) -> list[list[str]]:
 
 def test_extract_scaleout_bench_runs_workers_against_seaweedfs(qwen3_target, weed_binary, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_extract_scaleout.py"), "--target",
-                        str(qwen3_target), "--samples", "6", "--max-length", "48", "--workers", "1,2",
+                        str(qwen3_target), "--samples", "6", "--max-length", "256", "--workers", "1,2",
                         "--store-delay-ms", "0,5", "--work", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, env=ENV)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     assert "SIMULATED slow store" in r.stdout and "load average" in r.stdout
-    rows = _table(r.stdout, "delay_ms")
+    rows = _table(r.stdout, ["delay_ms", "N"])
     assert [(row[0], row[1]) for row in rows] == [("0", "1"), ("0", "2"), ("5", "1"), ("5", "2")]
     for row in rows:  # delay, N, wall, aggregate rate, N worker rates, efficiency, import, requests, ...
         n = int(row[1])
@@ -49,7 +50,7 @@ def test_train_scaleout_bench_one_and_two_processes_agree(qwen3_target, tmp_path
                         "--depths", "3", "--draft-vocab", "256", "--work", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, env=ENV)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    rows = _table(r.stdout, "procs")
+    rows = _table(r.stdout, ["procs", "wall_s"])
     assert [row[0] for row in rows] == ["1", "2"]
     assert float(rows[1][7]) < 1e-5  # the same losses with 2 processes (fp32, same global batch)
     assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)
