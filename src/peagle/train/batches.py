@@ -1,9 +1,17 @@
 """From samples to the element batches of each optimiser step, deterministically and ahead of time.
 
-* :func:`plan_run` — the whole run as a list of steps. Each epoch shuffles the training samples
-  (seed + epoch), packs them greedily into rows of at most ``row_tokens`` tokens (a longer sample is
-  truncated to one full row), and groups ``global_batch_rows`` rows into one step; the rows left
-  over at the end of an epoch are dropped. The plan does not depend on the world size: rank r
+* :func:`plan_run` — the whole run as a list of steps. Each epoch orders the training samples
+  (:func:`epoch_order`, from seed + epoch), packs them greedily into rows of at most ``row_tokens``
+  tokens (a longer sample is truncated to one full row), and groups ``global_batch_rows`` rows into
+  one step; the rows left over at the end of an epoch are dropped.
+* :func:`epoch_order` / :func:`shard_windows` — a dataset that fits the trainer's shard cache (and
+  any dataset without shards) is shuffled globally, as it always was. A sharded dataset larger than
+  the cache is shuffled *within windows of shards*: the epoch shuffles the shard order, cuts it into
+  windows whose shards fit the cache together (or of ``train.shuffle_window_shards`` shards), and
+  shuffles the samples of each window; the windows follow one another. Reading in that order loads
+  every shard from storage at most once per epoch, where a global shuffle re-reads shards all the
+  time. The order is a pure function of (dataset, seed, epoch, window setting), so a resumed run
+  replans the same steps (checked by :func:`plan_fingerprint`). The plan does not depend on the world size: rank r
   trains rows r, r + W, r + 2W, ... of each step, so ranks never share a sample within a step and
   the global batch is the same for any W that divides it.
 * :func:`prepare_row` — one packed row: concatenate its samples (document ids 0, 1, ..., -1 on
@@ -53,14 +61,74 @@ def pack_rows(order: list[int], lengths: dict[int, int], row_tokens: int) -> lis
     return rows
 
 
+def _shards_of(dataset: SampleDataset, train_indices: list[int]) -> dict[str, list[int]] | None:
+    """Training indices grouped by shard (shards in the order they first occur), or None without shards."""
+    if not hasattr(dataset, "shard_of"):
+        return None
+    by_shard: dict[str, list[int]] = {}
+    for i in train_indices:
+        by_shard.setdefault(dataset.shard_of(i), []).append(i)
+    return by_shard
+
+
+def shard_windows(dataset: SampleDataset, train_indices: list[int], *, seed: int, epoch: int,
+                  window_shards: int | None) -> list[list[str]] | None:
+    """The epoch's windows of shard names, in reading order; None: one global shuffle (no windows).
+
+    ``window_shards`` None (auto): windows of as many consecutive shards (of the shuffled order) as
+    fit ``dataset.cache_bytes`` together, at least one each; a dataset whose training shards all
+    fit is one window, i.e. the global shuffle. An integer N: windows of N shards (N at least the
+    number of shards: the global shuffle).
+    """
+    by_shard = _shards_of(dataset, train_indices)
+    if by_shard is None:
+        return None
+    names = list(by_shard)
+    if window_shards is None:
+        sizes = {n: dataset.shard_nbytes(n) for n in names}
+        if sum(sizes.values()) <= dataset.cache_bytes:
+            return None
+    elif window_shards >= len(names):
+        return None
+    random.Random(f"peagle-train:{seed}:{epoch}:shards").shuffle(names)
+    windows: list[list[str]] = []
+    if window_shards is not None:
+        return [names[k:k + window_shards] for k in range(0, len(names), window_shards)]
+    used = 0
+    for n in names:
+        if windows and used + sizes[n] <= dataset.cache_bytes:
+            windows[-1].append(n)
+            used += sizes[n]
+        else:
+            windows.append([n])
+            used = sizes[n]
+    return windows
+
+
+def epoch_order(dataset: SampleDataset, train_indices: list[int], *, seed: int, epoch: int,
+                window_shards: int | None = None) -> list[int]:
+    """The training indices of ``epoch`` in reading order (see the module docstring and :func:`shard_windows`)."""
+    windows = shard_windows(dataset, train_indices, seed=seed, epoch=epoch, window_shards=window_shards)
+    if windows is None:  # the order every run had before windows existed: keep it bitwise
+        order = list(train_indices)
+        random.Random(f"peagle-train:{seed}:{epoch}").shuffle(order)
+        return order
+    by_shard = _shards_of(dataset, train_indices)
+    order = []
+    for k, window in enumerate(windows):
+        part = [i for name in window for i in by_shard[name]]
+        random.Random(f"peagle-train:{seed}:{epoch}:window:{k}").shuffle(part)
+        order += part
+    return order
+
+
 def plan_run(dataset: SampleDataset, train_indices: list[int], *, row_tokens: int, global_batch_rows: int,
-             epochs: int, seed: int) -> list[Step]:
-    """Every step of every epoch (before ``max_steps`` truncation)."""
+             epochs: int, seed: int, window_shards: int | None = None) -> list[Step]:
+    """Every step of every epoch (before ``max_steps`` truncation); ``window_shards`` as in :func:`shard_windows`."""
     lengths = {i: dataset.num_tokens(i) for i in train_indices}
     steps: list[Step] = []
     for epoch in range(epochs):
-        order = list(train_indices)
-        random.Random(f"peagle-train:{seed}:{epoch}").shuffle(order)
+        order = epoch_order(dataset, train_indices, seed=seed, epoch=epoch, window_shards=window_shards)
         rows = pack_rows(order, lengths, row_tokens)
         for s in range(len(rows) // global_batch_rows):
             steps.append(Step(epoch, tuple(rows[s * global_batch_rows:(s + 1) * global_batch_rows])))

@@ -166,8 +166,13 @@ class ExtractedDataset:
     shards). The cache keeps hidden states as stored (bf16, or fp8 with its scales) and widens one
     sample at a time to float32, the dtype samples are served in; ``cache_stored=False`` caches
     float32 instead (the old behaviour, kept for ``bench/bench_train_memory.py``). A dataset that
-    fits is read exactly once; beyond that, random access across many shards re-reads shards, so at
-    scale the sampler should visit samples shard by shard.
+    fits is read exactly once; beyond that, random access across many shards re-reads shards, so the
+    trainer's plan visits samples a window of shards at a time (:func:`peagle.train.batches.shard_windows`),
+    using :meth:`shard_of`, :meth:`shard_nbytes` and :attr:`cache_bytes`.
+
+    Reads after opening are counted: :attr:`shard_loads` and :attr:`bytes_read` (shard file bytes
+    fetched from storage) over all threads, :meth:`thread_reads` for the calling thread alone (the
+    trainer attributes each step's reads to the step whose rows caused them).
     """
 
     def __init__(self, uri: str, cache_bytes: int = 4 << 30, cache_stored: bool = True):
@@ -184,14 +189,37 @@ class ExtractedDataset:
             self._cache_bytes = cache_bytes
             # The prefetch thread and a validation pass on the main thread read samples concurrently.
             self._lock = threading.Lock()
+            self._nbytes: dict[str, int] = {}  # shard name -> bytes it takes in the cache (decoded)
             for shard in self.hs.iter_shards():
                 for i, sid in enumerate(shard.sample_ids):
                     index.append((shard.name, i, sid, int(shard.offsets[i + 1] - shard.offsets[i])))
+                self._nbytes[shard.name] = shard.nbytes
                 self._keep(shard)  # the first pass fills the cache: a dataset that fits is read once
         except ExtractError as exc:
             raise DatasetError(str(exc)) from None
         self.info = DatasetInfo(self.hs.aux_layer_ids, self.hs.hidden_size, self.hs.manifest.get("target_fingerprint"))
         self._index = index
+        self._file_bytes = {e["name"]: int(e["bytes"]) for e in self.hs.manifest["shards"]}
+        self.shard_loads = 0  # shard reads from storage after opening (cache misses), all threads
+        self.bytes_read = 0  # their shard file bytes
+        self._thread = threading.local()  # the same two counts per thread
+
+    @property
+    def cache_bytes(self) -> int:
+        """The cache's byte budget (it holds at least two shards whatever the budget)."""
+        return self._cache_bytes
+
+    def shard_of(self, index: int) -> str:
+        """Name of the shard holding sample ``index``."""
+        return self._index[index][0]
+
+    def shard_nbytes(self, name: str) -> int:
+        """Bytes shard ``name`` takes in the cache (what the budget counts)."""
+        return self._nbytes[name]
+
+    def thread_reads(self) -> tuple[int, int]:
+        """(shard loads, shard file bytes) read from storage by the calling thread since opening."""
+        return getattr(self._thread, "loads", 0), getattr(self._thread, "bytes", 0)
 
     def _keep(self, shard) -> None:
         """Cache ``shard`` as the most recent; evict the oldest beyond the byte budget (keeping two)."""
@@ -219,6 +247,11 @@ class ExtractedDataset:
             else:
                 shard = self.hs.read_shard(name)
                 self._keep(shard)
+                nbytes = self._file_bytes[name]
+                self.shard_loads += 1
+                self.bytes_read += nbytes
+                self._thread.loads = getattr(self._thread, "loads", 0) + 1
+                self._thread.bytes = getattr(self._thread, "bytes", 0) + nbytes
         s = shard.sample(local)
         return {"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask.float(),
                 "aux_hidden": s.aux_hidden_flat, "last_hidden": s.last_hidden}

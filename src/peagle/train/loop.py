@@ -36,7 +36,7 @@ from ..model.target import fingerprint, read_target_tensors
 from ..progress import report as report_progress
 from ..storage import check_uri, open_store
 from .batches import (PreparedRow, Prefetcher, RowMaker, pack_rows, plan_fingerprint, plan_run, rank_rows,
-                      row_seed)
+                      row_seed, shard_windows)
 from .checkpoint import ResumeError, export_final, load_checkpoint, resume_plan, save_checkpoint, step_prefix
 from .data import (DatasetError, SampleDataset, check_dataset_matches, check_sample, open_dataset,
                    split_indices)
@@ -55,6 +55,9 @@ class TrainResult:
     final_uri: str  # where the vLLM-format draft was published
     metrics: dict = field(default_factory=dict)  # the last logged training metrics
     val_metrics: dict = field(default_factory=dict)  # the last validation metrics (empty without a split)
+    # per epoch trained by this process: {"epoch", "shard_loads", "bytes_read"} of the training reads
+    # (all ranks; only datasets that count their reads, e.g. ExtractedDataset, report non-zero figures)
+    data_reads: list = field(default_factory=list)
 
 
 def train(cfg: TrainRunConfig, dataset: SampleDataset | None = None) -> TrainResult:
@@ -102,7 +105,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
 
     # ---- 2. Plan, model, teacher, optimiser -----------------------------------------------------
     steps = plan_run(dataset, train_idx, row_tokens=s.row_tokens, global_batch_rows=s.global_batch_rows,
-                     epochs=s.epochs, seed=s.seed)
+                     epochs=s.epochs, seed=s.seed, window_shards=s.shuffle_window_shards)
     # Fingerprint the full plan: raising max_steps later may continue a run, changing its data may not.
     fingerprint_of_plan = plan_fingerprint(dataset, steps)
     if s.max_steps is not None:
@@ -152,6 +155,11 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
               f"{'bf16' if bf16 else 'fp32'} matmuls)"
               + (f"; resuming after step {start} from {store.uri_for(latest[1])}" if start else ""),
               file=sys.stderr, flush=True)
+        windows = shard_windows(dataset, train_idx, seed=s.seed, epoch=0, window_shards=s.shuffle_window_shards)
+        if windows is not None:
+            print(f"[peagle.train] data order: shuffled within windows of shards ({len(windows)} windows of "
+                  f"<= {max(map(len, windows))} shards per epoch; shard cache {dataset.cache_bytes} bytes)",
+                  file=sys.stderr, flush=True)
 
     # ---- 4. Train ---------------------------------------------------------------------------
     make_row = RowMaker(
@@ -162,11 +170,18 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         dense_layer_types=spec.layer_types if attention == "dense" else None, sliding_window=spec.sliding_window,
         check=not (s.validate_samples or count_tokens))  # else scan_samples checked every sample already
 
-    def rows_of_step(step: int) -> list[PreparedRow]:
+    reads_of = getattr(dataset, "thread_reads", lambda: (0, 0))
+
+    def rows_of_step(step: int) -> tuple[list[PreparedRow], int, int]:
         # Disjoint rows per rank; COD seeded by the row's place in the global batch, not by the rank.
+        # Also the shard loads and bytes this step's rows read from storage (counted per thread, so
+        # a validation pass on the main thread is not charged to the prefetched step).
         plan = steps[step]
-        return [make_row(row, row_seed(s.seed, "train", plan.epoch, step, i))
+        loads, nbytes = reads_of()
+        rows = [make_row(row, row_seed(s.seed, "train", plan.epoch, step, i))
                 for i, row in rank_rows(plan, env.rank, env.world_size)]
+        loads_after, nbytes_after = reads_of()
+        return rows, loads_after - loads, nbytes_after - nbytes
 
     def forward_row(row: PreparedRow):
         row = row.to(device)
@@ -186,9 +201,10 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     t_last, tokens_since, wait_last, flops_since = t_start, 0.0, 0.0, 0.0
     peak_flops = device_peak_flops(device)  # None on CPU and unknown GPUs: no MFU then
     window = torch.zeros(2 + 2 * K, dtype=torch.float64)  # summed stats of the steps since the last log line
+    data_reads: list[dict] = []  # per epoch: training shard loads and bytes, all ranks
     try:
         wrapped.train()
-        for step, rows in enumerate(prefetcher, start=start):
+        for step, (rows, step_loads, step_bytes) in enumerate(prefetcher, start=start):
             # The objective is Σ ℓ / (Σ m + eps) over the *global* batch; DDP/FSDP average gradients
             # over ranks, hence the factor world_size.
             n_global = all_reduce_sum(torch.tensor([float(sum(r.supervised.numel() for r in rows))]), env).item()
@@ -206,9 +222,14 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
             optimizer.zero_grad(set_to_none=True)
 
             # real tokens and model FLOPs (peagle.train.flops) of the step, summed over ranks
-            tokens, flops = all_reduce_sum(torch.tensor([float(sum(r.num_tokens for r in rows)),
-                                                         float(sum(prepared_row_flops(spec, r) for r in rows))],
-                                                        dtype=torch.float64), env).tolist()
+            tokens, flops, loads, nbytes = all_reduce_sum(torch.tensor(
+                [float(sum(r.num_tokens for r in rows)), float(sum(prepared_row_flops(spec, r) for r in rows)),
+                 float(step_loads), float(step_bytes)], dtype=torch.float64), env).tolist()
+            epoch = steps[step].epoch
+            if not data_reads or data_reads[-1]["epoch"] != epoch:
+                data_reads.append({"epoch": epoch, "shard_loads": 0, "bytes_read": 0})
+            data_reads[-1]["shard_loads"] += int(loads)
+            data_reads[-1]["bytes_read"] += int(nbytes)
             window += all_reduce_sum(stats, env)
             tokens_since += tokens
             flops_since += flops
@@ -223,7 +244,10 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                                 # share of wall time this rank's step loop waited for its next batch
                                 "data_wait_share": (prefetcher.wait_s - wait_last) / max(now - t_last, 1e-9),
                                 # model FLOP/s per device; MFU against the device's dense bf16 peak
-                                "model_tflops_per_s": flops_since / max(now - t_last, 1e-9) / env.world_size / 1e12}
+                                "model_tflops_per_s": flops_since / max(now - t_last, 1e-9) / env.world_size / 1e12,
+                                # shard loads / file bytes read from storage this epoch so far, all ranks
+                                "epoch_shard_loads": data_reads[-1]["shard_loads"],
+                                "epoch_bytes_read": data_reads[-1]["bytes_read"]}
                 if peak_flops:
                     last_metrics["mfu"] = last_metrics["model_tflops_per_s"] * 1e12 / peak_flops
                 t_last, tokens_since, wait_last, flops_since = now, 0.0, prefetcher.wait_s, 0.0
@@ -235,6 +259,11 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                                     rate=(done - start) / max(elapsed, 1e-9), finished=done == total_steps,
                                     detail=f"loss {last_metrics['loss']:.4f}")
             is_last = done == total_steps
+            if env.is_main and (is_last or steps[step + 1].epoch != epoch) and data_reads[-1]["shard_loads"]:
+                print(f"[peagle.train] epoch {epoch}: {data_reads[-1]['shard_loads']} shard loads, "
+                      f"{data_reads[-1]['bytes_read'] / 1e6:.1f} MB read from storage"
+                      + (" (since the resume)" if start and data_reads[0] is data_reads[-1] else ""),
+                      file=sys.stderr, flush=True)
             if val_idx and (is_last or (s.eval_every and done % s.eval_every == 0)):
                 val_metrics = validate(wrapped, forward_row, make_row, dataset, val_idx, s, env, K)
                 if env.is_main:
@@ -266,7 +295,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                                  metadata={"step": total_steps, "kind": "peagle-draft",
                                            "metrics": json_safe(last_metrics), "val_metrics": json_safe(val_metrics)})
         print(f"[peagle.train] done: {total_steps} steps; servable draft at {final_uri}", file=sys.stderr, flush=True)
-    return TrainResult(total_steps, start, final_uri, last_metrics, val_metrics)
+    return TrainResult(total_steps, start, final_uri, last_metrics, val_metrics, data_reads)
 
 
 # ----------------------------------------------------------------------------------------------

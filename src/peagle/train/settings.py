@@ -31,6 +31,11 @@ class TrainSettings(StrictModel):
     )
     pad_to_multiple: int = Field(64, ge=1, description="pad each packed row to a multiple of this many tokens")
     val_fraction: float = Field(0.02, ge=0.0, lt=1.0, description="fraction of sample ids held out for validation")
+    shuffle_window_shards: int | None = Field(
+        None, ge=1, description="data order of an extracted dataset larger than the trainer's shard cache: each "
+        "epoch shuffles the shard order and then the samples within consecutive windows of this many shards, so "
+        "every shard is read about once per epoch. Default: as many shards as fit the cache; a dataset that fits "
+        "(or N >= its shards) is shuffled globally, the order of earlier versions")
     prefetch: int = Field(2, ge=0, description="optimiser steps of rows prepared ahead by a background thread")
     validate_samples: bool = Field(
         True, description="read every sample once before step 1 and refuse corrupt ones (shapes, NaN, token ids)"
