@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from peagle.extract import ExtractSettings, HiddenStatesDataset, run_extract
-from peagle.pipeline.embedded import CONFIG, PARAMS
+from peagle.pipeline.local.embedded import CONFIG, PARAMS
 from peagle.train import TrainRunConfig, train
 from peagle.train.batches import epoch_order, plan_fingerprint, plan_run, shard_windows
 from peagle.train.data import ExtractedDataset, ListDataset
