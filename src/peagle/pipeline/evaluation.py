@@ -30,7 +30,8 @@ def evaluate(run_uri: str, draft_uri: str, metrics: Any = None, html: Any = None
     from ..config import TargetSettings
     from ..evaluate import EvaluateRunConfig, evaluate as run_evaluation, log_to_kfp
     from ..extract.output import ShardDir
-    from .steps import fetch, load_run, scratch, staged
+    from ..stage_io import staged
+    from .steps import fetch, load_run, scratch
 
     with stage("evaluate") as info:
         run, layout = load_run(run_uri)
