@@ -135,12 +135,17 @@ class PrefixWriter:
         self._objects[self._check(rel)] = ObjectInfo(rel, info.size, info.sha256)
         return self._objects[rel]
 
-    def commit(self, metadata: Mapping[str, Any] | None = None) -> Manifest:
-        """Confirm every object, then write ``_MANIFEST.json``, then ``_SUCCESS``."""
+    def commit(self, metadata: Mapping[str, Any] | None = None, *, created_at: str | None = None) -> Manifest:
+        """Confirm every object, then write ``_MANIFEST.json``, then ``_SUCCESS``.
+
+        ``created_at`` (default: now) is fixed by callers that may publish the same content from
+        several processes at once: their manifests are then byte-identical, so any interleaving of
+        the writes leaves a ``_MANIFEST.json`` that matches ``_SUCCESS``.
+        """
         if self.committed:
             raise StorageError(f"{self.store.uri_for(self._key(''))}: prefix already committed")
         manifest = Manifest(tuple(sorted(self._objects.values(), key=lambda o: o.key)),
-                            dict(metadata or {}), datetime.now(timezone.utc).isoformat())
+                            dict(metadata or {}), created_at or datetime.now(timezone.utc).isoformat())
         body = manifest.to_bytes()  # fails on non-JSON metadata before anything is published
         # Never name an object we cannot see: a store may acknowledge a write and lose it
         # (or someone deleted it meanwhile). One listing checks them all.
