@@ -16,9 +16,6 @@ class ShardChecksumError(ExtractError):
                          f"{expected}" + (f" ({uri})" if uri else ""))
         self.shard, self.expected, self.actual, self.uri = shard, expected, actual, uri
 
-    def __reduce__(self):  # picklable across DataLoader workers
-        return (type(self), (self.shard, self.expected, self.actual, self.uri))
-
 
 class DatasetMismatchError(ExtractError):
     """A hidden-state dataset was made for other layer ids / hidden size / target than the caller expects."""

@@ -163,8 +163,8 @@ def _open(path: str | os.PathLike) -> Published:
 def dataset_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
     """The dataset manifest of the extraction at ``path`` if it is complete, else None."""
     try:
-        return dict(open_published(open_store(str(path)), "").manifest.metadata)
-    except IncompletePrefixError:
+        return dict(_open(path).manifest.metadata)
+    except ExtractError:
         return None
 
 

@@ -107,8 +107,7 @@ class _Planner:
 class _HfSink:
     """Extracts each pending shard as soon as it is complete (in this process)."""
 
-    def __init__(self, target, layer_ids: LayerIds, header: DatasetHeader, settings: ExtractSettings, store: Store,
-                 out_dir: str):
+    def __init__(self, target, layer_ids: LayerIds, header: DatasetHeader, settings: ExtractSettings, store: Store):
         self.args = (target, layer_ids, header.compute_dtype, settings.batch_size, settings.hf_device)
         self.header, self.store = header, store
         self.extractor = None
@@ -139,10 +138,9 @@ class _HfSink:
 class _VllmSink:
     """Collects pending shards in a job file; :meth:`finish` runs one engine over all of them."""
 
-    def __init__(self, target, layer_ids: LayerIds, header: DatasetHeader, settings: ExtractSettings, store: Store,
-                 out_dir: str):
+    def __init__(self, target, layer_ids: LayerIds, header: DatasetHeader, settings: ExtractSettings, store: Store):
         self.target, self.layer_ids, self.header, self.settings = target, layer_ids, header, settings
-        self.out_dir = out_dir  # the engine process opens its own store there
+        self.out_uri = store.uri  # the engine process opens its own store there
         self.tmp = owned_dir("peagle-extract-job-", settings.scratch_dir)  # swept by the next job if killed
         self.rows_file = self.tmp / "rows.jsonl"
         self.fh = open(self.rows_file, "w")
@@ -168,7 +166,7 @@ class _VllmSink:
             return []
         job = {"target": str(self.target), "layer_ids": self.layer_ids.all, "header": self.header.as_dict(),
                "settings": self.settings.model_dump(), "rows_file": str(self.rows_file),
-               "out_dir": self.out_dir, "max_model_len": self.settings.max_model_len or self.longest + 1}
+               "out_dir": self.out_uri, "max_model_len": self.settings.max_model_len or self.longest + 1}
         log.info("starting vLLM for %d shards (longest sample %d tokens)", self.pending, self.longest)
         with Progress("extract", self.pending_rows, "samples") as progress:
             return run_engine_job(job, self.settings, progress)
@@ -194,7 +192,7 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
     result = ExtractResult(str(out_dir), shard_index, num_shards)
     planner = _Planner(num_shards, settings.samples_per_shard)
     sink_cls = _VllmSink if settings.backend == "vllm" else _HfSink
-    sink = sink_cls(target, layer_ids, header, settings, store, str(out_dir))
+    sink = sink_cls(target, layer_ids, header, settings, store)
     published, _ = published_set(store, shard_index, header)  # this set's shards from an earlier run
     reused: list[dict[str, Any]] = []
     seen: set[str] = set()
