@@ -8,7 +8,6 @@ bytes per token of fp8 vs bf16 storage. Not a test: figures depend on the machin
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ def main() -> None:
     if not (target / MANIFEST).exists():
         prepare_target("smollm2", target, "bfloat16")
     data = work / "data"
-    if not (data / "manifest.json").exists():
+    if not (data / "_SUCCESS").exists():
         run_prepare(PrepareSettings(max_samples=args.samples, max_length=args.max_length, validation_fraction=0.0),
                     target, data)
     table = read_split(data, "train")
@@ -46,7 +45,7 @@ def main() -> None:
         t0 = time.perf_counter()
         res = run_extract(rows, target, out, settings)
         wall = time.perf_counter() - t0
-        manifest = json.loads((out / "manifest.json").read_text())
+        manifest = res.manifest
         results[(backend, dtype)] = (wall, manifest["totals"]["bytes"] / manifest["totals"]["num_tokens"])
         print(f"{backend:5s} {dtype:9s} wall {wall:7.1f}s  {tokens / wall:8.1f} tok/s (incl. engine start)  "
               f"{results[(backend, dtype)][1]:.0f} bytes/token  shards={len(res.shards_written)}")

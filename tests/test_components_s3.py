@@ -50,7 +50,7 @@ def test_stages_exchange_only_s3_uris(qwen3_target, tmp_path, data_connection_en
     keys = {o["Key"] for o in data_connection_env.client().list_objects_v2(
         Bucket=BUCKET, Prefix="pipeline-test/s3run/")["Contents"]}
     assert {"pipeline-test/s3run/run.json", "pipeline-test/s3run/models/draft/config.json",
-            "pipeline-test/s3run/data/manifest.json", "pipeline-test/s3run/hidden_states/train/manifest.json"} <= keys
+            "pipeline-test/s3run/data/_SUCCESS", "pipeline-test/s3run/hidden_states/train/_SUCCESS"} <= keys
     # the rendered InferenceService points the data connection at the bucket-relative models prefix
     body = data_connection_env.client().get_object(
         Bucket=BUCKET, Key="pipeline-test/s3run/deploy/01-inferenceservice-s3-draft.yaml")["Body"].read().decode()

@@ -159,6 +159,6 @@ def test_strict_threshold_fails_naming_the_file(qwen3_target, tmp_path_factory, 
         m = run_prepare(s, qwen3_target, tmp / "out").manifest
     except PrepareError as exc:
         assert "strict.jsonl" in str(exc)
-        assert not (tmp / "out" / "manifest.json").exists()
+        assert not (tmp / "out" / "_SUCCESS").exists()
         return
     assert m["counts"]["rejected"] == 0

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from peagle.data import (PrepareError, PrepareSettings, read_manifest, read_split, read_token_freq, run_prepare,
                          split_of)
 from peagle.data import prepare as prepare_mod
-from peagle.data.output import MANIFEST, TOKEN_FREQ, LocalPreparedWriter
+from peagle.data.output import TOKEN_FREQ, PreparedWriter
+from peagle.storage import MANIFEST, SUCCESS
 
 WORDS = "alpha beta gamma delta parse wrap token module return import class value".split()
 
@@ -62,7 +63,7 @@ def test_round_trip(qwen3_target, tmp_path):
             seen.append(r["sample_id"])
     assert sorted(seen) == sorted(f"chats/c{i}" for i in range(40))
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [MANIFEST, TOKEN_FREQ] + [e["file"] for s in ("train", "validation") for e in m["shards"][s]])
+        [MANIFEST, SUCCESS, TOKEN_FREQ] + [e["file"] for s in ("train", "validation") for e in m["shards"][s]])
 
 
 def test_token_frequencies_count_supervised_train_tokens(qwen3_target, tmp_path):
@@ -177,7 +178,7 @@ def test_failures_name_the_file_and_leave_no_dataset(qwen3_target, tmp_path):
     out = tmp_path / "out"
     good = write_jsonl(tmp_path / "good.jsonl", [chat(i) for i in range(10)])
     run_prepare(settings_for(good), qwen3_target, out)
-    assert (out / MANIFEST).exists()
+    assert (out / SUCCESS).exists()
 
     junk = write_jsonl(tmp_path / "junk.jsonl", [chat(0)] + [{"text": "no chat"}] * 3)
     with pytest.raises(PrepareError, match=r"junk.jsonl: 3 of 4 rows rejected \(75% > .*missing_field: 3") as exc:
@@ -218,7 +219,7 @@ def test_target_without_chat_template(qwen3_target, tmp_path):
 def test_manifest_is_the_last_write(qwen3_target, tmp_path, monkeypatch):
     order = []
 
-    class Recording(LocalPreparedWriter):
+    class Recording(PreparedWriter):
         def write_shard(self, split, index, samples):
             order.append(f"{split}-{index}")
             return super().write_shard(split, index, samples)
@@ -227,11 +228,15 @@ def test_manifest_is_the_last_write(qwen3_target, tmp_path, monkeypatch):
             order.append(name)
             return super().write_json(name, obj)
 
+        def write_manifest(self, manifest):
+            order.append(MANIFEST)
+            super().write_manifest(manifest)
+
     monkeypatch.setattr(prepare_mod, "open_writer", Recording)
     src = write_jsonl(tmp_path / "c.jsonl", [chat(i) for i in range(12)])
     run_prepare(settings_for(src, shard_rows=4), qwen3_target, tmp_path / "out")
     assert order[-1] == MANIFEST and order[-2] == TOKEN_FREQ and len(order) > 3
-    assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temp files left
 
 
 def test_real_sharegpt_records_through_the_stage(qwen3_target, tmp_path):
@@ -305,3 +310,51 @@ def test_invalid_utf8_is_counted_per_source_and_can_reject_rows(qwen3_target, tm
     assert m["rejected"][0]["detail"].startswith("2 undecodable byte sequence(s) (not UTF-8)")
     with pytest.raises(ValidationError, match="invalid_utf8"):
         PrepareSettings(invalid_utf8="drop")
+
+
+def test_an_unfinished_or_old_layout_directory_is_refused_naming_it(tmp_path):
+    with pytest.raises(PrepareError, match=rf"{tmp_path / 'none'} is not a complete prepared dataset.*no _SUCCESS"):
+        read_split(tmp_path / "none", "train")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "manifest.json").write_text('{"format": "peagle.prepared/v1"}')  # the layout before _MANIFEST.json
+    with pytest.raises(PrepareError, match=rf"{old} holds a prepared dataset in the old layout"):
+        read_manifest(old)
+
+
+@pytest.mark.integration
+def test_prepared_data_on_s3_through_the_publication_protocol(qwen3_target, tmp_path, seaweed_server, monkeypatch):
+    """run_prepare publishes straight to an s3:// prefix (real SeaweedFS); readers verify every shard."""
+    from peagle.storage import open_published, open_store
+    from seaweed import BUCKET, unique
+
+    for k, v in seaweed_server.env().items():
+        monkeypatch.setenv(k, v)
+    uri = f"s3://{BUCKET}/{unique('prepared')}"
+    src = write_jsonl(tmp_path / "chats.jsonl", [chat(i, turns=1 + i % 2) for i in range(30)])
+    result = run_prepare(settings_for(src, shard_rows=8), qwen3_target, uri)
+    local = run_prepare(settings_for(src, shard_rows=8), qwen3_target, tmp_path / "local")
+    store = open_store(uri)
+    pub = open_published(store, "", deep=True)
+    files = [e["file"] for s in ("train", "validation") for e in result.manifest["shards"][s]]
+    assert sorted(pub.manifest.keys) == sorted(files + [TOKEN_FREQ]) and len(files) == 5
+    assert pub.manifest.metadata == result.manifest == read_manifest(uri)
+    for split in ("train", "validation"):
+        assert read_split(uri, split).to_pylist() == read_split(tmp_path / "local", split).to_pylist()
+    assert read_token_freq(uri) == read_token_freq(tmp_path / "local") != {}
+    assert result.counts == local.counts
+
+    first = result.manifest["shards"]["train"][0]["file"]
+    data = bytearray(store.get_bytes(first))
+    data[-20] ^= 0x01  # bit rot behind the store's back
+    store.put_bytes(first, bytes(data))
+    with pytest.raises(PrepareError, match=rf"{uri}/{first}: contents do not match the manifest's sha256"):
+        read_split(uri, "train")
+
+    # a rerun that fails retracts the old publication and leaves nothing behind
+    junk = write_jsonl(tmp_path / "junk.jsonl", [{"text": "no chat"}] * 3)
+    with pytest.raises(PrepareError, match="junk.jsonl"):
+        run_prepare(settings_for(junk), qwen3_target, uri)
+    assert store.list("") == []
+    with pytest.raises(PrepareError, match="not a complete prepared dataset"):
+        read_manifest(uri)

@@ -54,7 +54,7 @@ def _flip_byte(path, offset_from_end: int = 100) -> None:
 
 def test_round_trip(base, qwen3_target):
     rows = make_rows()
-    manifest = json.loads((base / "manifest.json").read_text())
+    manifest = json.loads((base / "_MANIFEST.json").read_text())["metadata"]  # the dataset's publication
     assert manifest["layer_ids"] == [2, 4, 5, 8] and manifest["aux_layer_ids"] == [2, 4, 5]
     assert manifest["last_layer_id"] == 8 and manifest["hidden_size"] == 256
     assert manifest["target_fingerprint"] == fingerprint(qwen3_target)
@@ -62,7 +62,7 @@ def test_round_trip(base, qwen3_target):
     assert manifest["totals"]["num_samples"] == 8
     assert manifest["totals"]["num_tokens"] == sum(len(r["input_ids"]) for r in rows)
     for entry in manifest["shards"]:
-        assert entry["sha256"] == hashlib.sha256((base / entry["name"]).read_bytes()).hexdigest()
+        assert entry["sha256"] == hashlib.sha256((base / "hs-00000" / entry["name"]).read_bytes()).hexdigest()
 
     ds = HiddenStatesDataset(base, expect_layer_ids=[2, 4, 5, 8], expect_hidden_size=256,
                              expect_fingerprint=fingerprint(qwen3_target))
@@ -109,28 +109,32 @@ def test_next_shard_is_read_in_the_background(base):
 
 def test_flipped_byte_is_detected_naming_the_shard(base, tmp_path):
     d = _copy(base, tmp_path)
-    _flip_byte(d / "hs-00000-00001.safetensors")
+    _flip_byte(d / "hs-00000" / "hs-00000-00001.safetensors")
     ds = HiddenStatesDataset(d)
     it = ds.iter_samples(prefetch=1)
     assert [next(it).sample_id for _ in range(3)] == ["conv-0", "conv-1", "conv-2"]  # shard 0 is intact
     with pytest.raises(ShardChecksumError, match=r"hs-00000-00001\.safetensors is corrupt") as err:
         next(it)
     assert err.value.shard == "hs-00000-00001.safetensors"
+    assert err.value.uri == (d / "hs-00000" / "hs-00000-00001.safetensors").as_uri() and err.value.uri in str(err.value)
 
 
 def test_rerun_skips_published_shards_and_repairs_broken_ones(base, qwen3_target, tmp_path):
     d = _copy(base, tmp_path)
-    shards = sorted(p.name for p in d.glob("*.safetensors"))
+    shards = sorted(p.name for p in d.glob("hs-00000/*.safetensors"))
+    d = d / "hs-00000"  # the shard set's prefix
     mtimes = {n: (d / n).stat().st_mtime_ns for n in shards}
-    res = run_extract(make_rows(), qwen3_target, d, ExtractSettings(**HF))
+    success = (d.parent / "_SUCCESS").stat().st_mtime_ns
+    res = run_extract(make_rows(), qwen3_target, d.parent, ExtractSettings(**HF))
     assert res.shards_written == [] and res.shards_skipped == shards and res.manifest is not None
     assert all((d / n).stat().st_mtime_ns == mtimes[n] for n in shards)
+    assert (d.parent / "_SUCCESS").stat().st_mtime_ns == success  # nothing changed: not republished
 
     _flip_byte(d / shards[1])
-    res = run_extract(make_rows(), qwen3_target, d, ExtractSettings(**HF))
+    res = run_extract(make_rows(), qwen3_target, d.parent, ExtractSettings(**HF))
     assert res.shards_written == [shards[1]] and res.shards_skipped == [shards[0], shards[2]]
     assert (d / shards[0]).stat().st_mtime_ns == mtimes[shards[0]]
-    assert len(list(HiddenStatesDataset(d))) == 8  # repaired: every checksum verifies again
+    assert len(list(HiddenStatesDataset(d.parent))) == 8  # repaired: every checksum verifies again
 
 
 def test_changed_settings_or_samples_rewrite_the_shards(base, qwen3_target, tmp_path):
@@ -148,8 +152,9 @@ def test_fan_out_round_robin_and_manifest_by_the_last_worker(base, qwen3_target,
     out = tmp_path / "fan"
     rows = make_rows()
     r1 = run_extract(rows, qwen3_target, out, ExtractSettings(**HF), shard_index=1, num_shards=2)
-    assert r1.num_samples == 4 and r1.manifest is None and not (out / "manifest.json").exists()
-    with pytest.raises(ExtractError, match="no manifest.json"):
+    assert r1.num_samples == 4 and r1.manifest is None and not (out / "_SUCCESS").exists()
+    assert (out / "hs-00001" / "_SUCCESS").is_file()  # its shard set is published
+    with pytest.raises(ExtractError, match=rf"{out} is not a complete hidden-state dataset.*no _SUCCESS"):
         HiddenStatesDataset(out)
     r0 = run_extract(rows, qwen3_target, out, ExtractSettings(**HF), shard_index=0, num_shards=2)
     assert r0.manifest is not None and r0.manifest["num_shard_sets"] == 2
@@ -260,3 +265,87 @@ def test_trainer_cache_holds_stored_bytes_and_serves_the_same_samples(base, qwen
     h = 256  # tiny Qwen3 hidden size; 4 hidden vectors per token (3 aux + last)
     hidden_ratio = {"bfloat16": 2 / 4, "fp8": (4 * h + 4 * 4) / (4 * h * 4)}[storage_dtype]
     assert ratio == pytest.approx(hidden_ratio, abs=0.02)
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.integration)])  # s3: a real SeaweedFS
+def out_uri(request, tmp_path, monkeypatch):
+    if request.param == "file":
+        return str(tmp_path / "hs")
+    from seaweed import BUCKET, unique
+
+    for k, v in request.getfixturevalue("seaweed_server").env().items():
+        monkeypatch.setenv(k, v)
+    return f"s3://{BUCKET}/{unique('hs')}"
+
+
+def test_a_shard_set_killed_midway_is_redone_and_complete_ones_are_skipped(qwen3_target, out_uri, monkeypatch):
+    """Two shard sets: set 0 publishes; set 1's worker dies after writing its first shard (no _SUCCESS).
+    On rerun set 0 is skipped untouched, set 1 is redone whole, and the dataset gets published."""
+    from peagle.storage import is_complete, open_store
+
+    store, rows = open_store(out_uri), make_rows()
+    r0 = run_extract(rows, qwen3_target, out_uri, ExtractSettings(**HF), shard_index=0, num_shards=2)
+    assert r0.shards_written == ["hs-00000-00000.safetensors", "hs-00000-00001.safetensors"] and r0.manifest is None
+    set0 = {k: store.hash_object(k).sha256 for k in store.list("hs-00000/")}
+
+    calls = []
+    extract = HfHiddenStatesExtractor.extract
+
+    def dies_on_the_second_shard(self, batch):
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise RuntimeError("worker killed")
+        return extract(self, batch)
+
+    monkeypatch.setattr(HfHiddenStatesExtractor, "extract", dies_on_the_second_shard)
+    with pytest.raises(RuntimeError, match="worker killed"):
+        run_extract(rows, qwen3_target, out_uri, ExtractSettings(**HF), shard_index=1, num_shards=2)
+    monkeypatch.setattr(HfHiddenStatesExtractor, "extract", extract)
+    assert store.list("hs-00001/") == ["hs-00001/hs-00001-00000.safetensors"]  # written, never published
+    assert not is_complete(store, "hs-00001") and not is_complete(store, "")
+    with pytest.raises(ExtractError, match="not a complete hidden-state dataset"):
+        HiddenStatesDataset(out_uri)
+
+    again0 = run_extract(rows, qwen3_target, out_uri, ExtractSettings(**HF), shard_index=0, num_shards=2)
+    assert again0.shards_written == [] and len(again0.shards_skipped) == 2 and again0.manifest is None
+    assert {k: store.hash_object(k).sha256 for k in store.list("hs-00000/")} == set0
+    again1 = run_extract(rows, qwen3_target, out_uri, ExtractSettings(**HF), shard_index=1, num_shards=2)
+    assert again1.shards_written == ["hs-00001-00000.safetensors", "hs-00001-00001.safetensors"]
+    assert again1.shards_skipped == [] and again1.manifest["totals"]["num_samples"] == 8
+    ds = HiddenStatesDataset(out_uri)
+    assert sorted(s.sample_id for s in ds) == sorted(r["sample_id"] for r in rows)
+
+
+def test_a_tampered_shard_fails_on_read_naming_its_key(qwen3_target, out_uri):
+    from peagle.storage import open_store
+
+    run_extract(make_rows(), qwen3_target, out_uri, ExtractSettings(**HF))
+    store, key = open_store(out_uri), "hs-00000/hs-00000-00002.safetensors"
+    data = bytearray(store.get_bytes(key))
+    data[-50] ^= 0x01  # same size: only the sha256 can tell
+    store.put_bytes(key, bytes(data))
+    ds = HiddenStatesDataset(out_uri)  # complete and the right sizes: opens
+    with pytest.raises(ShardChecksumError, match=r"hs-00000-00002\.safetensors is corrupt") as err:
+        ds.read_shard("hs-00000-00002.safetensors")
+    assert err.value.uri == store.uri_for(key) and err.value.uri.endswith(key)
+
+
+def test_an_old_layout_extraction_is_refused_naming_it(tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "manifest.json").write_text("{}")  # manifest.json + per-shard records: before _MANIFEST.json
+    with pytest.raises(ExtractError, match=rf"{old} holds hidden states in the old layout"):
+        HiddenStatesDataset(old)
+
+
+def test_the_dataset_publication_is_the_same_whichever_worker_writes_it(base, qwen3_target, tmp_path):
+    """Workers finishing together may both publish the dataset: their manifests are the same bytes
+    (dated by the newest shard set), so whatever the interleaving, _SUCCESS matches _MANIFEST.json."""
+    from peagle.storage import LocalStore, is_complete, unpublish
+
+    d = _copy(base, tmp_path)
+    first = (d / "_MANIFEST.json").read_bytes()
+    unpublish(LocalStore(d), "")
+    res = run_extract(make_rows(), qwen3_target, d, ExtractSettings(**HF))  # finds every set published
+    assert res.shards_written == [] and is_complete(LocalStore(d), "")
+    assert (d / "_MANIFEST.json").read_bytes() == first

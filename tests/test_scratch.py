@@ -18,8 +18,8 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 # A stage that stages its output and then hangs (until killed): prints its staging directory.
 S3_STAGE = """
 import sys, time
-from peagle.stage_io import staged_output
-with staged_output(sys.argv[1]) as d:
+from peagle.stage_io import staged
+with staged(sys.argv[1]) as d:
     (d / "rows.parquet").write_bytes(b"x" * 1000)
     print(d, flush=True)
     time.sleep(600)
@@ -27,7 +27,7 @@ with staged_output(sys.argv[1]) as d:
 LOCAL_STAGE = """
 import sys, time
 from pathlib import Path
-from peagle.localfs import staged
+from peagle.stage_io import staged
 with staged(Path(sys.argv[1])) as d:
     (d / "model.safetensors").write_bytes(b"x" * 1000)
     print(d, flush=True)
@@ -66,9 +66,9 @@ def test_kill_9_staging_dir_is_swept_by_the_next_s3_stage(tmpdir_env, seaweed_se
         killed.send_signal(signal.SIGKILL)  # not reaped yet: a zombie, still in the process table
         reaped.send_signal(signal.SIGKILL)
         reaped.wait()
-        from peagle.stage_io import staged_output
+        from peagle.stage_io import staged
 
-        with staged_output(uri) as mine:  # the rerun
+        with staged(uri) as mine:  # the rerun
             (mine / "rows.parquet").write_bytes(b"y")
             assert not killed_dir.exists() and not reaped_dir.exists()
             assert (live_dir / "rows.parquet").is_file()  # a running stage's directory stays
@@ -90,7 +90,7 @@ def test_kill_9_model_staging_dir_next_to_the_output_is_swept(tmp_path):
         assert killed_dir.parent == out.parent and killed_dir.name.startswith(".draft.tmp-")
         killed.kill()
         killed.wait()
-        from peagle.localfs import staged
+        from peagle.stage_io import staged
 
         with staged(out) as d:
             (d / "config.json").write_text("{}")

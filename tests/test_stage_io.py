@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from peagle.stage_io import fetched_input, is_remote, join, local_path, staged_output
+from peagle.stage_io import fetched_input, is_remote, join, local_path, staged
+from peagle.storage import LocalStore, open_published
 
 
 def test_file_uris_are_local_paths(tmp_path):
@@ -25,13 +26,21 @@ def test_join_keeps_the_uri_form():
     assert join("/runs/r1", "data") == "/runs/r1/data"
 
 
-def test_staged_output_and_fetched_input_at_a_file_uri(tmp_path, monkeypatch):
+def test_staged_and_fetched_input_at_a_file_uri(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a wrongly relative "file:/..." directory would appear here
     out = join((tmp_path / "run").as_uri(), "data")
-    with staged_output(out) as d:
-        assert d == tmp_path / "run" / "data"
-        d.mkdir(parents=True)
+    with staged(out) as d:
+        assert d.parent == tmp_path / "run" and d.name.startswith(".data.tmp-")  # a sibling: renamed into place
         (d / "x.txt").write_text("hello")
     assert (tmp_path / "run" / "data" / "x.txt").read_text() == "hello"
+    assert open_published(LocalStore(tmp_path / "run" / "data"), "").manifest.keys == ["x.txt"]
     assert fetched_input(out) == tmp_path / "run" / "data"
     assert not (tmp_path / "file:").exists()
+    with staged(out) as d:  # a rerun replaces the whole directory
+        (d / "y.txt").write_text("again")
+    assert sorted(p.name for p in (tmp_path / "run" / "data").iterdir()) == ["_MANIFEST.json", "_SUCCESS", "y.txt"]
+    with pytest.raises(RuntimeError, match="writer died"), staged(out) as d:
+        (d / "z.txt").write_text("half")
+        raise RuntimeError("writer died")
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["data"]  # the failed staging dir is gone
+    assert (tmp_path / "run" / "data" / "y.txt").is_file()

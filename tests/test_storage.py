@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from peagle.storage import (MANIFEST, SUCCESS, ChecksumMismatchError, IncompletePrefixError,
-                            LocalStore, ObjectNotFoundError, PrefixExistsError, PrefixWriter,
+                            LocalStore, ObjectInfo, ObjectNotFoundError, PrefixExistsError, PrefixWriter,
                             S3Store, StorageConfigError, StorageError, is_complete, list_complete,
                             open_published, open_store, publish, publish_dir, read_verified,
-                            sha256_bytes)
+                            sha256_bytes, unpublish)
 from peagle.storage.base import TMP_MARKER
 from seaweed import BUCKET, unique
 
@@ -131,7 +131,12 @@ def test_publish_dir_and_read_back(store, tmp_path):
     assert pub.manifest.metadata == {"step": 100, "target": "tiny"}
     assert pub.get_bytes("tok/vocab.txt") == b"a\nb\n"
     out = pub.download(tmp_path / "local")
-    assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != MANIFEST} == files
+    assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*")
+            if p.is_file() and p.name not in (MANIFEST, SUCCESS)} == files
+    copy = open_published(LocalStore(out), "", deep=True)  # the download is itself a published prefix
+    assert copy.manifest.to_bytes() == pub.manifest.to_bytes()
+    again = publish_dir(store, "copy", out, copy.manifest.metadata)  # its _MANIFEST/_SUCCESS are not data
+    assert again.keys == sorted(files) and again.metadata == pub.manifest.metadata
     doc = json.loads(store.get_bytes(f"checkpoints/step-100/{MANIFEST}"))
     assert {o["key"] for o in doc["objects"]} == set(files) and doc["metadata"]["step"] == 100
     # _SUCCESS pins the exact manifest bytes
@@ -197,6 +202,25 @@ def test_republish_requires_overwrite(store):
     writer.commit({"v": 2})
     pub = open_published(store, "m")
     assert pub.get_bytes("w.bin") == b"v2" and pub.manifest.metadata == {"v": 2}
+
+
+def test_adopted_objects_and_unpublish(store):
+    """An object written by another process (a vLLM engine) or kept from the last publication is
+    adopted with its size and sha256; commit still confirms it. unpublish retracts, objects stay."""
+    info = store.put_bytes("set/kept.bin", b"k" * 10)
+    writer = PrefixWriter(store, "set")
+    writer.add("kept.bin", info)
+    writer.put_bytes("new.bin", b"n")
+    writer.add("lost.bin", ObjectInfo("lost.bin", 3, sha256_bytes(b"abc")))
+    with pytest.raises(IncompletePrefixError, match=r"set/lost\.bin is named in the manifest but missing"):
+        writer.commit()
+    writer = PrefixWriter(store, "set")
+    writer.add("kept.bin", info)
+    assert writer.commit({"n": 1}).keys == ["kept.bin"]
+    assert open_published(store, "set", deep=True).get_bytes("kept.bin") == b"k" * 10
+    unpublish(store, "set")
+    assert not is_complete(store, "set") and store.list("set/") == ["set/kept.bin", "set/new.bin"]
+    unpublish(store, "set")  # nothing to retract: no error
 
 
 def test_commit_never_names_a_missing_object(store):

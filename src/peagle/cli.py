@@ -88,7 +88,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     cfg = _resolve(ns)
     if not cfg.target.path:
         raise C.ConfigError("prepare needs a target: --target DIR (or target.path in the config)")
-    from .stage_io import staged_output
+    from .stage_io import staged as staged_output
 
     out = ns.out or str(Path(cfg.work_dir) / "data")
     with staged_output(out) as local_out:

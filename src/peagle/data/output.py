@@ -1,37 +1,36 @@
-"""Storage of a prepared dataset: layout, atomic writes, and reading it back.
+"""Storage of a prepared dataset: layout, publication, and reading it back.
 
-Layout of an output directory::
+Layout of an output prefix (a local directory, ``file://`` or ``s3://`` URI)::
 
     train-00000.parquet, train-00001.parquet, ...      columns: see SCHEMA
     validation-00000.parquet, ...
     token_freq.json     {"<token id>": count} over supervised positions of the train split
-    manifest.json       written last: its presence means the directory is complete
+    _MANIFEST.json      every file with size and sha256; its metadata is the dataset manifest
+    _SUCCESS            written last: its presence means the prefix is complete
 
-Every file is written to a temporary name in the same directory and moved into place with
-``os.replace``, so readers never see half a file. Before writing, an earlier run's manifest is
-removed first (then its shards), so a directory is never a new manifest over old shards or the
-reverse. :class:`LocalPreparedWriter` is the only code that touches storage; an object-store
-writer with the same methods can replace it (see :func:`open_writer`).
+Written through the publication protocol (:mod:`peagle.storage.publish`): :class:`PreparedWriter`
+first retracts an earlier run's publication, then removes its shards, so a prefix is never a new
+manifest over old shards or the reverse. Readers trust only a complete publication and verify
+every shard's sha256.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..storage import (MANIFEST, ChecksumMismatchError, IncompletePrefixError, ObjectInfo, PrefixWriter,
+                       Published, open_published, open_store)
 from .errors import PrepareError
 from .rows import PreparedRow
 
 FORMAT = "peagle.prepared/v1"
-MANIFEST = "manifest.json"
+OLD_MANIFEST = "manifest.json"  # the layout before the publication protocol
 TOKEN_FREQ = "token_freq.json"
 SPLITS = ("train", "validation")
 SHARD_NAME = re.compile(r"^(train|validation)-\d{5}\.parquet$")
@@ -47,27 +46,6 @@ SCHEMA = pa.schema([
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.parquet"
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _atomic(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` then move the result onto ``path`` (same directory, so atomic)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; readers may run under other uids
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def samples_to_table(samples: list[PreparedRow]) -> pa.Table:
@@ -89,86 +67,93 @@ def samples_to_table(samples: list[PreparedRow]) -> pa.Table:
     )
 
 
-class LocalPreparedWriter:
-    """Writes one prepared dataset into a local directory (see the module docstring for the layout)."""
+class PreparedWriter:
+    """Publishes one prepared dataset at ``output`` (see the module docstring for the layout)."""
 
-    def __init__(self, output_dir: str | os.PathLike):
-        self.root = Path(output_dir)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._written: list[Path] = []
-        # Manifest first: from here on the directory reads as "not finished".
-        (self.root / MANIFEST).unlink(missing_ok=True)
-        for f in self.root.iterdir():
-            if f.is_file() and (SHARD_NAME.match(f.name) or f.name == TOKEN_FREQ):
-                f.unlink()
+    def __init__(self, output: str | os.PathLike):
+        self.store = store = open_store(str(output))
+        self.prefix = PrefixWriter(store, "", overwrite=True)  # retracts an earlier publication
+        self._written: list[str] = []
+        for key in store.list(""):  # then its shards: they must not outlive their manifest
+            if "/" not in key and (SHARD_NAME.match(key) or key == TOKEN_FREQ):
+                store.delete(key)
 
     def write_shard(self, split: str, index: int, samples: list[PreparedRow]) -> dict[str, Any]:
         """Write one parquet shard; return its manifest entry (file, rows, tokens, sha256)."""
-        path = self.root / shard_name(split, index)
-        table = samples_to_table(samples)
-        _atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
-        self._written.append(path)
-        return {
-            "file": path.name,
-            "rows": len(samples),
-            "tokens": int(sum(s.num_tokens for s in samples)),
-            "sha256": _sha256_file(path),
-        }
+        buf = pa.BufferOutputStream()
+        pq.write_table(samples_to_table(samples), buf, compression="zstd")
+        info = self._put(shard_name(split, index), buf.getvalue().to_pybytes())
+        return {"file": info.key, "rows": len(samples), "tokens": int(sum(s.num_tokens for s in samples)),
+                "sha256": info.sha256}
 
     def write_json(self, name: str, obj: Any) -> dict[str, Any]:
-        path = self.root / name
-        data = (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode("utf-8")
-        _atomic(path, lambda tmp: tmp.write_bytes(data))
-        if name != MANIFEST:
-            self._written.append(path)
-        return {"file": name, "sha256": hashlib.sha256(data).hexdigest()}
+        info = self._put(name, (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode("utf-8"))
+        return {"file": name, "sha256": info.sha256}
+
+    def _put(self, key: str, data: bytes) -> ObjectInfo:
+        self._written.append(key)
+        return self.prefix.put_bytes(key, data)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        """The last write of a run."""
-        self.write_json(MANIFEST, manifest)
+        """The last write of a run: publishes the prefix with ``manifest`` as its metadata."""
+        self.prefix.commit(manifest)
 
     def discard(self) -> None:
         """Remove what this run wrote (after a failure), so no partial dataset is left behind."""
-        for path in self._written:
-            path.unlink(missing_ok=True)
-        self._written.clear()
+        if not self.prefix.committed:
+            for key in self._written:
+                self.store.delete(key)
 
 
-def open_writer(output_dir: str | os.PathLike) -> LocalPreparedWriter:
-    """The storage back end of the prepare stage (the one place to swap for object storage)."""
-    return LocalPreparedWriter(output_dir)
+def open_writer(output: str | os.PathLike) -> PreparedWriter:
+    """The storage back end of the prepare stage."""
+    return PreparedWriter(output)
 
 
 # -- reading back -----------------------------------------------------------------------------------
 
 
-def read_manifest(output_dir: str | os.PathLike) -> dict[str, Any]:
-    path = Path(output_dir) / MANIFEST
-    if not path.is_file():
-        raise PrepareError(f"{output_dir} has no {MANIFEST}: the prepare stage did not finish there")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise PrepareError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}")
-    return manifest
+def open_prepared(output: str | os.PathLike) -> Published:
+    """The complete prepared dataset at ``output``; PrepareError naming the path if it is not one."""
+    store = open_store(str(output))
+    try:
+        published = open_published(store, "")
+    except IncompletePrefixError as e:
+        if store.exists(OLD_MANIFEST):
+            raise PrepareError(f"{output} holds a prepared dataset in the old layout ({OLD_MANIFEST}, no "
+                               f"{MANIFEST}): re-run the prepare stage into it") from None
+        raise PrepareError(f"{output} is not a complete prepared dataset: the prepare stage did not finish "
+                           f"there ({e})") from None
+    fmt = published.manifest.metadata.get("format")
+    if fmt != FORMAT:
+        raise PrepareError(f"{published.uri_for(MANIFEST)}: format {fmt!r} is not {FORMAT!r}")
+    return published
 
 
-def read_split(output_dir: str | os.PathLike, split: str, verify: bool = False) -> pa.Table:
+def read_manifest(output: str | os.PathLike) -> dict[str, Any]:
+    return dict(open_prepared(output).manifest.metadata)
+
+
+def _read(published: Published, name: str, verify: bool = True) -> bytes:
+    try:
+        if verify:
+            return published.get_bytes(name)
+        return published.store.get_bytes(name)  # the dataset is the store's root prefix
+    except ChecksumMismatchError as e:
+        raise PrepareError(f"{e.uri}: contents do not match the manifest's sha256") from None
+
+
+def read_split(output: str | os.PathLike, split: str, verify: bool = True) -> pa.Table:
     """All rows of ``split`` as one table, in shard order; ``verify`` checks each shard's sha256."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    root = Path(output_dir)
-    entries = read_manifest(root)["shards"][split]
-    tables = []
-    for entry in entries:
-        path = root / entry["file"]
-        if verify and _sha256_file(path) != entry["sha256"]:
-            raise PrepareError(f"{path}: contents do not match the manifest's sha256")
-        tables.append(pq.read_table(path, schema=SCHEMA))
+    published = open_prepared(output)
+    tables = [pq.read_table(pa.BufferReader(_read(published, e["file"], verify)), schema=SCHEMA)
+              for e in published.manifest.metadata["shards"][split]]
     return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 
-def read_token_freq(output_dir: str | os.PathLike) -> dict[int, int]:
+def read_token_freq(output: str | os.PathLike) -> dict[int, int]:
     """``{token id: count}`` over supervised train positions (the input of the draft vocabulary)."""
-    read_manifest(output_dir)  # only a finished directory
-    raw = json.loads((Path(output_dir) / TOKEN_FREQ).read_text())
+    raw = json.loads(_read(open_prepared(output), TOKEN_FREQ))
     return {int(k): int(v) for k, v in raw.items()}

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PrepareResult:
-    output_dir: Path
+    output_dir: str  # as given: a local path or a storage URI
     manifest: dict[str, Any]
 
     @property
@@ -291,7 +291,8 @@ def run_prepare(
     """Prepare training data for the draft of ``target`` into ``output_dir``; see the module docstring.
 
     ``target`` is a local model directory (its tokenizer and chat template are used; nothing is
-    downloaded). Returns the manifest, which is also written last to ``output_dir/manifest.json``.
+    downloaded). ``output_dir`` is a local directory or a storage URI; the result is published there
+    (:mod:`.output`) with the returned manifest as its metadata.
     """
     target = Path(target)
     renderer = ChatRenderer.from_target(target, trust_remote_code, settings.template_kwargs())
@@ -330,4 +331,4 @@ def run_prepare(
         writer.discard()
         raise
     log.info("prepare: %s", manifest["counts"])
-    return PrepareResult(Path(output_dir), manifest)
+    return PrepareResult(str(output_dir), manifest)

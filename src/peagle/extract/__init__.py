@@ -1,12 +1,13 @@
 """Hidden-state extraction (``peagle extract``): target hidden states for draft training.
 
-Entry points: :func:`run_extract` (rows -> shards + manifest), :class:`HiddenStatesDataset` (the
+Entry points: :func:`run_extract` (rows -> published shard sets, then the dataset), :class:`HiddenStatesDataset` (the
 trainer's verified reader), :class:`ExtractSettings` (the ``extract`` config section). The vLLM
 connector lives in :mod:`peagle.extract.connector` and is imported only by vLLM itself.
 """
 from .errors import DatasetMismatchError, ExtractError, ShardChecksumError
-from .pipeline import ExtractResult, finalize_if_complete, make_header, run_extract
-from .reader import HiddenStatesDataset, open_hidden_states
+from .output import finalize_if_complete
+from .reader import HiddenStatesDataset, dataset_manifest, open_hidden_states
+from .run import ExtractResult, make_header, run_extract
 from .rows import ExtractRow, SampleHiddenStates, as_extract_row
 from .settings import ExtractSettings, LayerIds, resolve_layer_ids
 from .shard_format import FORMAT, DatasetHeader, HiddenStatesSample, ShardSamples
@@ -14,6 +15,6 @@ from .shard_format import FORMAT, DatasetHeader, HiddenStatesSample, ShardSample
 __all__ = [
     "DatasetHeader", "DatasetMismatchError", "ExtractError", "ExtractResult", "ExtractRow", "ExtractSettings",
     "FORMAT", "HiddenStatesDataset", "HiddenStatesSample", "LayerIds", "SampleHiddenStates", "ShardChecksumError",
-    "ShardSamples", "as_extract_row", "finalize_if_complete", "make_header", "open_hidden_states",
+    "ShardSamples", "as_extract_row", "dataset_manifest", "finalize_if_complete", "make_header", "open_hidden_states",
     "resolve_layer_ids", "run_extract",
 ]

@@ -9,11 +9,12 @@ class ExtractError(PeagleError, RuntimeError):
 
 
 class ShardChecksumError(ExtractError):
-    """A shard's bytes differ from the sha256 recorded for it. ``shard`` is its file name."""
+    """A shard's bytes differ from the sha256 recorded for it. ``shard`` is its name, ``uri`` its object."""
 
-    def __init__(self, shard: str, expected: str, actual: str):
-        super().__init__(f"hidden-state shard {shard} is corrupt: sha256 {actual} but the manifest records {expected}")
-        self.shard, self.expected, self.actual = shard, expected, actual
+    def __init__(self, shard: str, expected: str, actual: str, uri: str = ""):
+        super().__init__(f"hidden-state shard {shard} is corrupt: sha256 {actual} but the manifest records "
+                         f"{expected}" + (f" ({uri})" if uri else ""))
+        self.shard, self.expected, self.actual, self.uri = shard, expected, actual, uri
 
 
 class DatasetMismatchError(ExtractError):

@@ -1,134 +1,134 @@
-"""Layout of an extraction output directory, and the only code that writes to it.
+"""Layout of an extraction output prefix, and the only code that writes to it.
 
-Layout::
+Layout (any :mod:`peagle.storage` location: a local directory, ``file://`` or ``s3://bucket/prefix``)::
 
-    hs-SSSSS-KKKKK.safetensors   shard K of shard set S (see :mod:`peagle.extract.shard_format`)
-    hs-SSSSS-KKKKK.json          its record: sha256, byte size, counts, sample-id digest, header
-    manifest.json                written LAST, once every planned shard has a valid record
+    hs-SSSSS/hs-SSSSS-KKKKK.safetensors    shard K of shard set S (see :mod:`peagle.extract.shard_format`)
+    hs-SSSSS/_MANIFEST.json, _SUCCESS      shard set S, published (:mod:`peagle.storage.publish`) by its
+                                           worker; metadata: the header and the set's shard entries
+    _MANIFEST.json, _SUCCESS               the dataset, published LAST, once every planned shard set
+                                           is: every shard, metadata = the dataset manifest
 
-The location is any :mod:`peagle.storage` URI: a local directory (or ``file://``) or ``s3://bucket/prefix``
-on an S3-compatible store. A shard file is published before its record, each atomically (local:
-temp file + ``os.replace``; S3: a PUT is atomic), so a record always describes a complete shard. A shard counts as *published* when
-its record exists, the record's header and sample ids equal what the current run plans, and the
-file's sha256 equals the record's -- such shards are skipped on rerun.
-
-All reads and writes go through :class:`ShardDir`, i.e. through one ``Store``.
+A shard entry holds the shard's name, sha256, byte size, counts and the digest of its sample ids.
+The dataset manifest (:func:`build_manifest`) is the header, every entry in (set, index) order and
+totals. A shard set killed midway has no ``_SUCCESS``; a published one is reused shard by shard on
+rerun (same header, same sample ids, bytes still hashing to the recorded sha256).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from dataclasses import asdict, dataclass
-from typing import Any
+import logging
+from typing import Any, Protocol
 
-from ..storage import ObjectNotFoundError, Store, open_store
-from .shard_format import DatasetHeader, ShardStats
+from ..storage import IncompletePrefixError, ObjectInfo, ObjectNotFoundError, PrefixWriter, Store, open_published
+from .errors import ExtractError
+from .rows import ExtractRow, SampleHiddenStates
+from .shard_format import DatasetHeader, encode_shard
 
-MANIFEST = "manifest.json"
+log = logging.getLogger(__name__)
 SHARD_SUFFIX = ".safetensors"
-RECORD_SUFFIX = ".json"
+
+
+class HiddenStatesExtractor(Protocol):
+    def extract(self, rows: list[ExtractRow]) -> list[SampleHiddenStates]: ...
+
+    def close(self) -> None: ...
+
+
+def set_prefix(shard_set: int) -> str:
+    return f"hs-{shard_set:05d}"
 
 
 def shard_name(shard_set: int, index: int) -> str:
-    return f"hs-{shard_set:05d}-{index:05d}{SHARD_SUFFIX}"
+    return f"{set_prefix(shard_set)}-{index:05d}{SHARD_SUFFIX}"
 
 
-def record_name(shard: str) -> str:
-    return shard[: -len(SHARD_SUFFIX)] + RECORD_SUFFIX
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def shard_key(name: str) -> str:
+    """The key of shard ``name`` under the dataset prefix: inside its shard set's prefix."""
+    return f"{name.rsplit('-', 1)[0]}/{name}"
 
 
 def sample_ids_digest(sample_ids: list[str]) -> str:
-    return sha256_hex(json.dumps(list(sample_ids)).encode())
+    return hashlib.sha256(json.dumps(list(sample_ids)).encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class ShardRecord:
-    name: str
-    sha256: str
-    bytes: int
-    num_samples: int
-    num_tokens: int
-    num_supervised: int
-    sample_ids_sha256: str
-    header: dict[str, Any]
-
-    def manifest_entry(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("header")
-        return d
+def extract_one_shard(extractor: HiddenStatesExtractor, name: str, rows: list[ExtractRow], store: Store,
+                      header: DatasetHeader) -> dict[str, Any]:
+    """Extract ``rows``, write them as shard ``name``; return its shard entry (not yet published)."""
+    samples = extractor.extract(rows)
+    if [s.row.sample_id for s in samples] != [r.sample_id for r in rows]:
+        raise ExtractError(f"shard {name}: the backend returned samples out of order or incomplete")
+    data, stats = encode_shard(samples, header)
+    info = store.put_bytes(shard_key(name), data)
+    log.info("wrote %s: %d samples, %d tokens, %.1f MiB", name, stats.num_samples, stats.num_tokens, info.size / 2**20)
+    return {"name": name, "sha256": info.sha256, "bytes": info.size, "num_samples": stats.num_samples,
+            "num_tokens": stats.num_tokens, "num_supervised": stats.num_supervised,
+            "sample_ids_sha256": sample_ids_digest([r.sample_id for r in rows])}
 
 
-class ShardDir:
-    """An extraction output location (local directory or object-store prefix)."""
+def published_set(store: Store, shard_set: int, header: DatasetHeader,
+                  listing: dict[str, int] | None = None) -> tuple[dict[str, dict[str, Any]], str]:
+    """(``{name: entry}``, when published) of shard set ``shard_set`` if it is published for
+    ``header``, else ``({}, "")``."""
+    try:
+        manifest = open_published(store, set_prefix(shard_set), listing=listing).manifest
+    except IncompletePrefixError:
+        return {}, ""
+    if manifest.metadata.get("header") != header.as_dict():
+        return {}, ""
+    return {e["name"]: e for e in manifest.metadata["shards"]}, manifest.created_at
 
-    def __init__(self, root: str | os.PathLike):
-        self.root = str(root)  # as given: used in messages and handed to the engine process
-        self.store: Store = open_store(root)
 
-    # ---- shards and records
+def intact(store: Store, entry: dict[str, Any]) -> bool:
+    """True when the shard's bytes still hash to its entry's sha256 (re-read in full)."""
+    try:
+        return store.hash_object(shard_key(entry["name"])).sha256 == entry["sha256"]
+    except ObjectNotFoundError:
+        return False
 
-    def write_shard(self, name: str, data: bytes, stats: ShardStats, sample_ids: list[str],
-                    header: DatasetHeader) -> ShardRecord:
-        rec = ShardRecord(name=name, sha256=sha256_hex(data), bytes=len(data), num_samples=stats.num_samples,
-                          num_tokens=stats.num_tokens, num_supervised=stats.num_supervised,
-                          sample_ids_sha256=sample_ids_digest(sample_ids), header=header.as_dict())
-        self.store.put_bytes(name, data)
-        self.store.put_bytes(record_name(name), (json.dumps(asdict(rec), indent=1) + "\n").encode())
-        return rec
 
-    def read_record(self, name: str) -> ShardRecord | None:
-        try:
-            return ShardRecord(**json.loads(self.store.get_bytes(record_name(name))))
-        except (ObjectNotFoundError, json.JSONDecodeError, TypeError):
-            return None  # absent or unreadable: the shard is simply not published
+def _publish(store: Store, prefix: str, entries: list[dict[str, Any]], key, metadata: dict[str, Any],
+             created_at: str | None = None) -> None:
+    writer = PrefixWriter(store, prefix, overwrite=True)
+    for e in entries:
+        writer.add(key(e["name"]), ObjectInfo(key(e["name"]), e["bytes"], e["sha256"]))
+    writer.commit(metadata, created_at=created_at)
 
-    def published_record(self, name: str, header: DatasetHeader, sample_ids_sha256: str,
-                         verify_bytes: bool = True) -> ShardRecord | None:
-        """The shard's record if it is published for exactly this header and these samples, else None.
 
-        ``verify_bytes`` re-hashes the shard (rerun skip decisions); without it only the size is checked
-        (completeness checks over other workers' shards).
-        """
-        rec = self.read_record(name)
-        if rec is None or rec.header != header.as_dict() or rec.sample_ids_sha256 != sample_ids_sha256:
+def publish_set(store: Store, shard_set: int, header: DatasetHeader, entries: list[dict[str, Any]]) -> None:
+    """Publish shard set ``shard_set`` over its already written shards ``entries``."""
+    _publish(store, set_prefix(shard_set), entries, lambda name: name,
+             {"header": header.as_dict(), "shards": entries})
+
+
+def finalize_if_complete(store: Store, header: DatasetHeader, planned: dict[str, str], num_shards: int,
+                         samples_per_shard: int) -> dict[str, Any] | None:
+    """Publish the dataset if every shard set with planned shards is published for this header and
+    exactly these shards (``planned``: name -> sample-id digest); return its manifest, else None."""
+    listing = store.list_sizes("")
+    entries, created = [], ""
+    for s in range(num_shards):
+        want = {n: d for n, d in planned.items() if n.startswith(set_prefix(s) + "-")}
+        got, when = published_set(store, s, header, listing) if want else ({}, "")
+        if {n: e["sample_ids_sha256"] for n, e in got.items()} != want:
             return None
-        try:
-            if self.store.size(name) != rec.bytes:
-                return None
-            if verify_bytes and self.store.hash_object(name).sha256 != rec.sha256:
-                return None
-        except ObjectNotFoundError:
-            return None
-        return rec
-
-    def read_bytes(self, name: str) -> bytes:
-        return self.store.get_bytes(name)
-
-    # ---- manifest
-
-    def remove_manifest(self) -> None:
-        """Retract the manifest before any shard changes, so it never describes shards being rewritten."""
-        self.store.delete(MANIFEST)
-
-    def write_manifest(self, manifest: dict[str, Any]) -> None:
-        self.store.put_bytes(MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
-
-    def read_manifest(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.store.get_bytes(MANIFEST))
-        except ObjectNotFoundError:
-            return None
+        entries, created = entries + [got[n] for n in sorted(want)], max(created, when)
+    manifest = build_manifest(header, entries, num_shards, samples_per_shard)
+    try:
+        if open_published(store, "", listing=listing).manifest.metadata == manifest:
+            return manifest  # a rerun that changed nothing: already published
+    except IncompletePrefixError:
+        pass
+    # Last: its _SUCCESS means the dataset is complete. Workers finishing together may both get here;
+    # dated by the newest shard set, their manifests are identical, so the pair always matches.
+    _publish(store, "", entries, shard_key, manifest, created)
+    return manifest
 
 
-def build_manifest(header: DatasetHeader, records: list[ShardRecord], num_shard_sets: int,
+def build_manifest(header: DatasetHeader, entries: list[dict[str, Any]], num_shard_sets: int,
                    samples_per_shard: int) -> dict[str, Any]:
-    """manifest.json content: the header, every shard with its sha256 and counts, and totals."""
-    return {
+    """The dataset manifest: the header, every shard with its sha256 and counts, and totals."""
+    doc = {
         **header.as_dict(),
         "aux_layer_ids": header.aux_layer_ids,
         "last_layer_id": header.last_layer_id,
@@ -136,12 +136,10 @@ def build_manifest(header: DatasetHeader, records: list[ShardRecord], num_shard_
                         "of samples_per_shard in input order; shards are listed by (set, index)",
         "num_shard_sets": num_shard_sets,
         "samples_per_shard": samples_per_shard,
-        "shards": [r.manifest_entry() for r in records],
+        "shards": entries,
         "totals": {
-            "num_shards": len(records),
-            "num_samples": sum(r.num_samples for r in records),
-            "num_tokens": sum(r.num_tokens for r in records),
-            "num_supervised": sum(r.num_supervised for r in records),
-            "bytes": sum(r.bytes for r in records),
+            "num_shards": len(entries),
+            **{k: sum(e[k] for e in entries) for k in ("num_samples", "num_tokens", "num_supervised", "bytes")},
         },
     }
+    return json.loads(json.dumps(doc))  # as it reads back from _MANIFEST.json

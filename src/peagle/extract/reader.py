@@ -1,9 +1,10 @@
 """Reading an extraction back, for the trainer.
 
-:class:`HiddenStatesDataset` opens a *complete* output directory (``manifest.json`` present),
-refuses it when its layer ids, hidden size or target fingerprint differ from what the caller
-expects, and iterates its shards / samples. Each shard's bytes are checked against the sha256 in
-the manifest before use (:class:`ShardChecksumError` names the shard); fp8 shards are de-quantised.
+:class:`HiddenStatesDataset` opens a *complete* extraction (the dataset prefix is published, see
+:mod:`.output`), refuses it when its layer ids, hidden size or target fingerprint differ from what
+the caller expects, and iterates its shards / samples. Each shard's bytes are checked against the
+sha256 in the manifest before use (:class:`ShardChecksumError` names the shard and its URI); fp8
+shards are de-quantised.
 While the caller consumes one shard, a background thread already reads and verifies the next
 ``prefetch`` shards.
 """
@@ -17,8 +18,10 @@ from typing import Any
 
 import torch
 
+from ..storage import (MANIFEST, ChecksumMismatchError, IncompletePrefixError, ObjectNotFoundError, Published,
+                       open_published, open_store)
 from .errors import DatasetMismatchError, ExtractError, ShardChecksumError
-from .output import ShardDir, sha256_hex
+from .output import shard_key
 from .shard_format import FORMAT, HiddenStatesSample, ShardSamples, decode_shard
 
 
@@ -34,14 +37,9 @@ class HiddenStatesDataset:
     def __init__(self, path: str | os.PathLike, *, expect_layer_ids: list[int] | None = None,
                  expect_aux_layer_ids: list[int] | None = None, expect_hidden_size: int | None = None, expect_fingerprint: str | None = None,
                  out_dtype: torch.dtype = torch.bfloat16, keep_stored: bool = False):
-        self.dir = ShardDir(path)
-        manifest = self.dir.read_manifest()
-        if manifest is None:
-            raise ExtractError(f"{path} is not a complete hidden-state dataset: it has no manifest.json "
-                               "(extraction unfinished, or some shard sets still missing)")
-        if manifest.get("format") != FORMAT:
-            raise ExtractError(f"{path}/manifest.json has format {manifest.get('format')!r}, expected {FORMAT!r}")
-        self.manifest: dict[str, Any] = manifest
+        self.root = str(path)
+        self.published = _open(path)
+        manifest = self.manifest = dict(self.published.manifest.metadata)
         self.out_dtype = out_dtype
         self.keep_stored = keep_stored
         self._check("layer ids", expect_layer_ids, manifest["layer_ids"])
@@ -53,7 +51,7 @@ class HiddenStatesDataset:
     def _check(self, what: str, expected: Any, actual: Any) -> None:
         if expected is not None and list_or_value(expected) != list_or_value(actual):
             raise DatasetMismatchError(
-                f"hidden-state dataset {self.dir.root} was extracted with {what} {actual!r}, "
+                f"hidden-state dataset {self.root} was extracted with {what} {actual!r}, "
                 f"but {expected!r} is expected; re-extract for this target / layer choice"
             )
 
@@ -89,14 +87,13 @@ class HiddenStatesDataset:
         """Read, verify and decode one shard named in the manifest."""
         entry = self._shards.get(name)
         if entry is None:
-            raise KeyError(f"{name!r} is not a shard of {self.dir.root}")
+            raise KeyError(f"{name!r} is not a shard of {self.root}")
         try:
-            data = self.dir.read_bytes(name)
-        except FileNotFoundError:
-            raise ExtractError(f"hidden-state shard {name} listed in the manifest is missing from {self.dir.root}") from None
-        actual = sha256_hex(data)
-        if actual != entry["sha256"]:
-            raise ShardChecksumError(name, entry["sha256"], actual)
+            data = self.published.get_bytes(shard_key(name))
+        except ObjectNotFoundError:
+            raise ExtractError(f"hidden-state shard {name} listed in the manifest is missing from {self.root}") from None
+        except ChecksumMismatchError as e:
+            raise ShardChecksumError(name, e.expected, e.actual, e.uri) from None
         shard = decode_shard(data, name, self.out_dtype, keep_stored=self.keep_stored)
         if len(shard) != entry["num_samples"]:
             raise ExtractError(f"hidden-state shard {name}: {len(shard)} samples, manifest says {entry['num_samples']}")
@@ -145,6 +142,30 @@ class HiddenStatesDataset:
 
 def list_or_value(v: Any) -> Any:
     return [int(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def _open(path: str | os.PathLike) -> Published:
+    store = open_store(str(path))
+    try:
+        published = open_published(store, "")
+    except IncompletePrefixError as e:
+        if store.exists("manifest.json"):
+            raise ExtractError(f"{path} holds hidden states in the old layout (manifest.json and per-shard "
+                               f"records, no {MANIFEST}): re-extract it") from None
+        raise ExtractError(f"{path} is not a complete hidden-state dataset (extraction unfinished, or some "
+                           f"shard sets still missing): {e}") from None
+    fmt = published.manifest.metadata.get("format")
+    if fmt != FORMAT:
+        raise ExtractError(f"{published.uri_for(MANIFEST)} has format {fmt!r}, expected {FORMAT!r}")
+    return published
+
+
+def dataset_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The dataset manifest of the extraction at ``path`` if it is complete, else None."""
+    try:
+        return dict(_open(path).manifest.metadata)
+    except ExtractError:
+        return None
 
 
 def open_hidden_states(path: str | os.PathLike, **expect: Any) -> HiddenStatesDataset:

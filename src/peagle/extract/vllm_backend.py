@@ -4,7 +4,8 @@ vLLM starts worker processes with spawn and holds much memory, so the engine alw
 interpreter (``python -m peagle.extract.vllm_backend``): callers -- tests, the CLI, pipeline steps --
 need no ``__main__`` guard. :func:`run_engine_job` (parent side) sends the child a JSON job on stdin;
 the child (:func:`engine_main`) starts one engine, extracts the shards listed in the job's rows file
-and writes them itself (hidden states never cross the process boundary), then prints one result line.
+and writes them itself (hidden states never cross the process boundary), then prints one result line
+with their entries; the parent publishes the shard set (:mod:`.output`).
 
 Per request: the prompt is sent pre-tokenised with ``max_tokens=1``; the connector writes the
 prompt's hidden states to ``<scratch>/<request>.safetensors`` and returns that path in
@@ -31,9 +32,12 @@ from .. import progress as progress_mod
 from ..scratch import owned_dir
 from ..engine import child, llm as engine
 from ..engine.llm import KV_CACHE_ENV
+from ..storage import open_store
 from .errors import ExtractError
-from .rows import ExtractRow, SampleHiddenStates
+from .output import extract_one_shard
+from .rows import ExtractRow, SampleHiddenStates, read_job_shards
 from .settings import ExtractSettings, LayerIds
+from .shard_format import DatasetHeader
 
 log = logging.getLogger(__name__)
 
@@ -145,15 +149,10 @@ def engine_main() -> None:
 
 
 def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
-    from .output import ShardDir
-    from .pipeline import extract_one_shard
-    from .rows import read_job_shards
-    from .shard_format import DatasetHeader
-
     settings = ExtractSettings.model_validate(job["settings"])
     header = DatasetHeader.from_dict(job["header"])
     layer_ids = LayerIds(aux=tuple(job["layer_ids"][:-1]), last=job["layer_ids"][-1])
-    out = ShardDir(job["out_dir"])
+    store = open_store(job["out_dir"])
     scratch = str(owned_dir("peagle-hs-", settings.scratch_dir))  # swept by the next job if this one is killed
     records = []
     reporter = progress_mod.child_reporter()
@@ -163,9 +162,9 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     try:
         for name, rows in read_job_shards(job["rows_file"]):
             t0 = time.monotonic()
-            rec = extract_one_shard(extractor, name, rows, out, header)
-            records.append(rec.manifest_entry())
-            progress = {"shard": name, "samples": rec.num_samples, "tokens": rec.num_tokens,
+            entry = extract_one_shard(extractor, name, rows, store, header)
+            records.append(entry)
+            progress = {"shard": name, "samples": entry["num_samples"], "tokens": entry["num_tokens"],
                         "seconds": round(time.monotonic() - t0, 3)}
             print(PROGRESS_MARKER + json.dumps(progress), file=sys.stderr, flush=True)
         reporter.flush()
@@ -184,7 +183,7 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 def run_engine_job(job: dict[str, Any], settings: ExtractSettings,
                    progress: progress_mod.Progress | None = None) -> list[dict[str, Any]]:
-    """Run ``job`` in a fresh interpreter; return the manifest entries of the shards it wrote.
+    """Run ``job`` in a fresh interpreter; return the entries of the shards it wrote (not yet published).
 
     The child's per-request progress goes to ``progress`` (samples done; its total is the caller's).
     The child's stderr (vLLM's log) is logged at DEBUG, shard lines at INFO; on failure the error

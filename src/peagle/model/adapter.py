@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..localfs import staged
+from ..stage_io import staged
 from .draft import PEagleDraftModel
 from .spec import SUPPORTED_DRAFT_ARCHS, DraftSpec
 from ..errors import PeagleError

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..localfs import staged
 from ..errors import PeagleError
+from ..stage_io import staged
 
 log = logging.getLogger(__name__)
 

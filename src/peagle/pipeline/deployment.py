@@ -61,7 +61,7 @@ def deploy(run_uri: str, name: str, mode: str, data_connection: str, num_specula
            serving: str = "", namespace: str = "", apis: Any = None) -> str:
     """Deploy (or render) the run's draft; returns the endpoint URL, or the manifests' location."""
     from ..deploy import deploy as apply_and_wait, write_manifests
-    from .steps import staged
+    from ..stage_io import staged
     from ..deploy.kube import current_namespace
 
     if mode == "none":

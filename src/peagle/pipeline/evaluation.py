@@ -29,15 +29,16 @@ def evaluate(run_uri: str, draft_uri: str, metrics: Any = None, html: Any = None
     """Evaluate ``draft_uri`` against the run's target; ``metrics``/``html`` are KFP artifacts (or paths)."""
     from ..config import TargetSettings
     from ..evaluate import EvaluateRunConfig, evaluate as run_evaluation, log_to_kfp
-    from ..extract.output import ShardDir
-    from .steps import fetch, load_run, scratch, staged
+    from ..extract import dataset_manifest
+    from ..stage_io import staged
+    from .steps import fetch, load_run, scratch
 
     with stage("evaluate") as info:
         run, layout = load_run(run_uri)
         target = fetch(layout.target)
         draft = fetch(draft_uri)
         validation = layout.hidden_states("validation")
-        hidden = validation if ShardDir(validation).read_manifest() is not None else ""
+        hidden = validation if dataset_manifest(validation) is not None else ""
         with staged(layout.evaluate) as out, scratch("evaluate-work") as work:
             settings = run.config.evaluate.model_copy(
                 update={"draft": str(draft), "out": str(out), "hidden_states": hidden})

@@ -23,7 +23,7 @@ from ..storage import ObjectNotFoundError, open_store
 from .layout import RunLayout
 
 PUBLISH_MANIFEST = "_MANIFEST.json"  # storage.publish: every object with size and sha256
-STAGE_MANIFESTS = ("manifest.json", "peagle_target.json")  # the stage's own summary (counts)
+STAGE_MANIFESTS = ("peagle_target.json",)  # a summary (counts) outside the publication's metadata
 COUNT_KEYS = ("num_samples", "num_tokens", "num_shards", "num_supervised", "num_shard_sets", "hidden_size")
 
 
@@ -50,17 +50,21 @@ def describe(prefix: str, stage: str) -> dict[str, Any]:
     store = open_store(prefix)
     meta: dict[str, Any] = {"stage": stage, "prefix": prefix}
     body = _read(store, PUBLISH_MANIFEST)
+    summaries = []  # the stage's own summary: the publication's metadata, or the target's manifest
     if body is not None:
-        objects = json.loads(body).get("objects") or []
+        doc = json.loads(body)
+        objects = doc.get("objects") or []
         meta.update(manifest="_MANIFEST.json", manifest_sha256=hashlib.sha256(body).hexdigest(),
                     num_objects=len(objects), total_bytes=sum(int(o.get("size", 0)) for o in objects))
+        summaries.append(doc.get("metadata") or {})
     for name in STAGE_MANIFESTS:
         stage_body = _read(store, name)
-        if stage_body is None:
-            continue
-        data = json.loads(stage_body)
-        if "manifest_sha256" not in meta:
-            meta.update(manifest=name, manifest_sha256=hashlib.sha256(stage_body).hexdigest())
+        if stage_body is not None:
+            if "manifest_sha256" not in meta:
+                meta.update(manifest=name, manifest_sha256=hashlib.sha256(stage_body).hexdigest())
+            summaries.append(json.loads(stage_body))
+            break
+    for data in summaries:
         flat = {**data, **(data.get("totals") if isinstance(data.get("totals"), dict) else {})}
         meta.update({k: flat[k] for k in COUNT_KEYS if isinstance(flat.get(k), (int, float))})
         counts = data.get("counts")
@@ -69,7 +73,6 @@ def describe(prefix: str, stage: str) -> dict[str, Any]:
         for key in ("fingerprint", "target_fingerprint"):
             if isinstance(data.get(key), str):
                 meta["target_fingerprint"] = data[key]
-        break
     return meta
 
 

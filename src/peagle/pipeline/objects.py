@@ -48,8 +48,5 @@ def copy_published(src: str, dst: str) -> str:
     """Republish the published prefix ``src`` at ``dst`` (same files, new manifest); returns ``dst``."""
     published = open_published(open_store(src), "")
     with scratch_dir("peagle-copy-") as tmp:
-        published.download(tmp)
-        for marker in ("_MANIFEST.json", "_SUCCESS"):
-            (tmp / marker).unlink(missing_ok=True)
-        publish_dir(open_store(dst), "", tmp, overwrite=True)
+        publish_dir(open_store(dst), "", published.download(tmp), overwrite=True)
     return dst

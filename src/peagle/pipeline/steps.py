@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..scratch import scratch_dir
 from ..stage_io import fetched_input, is_remote
@@ -37,14 +36,6 @@ def load_run(run_uri: str) -> tuple[PipelineRun, RunLayout]:
 def scratch(prefix: str):
     """A local scratch directory for one step, removed after; a killed step's is swept by the next."""
     return scratch_dir(f"peagle-{prefix}-")
-
-
-@contextmanager
-def staged(uri: str) -> Iterator[Path]:
-    """A local directory published to ``uri`` (local path or s3://) when the block succeeds."""
-    with scratch("out") as tmp:
-        yield tmp
-        publish_dir(open_store(uri), "", tmp, overwrite=True)
 
 
 def fetch(uri: str) -> Path:
@@ -143,8 +134,7 @@ def prepare(run_uri: str) -> list[str]:
         settings = run.config.prepare
         if run.params.regenerate:
             settings = settings.model_copy(update={"sources": [str(fetch(layout.regenerated) / REGENERATED_FILE)]})
-        with staged(layout.data) as out:
-            result = run_prepare(settings, target, out, trust_remote_code=run.config.target.trust_remote_code)
+        result = run_prepare(settings, target, layout.data, trust_remote_code=run.config.target.trust_remote_code)
         info.update(result.counts)
         print("prepared: " + ", ".join(f"{k}={v}" for k, v in result.counts.items()), flush=True)
     n = run.params.extract_shards

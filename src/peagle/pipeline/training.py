@@ -62,11 +62,11 @@ def check_extraction(layout: RunLayout) -> dict[str, Any]:
 
     This is the fan-in of the extract workers: train runs after all of them (``.after`` the loop) and
     reads what they published, so no data passes through KFP."""
-    from ..extract.output import ShardDir
+    from ..extract import dataset_manifest
 
-    manifest = ShardDir(layout.hidden_states("train")).read_manifest()
+    manifest = dataset_manifest(layout.hidden_states("train"))
     if manifest is None:
-        raise TrainError(f"{layout.hidden_states('train')} has no manifest.json: extraction did not complete "
+        raise TrainError(f"{layout.hidden_states('train')} is not published: extraction did not complete "
                          "(an extract worker failed?)")
     return manifest
 

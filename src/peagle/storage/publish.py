@@ -14,8 +14,11 @@ being rewritten concurrently is never mixed with an old ``_SUCCESS``), and every
 object exists with its recorded size; ``deep=True`` also re-hashes every object. Reads through
 :class:`Published` verify each object's sha256 and name the object (shard) on mismatch.
 
-Republishing (``overwrite=True``) first deletes ``_SUCCESS`` then ``_MANIFEST.json``, so readers
-stop trusting the prefix before any of its objects change.
+Republishing (``overwrite=True``, or :func:`unpublish`) first deletes ``_SUCCESS`` then
+``_MANIFEST.json``, so readers stop trusting the prefix before any of its objects change.
+:meth:`PrefixWriter.add` records an object already under the prefix (written by another process,
+or kept from the previous publication); ``commit`` confirms it like the others.
+:meth:`Published.download` makes a local copy that is itself a published prefix.
 """
 from __future__ import annotations
 
@@ -104,8 +107,7 @@ class PrefixWriter:
             if not overwrite:
                 raise PrefixExistsError(f"{store.uri_for(self._key(''))} is already published; "
                                         "pass overwrite=True to replace it")
-            store.delete(self._key(SUCCESS))  # un-publish first: readers stop trusting it now
-            store.delete(self._key(MANIFEST))
+            unpublish(store, self.prefix)
 
     def _key(self, rel: str) -> str:
         return join_key(self.prefix, rel) if rel else (self.prefix + "/" if self.prefix else "")
@@ -128,12 +130,22 @@ class PrefixWriter:
         self._objects[rel] = ObjectInfo(rel, info.size, info.sha256)
         return self._objects[rel]
 
-    def commit(self, metadata: Mapping[str, Any] | None = None) -> Manifest:
-        """Confirm every object, then write ``_MANIFEST.json``, then ``_SUCCESS``."""
+    def add(self, rel: str, info: ObjectInfo) -> ObjectInfo:
+        """Record an object that is already at ``rel`` (size and sha256 as given); see the module doc."""
+        self._objects[self._check(rel)] = ObjectInfo(rel, info.size, info.sha256)
+        return self._objects[rel]
+
+    def commit(self, metadata: Mapping[str, Any] | None = None, *, created_at: str | None = None) -> Manifest:
+        """Confirm every object, then write ``_MANIFEST.json``, then ``_SUCCESS``.
+
+        ``created_at`` (default: now) is fixed by callers that may publish the same content from
+        several processes at once: their manifests are then byte-identical, so any interleaving of
+        the writes leaves a ``_MANIFEST.json`` that matches ``_SUCCESS``.
+        """
         if self.committed:
             raise StorageError(f"{self.store.uri_for(self._key(''))}: prefix already committed")
         manifest = Manifest(tuple(sorted(self._objects.values(), key=lambda o: o.key)),
-                            dict(metadata or {}), datetime.now(timezone.utc).isoformat())
+                            dict(metadata or {}), created_at or datetime.now(timezone.utc).isoformat())
         body = manifest.to_bytes()  # fails on non-JSON metadata before anything is published
         # Never name an object we cannot see: a store may acknowledge a write and lose it
         # (or someone deleted it meanwhile). One listing checks them all.
@@ -141,12 +153,22 @@ class PrefixWriter:
         for obj in manifest.objects:
             _check_listed(self.store, self._key(obj.key), obj.size, listing)
         self.store.put_bytes(self._key(MANIFEST), body)
-        success = {"manifest_sha256": sha256_bytes(body), "manifest_size": len(body)}
-        self.store.put_bytes(self._key(SUCCESS), json.dumps(success).encode())
+        self.store.put_bytes(self._key(SUCCESS), _success(body))
         self.committed = True
         log.info("published %s (%d objects, %d bytes)", self.store.uri_for(self._key("")),
                  len(manifest.objects), manifest.total_size)
         return manifest
+
+
+def _success(manifest_body: bytes) -> bytes:
+    return json.dumps({"manifest_sha256": sha256_bytes(manifest_body), "manifest_size": len(manifest_body)}).encode()
+
+
+def unpublish(store: Store, prefix: str) -> None:
+    """Retract a publication (``_SUCCESS``, then ``_MANIFEST.json``); its objects stay. No-op if none."""
+    base = _base(prefix)
+    store.delete(join_key(base, SUCCESS))  # first: readers stop trusting the prefix now
+    store.delete(join_key(base, MANIFEST))
 
 
 def _check_listed(store: Store, key: str, size: int, listing: Mapping[str, int]) -> None:
@@ -170,12 +192,13 @@ def publish(store: Store, prefix: str, items: Mapping[str, bytes | str | os.Path
 
 def publish_dir(store: Store, prefix: str, local_dir: str | os.PathLike,
                 metadata: Mapping[str, Any] | None = None, *, overwrite: bool = False) -> Manifest:
-    """Publish every file under ``local_dir`` (recursively, relative paths as keys)."""
+    """Publish every file under ``local_dir`` (recursively, relative paths as keys), except temp
+    files and a local publication's own ``_MANIFEST.json``/``_SUCCESS`` (its data is republished)."""
     root = Path(local_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"cannot publish {root}: not a directory")
-    files = {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*"))
-             if p.is_file() and not p.name.startswith(TMP_MARKER)}
+    files = {rel: p for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith(TMP_MARKER)
+             and (rel := p.relative_to(root).as_posix()) not in _RESERVED}
     return publish(store, prefix, files, metadata, overwrite=overwrite)
 
 
@@ -200,12 +223,15 @@ class Published:
         return self.store.get_file(join_key(self.prefix, rel), dest, sha256=obj.sha256)
 
     def download(self, dest_dir: str | os.PathLike) -> Path:
-        """Copy every object into ``dest_dir`` (verified), then the manifest last."""
+        """Copy every object into ``dest_dir`` (verified), then the manifest, then ``_SUCCESS``:
+        the copy is a published prefix of the local store at ``dest_dir``."""
         dest = Path(dest_dir)
         for obj in self.manifest.objects:
             self.get_file(obj.key, dest.joinpath(*obj.key.split("/")))
-        with atomic_path(dest / MANIFEST) as tmp:
-            tmp.write_bytes(self.manifest.to_bytes())
+        body = self.manifest.to_bytes()
+        for name, data in ((MANIFEST, body), (SUCCESS, _success(body))):
+            with atomic_path(dest / name) as tmp:
+                tmp.write_bytes(data)
         return dest
 
 

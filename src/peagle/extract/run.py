@@ -1,13 +1,14 @@
-"""``run_extract``: tokenised rows -> sharded hidden states of the target + manifest.
+"""``run_extract``: tokenised rows -> sharded hidden states of the target, published (see :mod:`.output`).
 
 Fan-out: ``num_shards`` workers read the same input; input row i belongs to shard set
 ``i % num_shards`` (round robin, so sets get similar length mixes even from sorted input) and worker
 ``shard_index`` extracts only its set. Within a set, rows fill shards of ``samples_per_shard`` in
-input order: shard K of set S is ``hs-SSSSS-KKKKK.safetensors``. Every worker knows the full plan
-(names and sample ids of every set's shards), so whichever worker finds all planned shards published
-writes ``manifest.json`` -- the last one to finish, or any later rerun. Rerunning a worker skips its
-shards that are already published (record present, same header and samples, sha256 of the file OK)
-and rewrites the rest; it retracts the manifest before rewriting anything.
+input order: shard K of set S is ``hs-SSSSS-KKKKK.safetensors``. A worker publishes its shard set;
+every worker knows the full plan (names and sample ids of every set's shards), so whichever worker
+finds all planned shard sets published publishes the dataset -- the last one to finish, or any later
+rerun. Rerunning a worker reuses the shards of its published set that are planned again (same header
+and samples, sha256 of the bytes OK) and rewrites the rest; before rewriting anything it retracts
+its set's and the dataset's publications.
 
 Backends: ``hf`` runs in this process; ``vllm`` runs the engine in a child interpreter, which
 receives the pending rows through a job file and writes the shards itself.
@@ -19,26 +20,23 @@ import os
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..model.target import fingerprint, inspect_target
 from ..progress import Progress
 from ..scratch import owned_dir
+from ..storage import Store, open_store, unpublish
 from .errors import ExtractError
-from .output import ShardDir, ShardRecord, build_manifest, sample_ids_digest, shard_name
-from .rows import ExtractRow, SampleHiddenStates, as_extract_row, sample_id_of, write_job_rows
+from .output import (extract_one_shard, finalize_if_complete, intact, publish_set, published_set, sample_ids_digest,
+                     set_prefix, shard_name)
+from .rows import ExtractRow, as_extract_row, sample_id_of, write_job_rows
 from .settings import ExtractSettings, LayerIds, resolve_layer_ids
-from .shard_format import DatasetHeader, encode_shard
+from .shard_format import DatasetHeader
+from .vllm_backend import run_engine_job
 
 log = logging.getLogger(__name__)
 
 COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
-
-
-class HiddenStatesExtractor(Protocol):
-    def extract(self, rows: list[ExtractRow]) -> list[SampleHiddenStates]: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -52,18 +50,6 @@ class ExtractResult:
     shards_skipped: list[str] = field(default_factory=list)
     num_samples: int = 0  # rows of this worker's shard set
     manifest: dict[str, Any] | None = None
-
-
-def extract_one_shard(extractor: HiddenStatesExtractor, name: str, rows: list[ExtractRow], out: ShardDir,
-                      header: DatasetHeader) -> ShardRecord:
-    """Extract ``rows`` and publish them as shard ``name`` (file, then its record)."""
-    samples = extractor.extract(rows)
-    if [s.row.sample_id for s in samples] != [r.sample_id for r in rows]:
-        raise ExtractError(f"shard {name}: the backend returned samples out of order or incomplete")
-    data, stats = encode_shard(samples, header)
-    rec = out.write_shard(name, data, stats, [r.sample_id for r in rows], header)
-    log.info("wrote %s: %d samples, %d tokens, %.1f MiB", name, rec.num_samples, rec.num_tokens, rec.bytes / 2**20)
-    return rec
 
 
 def resolve_compute_dtype(setting: str, config: Any) -> str:
@@ -121,24 +107,27 @@ class _Planner:
 class _HfSink:
     """Extracts each pending shard as soon as it is complete (in this process)."""
 
-    def __init__(self, target, layer_ids: LayerIds, header: DatasetHeader, settings: ExtractSettings, out: ShardDir):
+    def __init__(self, target, layer_ids: LayerIds, header: DatasetHeader, settings: ExtractSettings, store: Store):
         self.args = (target, layer_ids, header.compute_dtype, settings.batch_size, settings.hf_device)
-        self.header, self.out = header, out
+        self.header, self.store = header, store
         self.extractor = None
+        self.entries: list[dict[str, Any]] = []
         self.progress: Progress | None = None  # the rows arrive as a stream: total unknown until the end
 
     def add(self, name: str, rows: list[ExtractRow]) -> None:
         if self.extractor is None:
-            from .hf_backend import HfHiddenStatesExtractor
+            from .hf_backend import HfHiddenStatesExtractor  # torch + transformers: only when needed
 
             self.extractor = HfHiddenStatesExtractor(*self.args)
             self.progress = Progress("extract", None, "samples")
-        extract_one_shard(self.extractor, name, rows, self.out, self.header)
+        self.entries.append(extract_one_shard(self.extractor, name, rows, self.store, self.header))
         self.progress.advance(len(rows))
 
-    def finish(self) -> None:
-        if self.progress is not None:  # every shard was written in add()
+    def finish(self) -> list[dict[str, Any]]:
+        """The entries of the shards written (every one was written in :meth:`add`)."""
+        if self.progress is not None:
             self.progress.finish()
+        return self.entries
 
     def close(self) -> None:
         if self.extractor is not None:
@@ -149,8 +138,9 @@ class _HfSink:
 class _VllmSink:
     """Collects pending shards in a job file; :meth:`finish` runs one engine over all of them."""
 
-    def __init__(self, target, layer_ids: LayerIds, header: DatasetHeader, settings: ExtractSettings, out: ShardDir):
-        self.target, self.layer_ids, self.header, self.settings, self.out = target, layer_ids, header, settings, out
+    def __init__(self, target, layer_ids: LayerIds, header: DatasetHeader, settings: ExtractSettings, store: Store):
+        self.target, self.layer_ids, self.header, self.settings = target, layer_ids, header, settings
+        self.out_uri = store.uri  # the engine process opens its own store there
         self.tmp = owned_dir("peagle-extract-job-", settings.scratch_dir)  # swept by the next job if killed
         self.rows_file = self.tmp / "rows.jsonl"
         self.fh = open(self.rows_file, "w")
@@ -169,17 +159,17 @@ class _VllmSink:
         self.pending += 1
         self.pending_rows += len(rows)
 
-    def finish(self) -> None:
-        from .vllm_backend import run_engine_job
-
+    def finish(self) -> list[dict[str, Any]]:
+        """Run the engine over the pending shards; the entries of the shards it wrote."""
         self.fh.close()
-        if self.pending:
-            job = {"target": str(self.target), "layer_ids": self.layer_ids.all, "header": self.header.as_dict(),
-                   "settings": self.settings.model_dump(), "rows_file": str(self.rows_file),
-                   "out_dir": str(self.out.root), "max_model_len": self.settings.max_model_len or self.longest + 1}
-            log.info("starting vLLM for %d shards (longest sample %d tokens)", self.pending, self.longest)
-            with Progress("extract", self.pending_rows, "samples") as progress:
-                run_engine_job(job, self.settings, progress)
+        if not self.pending:
+            return []
+        job = {"target": str(self.target), "layer_ids": self.layer_ids.all, "header": self.header.as_dict(),
+               "settings": self.settings.model_dump(), "rows_file": str(self.rows_file),
+               "out_dir": self.out_uri, "max_model_len": self.settings.max_model_len or self.longest + 1}
+        log.info("starting vLLM for %d shards (longest sample %d tokens)", self.pending, self.longest)
+        with Progress("extract", self.pending_rows, "samples") as progress:
+            return run_engine_job(job, self.settings, progress)
 
     def close(self) -> None:
         self.fh.close()
@@ -190,29 +180,34 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
                 settings: ExtractSettings | None = None, *, shard_index: int = 0, num_shards: int = 1) -> ExtractResult:
     """Extract hidden states of ``rows`` (objects or mappings with sample_id, input_ids, loss_mask).
 
-    Writes this worker's shards of ``out_dir`` and, once every planned shard is published, the
-    manifest. Raises :class:`ExtractError` naming the sample on a bad row, a duplicate sample id or a
-    token mismatch from the engine.
+    Writes and publishes this worker's shard set of ``out_dir`` and, once every planned shard set
+    is published, the dataset. Raises :class:`ExtractError` naming the sample on a bad row, a
+    duplicate sample id or a token mismatch from the engine.
     """
     settings = settings or ExtractSettings()
     if num_shards < 1 or not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index {shard_index} must be in [0, num_shards={num_shards})")
     header, layer_ids, vocab_size = make_header(target, settings)
-    out = ShardDir(out_dir)
+    store = open_store(str(out_dir))
     result = ExtractResult(str(out_dir), shard_index, num_shards)
     planner = _Planner(num_shards, settings.samples_per_shard)
     sink_cls = _VllmSink if settings.backend == "vllm" else _HfSink
-    sink = sink_cls(target, layer_ids, header, settings, out)
+    sink = sink_cls(target, layer_ids, header, settings, store)
+    published, _ = published_set(store, shard_index, header)  # this set's shards from an earlier run
+    reused: list[dict[str, Any]] = []
     seen: set[str] = set()
     own: list[ExtractRow] = []
 
     def handle_own(name: str) -> None:
-        digest = sample_ids_digest([r.sample_id for r in own])
-        if out.published_record(name, header, digest) is not None:
+        prev = published.get(name)
+        if prev is not None and prev["sample_ids_sha256"] == sample_ids_digest([r.sample_id for r in own]) \
+                and intact(store, prev):
+            reused.append(prev)
             result.shards_skipped.append(name)
         else:
-            if not result.shards_written:
-                out.remove_manifest()  # never leave a manifest over shards that are about to change
+            if not result.shards_written:  # never leave a publication over shards that are about to change
+                unpublish(store, set_prefix(shard_index))
+                unpublish(store, "")
             sink.add(name, list(own))
             result.shards_written.append(name)
         own.clear()
@@ -239,26 +234,14 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
             name = planner.close_partial(s)
             if name is not None and s == shard_index:
                 handle_own(name)
-        sink.finish()
+        entries = sorted(reused + sink.finish(), key=lambda e: e["name"])
     finally:
         sink.close()
 
-    result.manifest = finalize_if_complete(out, header, planner.planned, num_shards, settings.samples_per_shard)
+    if entries and (result.shards_written or [e["name"] for e in entries] != sorted(published)):
+        publish_set(store, shard_index, header, entries)
+    result.manifest = finalize_if_complete(store, header, planner.planned, num_shards, settings.samples_per_shard)
     log.info("shard set %d/%d: %d shards written, %d already published; dataset %s", shard_index, num_shards,
              len(result.shards_written), len(result.shards_skipped),
              "complete" if result.manifest else "waiting for other shard sets")
     return result
-
-
-def finalize_if_complete(out: ShardDir, header: DatasetHeader, planned: dict[str, str], num_shards: int,
-                         samples_per_shard: int) -> dict[str, Any] | None:
-    """Write manifest.json if every planned shard is published for this header; return it, else None."""
-    records = []
-    for name in sorted(planned):
-        rec = out.published_record(name, header, planned[name], verify_bytes=False)
-        if rec is None:
-            return None
-        records.append(rec)
-    manifest = build_manifest(header, records, num_shards, samples_per_shard)
-    out.write_manifest(manifest)  # last: its presence means the dataset is complete
-    return manifest
