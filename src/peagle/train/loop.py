@@ -293,6 +293,10 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     if env.is_main:
         final_uri = export_final(store=store, model_sd=final_sd, spec=spec, staging=staging,
                                  metadata={"step": total_steps, "kind": "peagle-draft",
+                                           # how this draft was trained, for lineage (and tests): no log parsing
+                                           "world_size": env.world_size,
+                                           "distributed": s.distributed if env.distributed else None,
+                                           "resumed_after_step": start,
                                            "metrics": json_safe(last_metrics), "val_metrics": json_safe(val_metrics)})
         print(f"[peagle.train] done: {total_steps} steps; servable draft at {final_uri}", file=sys.stderr, flush=True)
     return TrainResult(total_steps, start, final_uri, last_metrics, val_metrics, data_reads)
