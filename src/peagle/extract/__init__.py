@@ -8,13 +8,13 @@ from .errors import DatasetMismatchError, ExtractError, ShardChecksumError
 from .output import finalize_if_complete
 from .reader import HiddenStatesDataset, dataset_manifest, open_hidden_states
 from .run import ExtractResult, make_header, run_extract
-from .rows import ExtractRow, SampleHiddenStates, as_extract_row
+from .rows import ExtractRow, CapturedHiddenStates, as_extract_row
 from .settings import ExtractSettings, LayerIds, resolve_layer_ids
-from .shard_format import FORMAT, DatasetHeader, HiddenStatesSample, ShardSamples
+from .shard_format import FORMAT, DatasetHeader, ShardSample, ShardSamples
 
 __all__ = [
     "DatasetHeader", "DatasetMismatchError", "ExtractError", "ExtractResult", "ExtractRow", "ExtractSettings",
-    "FORMAT", "HiddenStatesDataset", "HiddenStatesSample", "LayerIds", "SampleHiddenStates", "ShardChecksumError",
+    "FORMAT", "HiddenStatesDataset", "ShardSample", "LayerIds", "CapturedHiddenStates", "ShardChecksumError",
     "ShardSamples", "as_extract_row", "dataset_manifest", "finalize_if_complete", "make_header", "open_hidden_states",
     "resolve_layer_ids", "run_extract",
 ]

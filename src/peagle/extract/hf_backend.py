@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .errors import ExtractError
-from .rows import ExtractRow, SampleHiddenStates
+from .rows import ExtractRow, CapturedHiddenStates
 from .settings import LayerIds
 
 log = logging.getLogger(__name__)
@@ -88,14 +88,14 @@ class HfHiddenStatesExtractor:
         return [(aux[i, : r.num_tokens].to("cpu", copy=True), last[i, : r.num_tokens].to("cpu", copy=True))
                 for i, r in enumerate(rows)]
 
-    def extract(self, rows: list[ExtractRow]) -> list[SampleHiddenStates]:
+    def extract(self, rows: list[ExtractRow]) -> list[CapturedHiddenStates]:
         """Hidden states of ``rows``, returned in the order given."""
         order = sorted(range(len(rows)), key=lambda i: rows[i].num_tokens)  # less padding per batch
-        results: dict[int, SampleHiddenStates] = {}
+        results: dict[int, CapturedHiddenStates] = {}
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             for i, (aux, last) in zip(idx, self._forward([rows[i] for i in idx])):
-                results[i] = SampleHiddenStates(rows[i], aux, last)
+                results[i] = CapturedHiddenStates(rows[i], aux, last)
         return [results[i] for i in range(len(rows))]
 
     def close(self) -> None:

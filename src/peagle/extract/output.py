@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from ..storage import IncompletePrefixError, ObjectInfo, ObjectNotFoundError, PrefixWriter, Store, open_published
 from .errors import ExtractError
-from .rows import ExtractRow, SampleHiddenStates
+from .rows import ExtractRow, CapturedHiddenStates
 from .shard_format import DatasetHeader, encode_shard
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ SHARD_SUFFIX = ".safetensors"
 
 
 class HiddenStatesExtractor(Protocol):
-    def extract(self, rows: list[ExtractRow]) -> list[SampleHiddenStates]: ...
+    def extract(self, rows: list[ExtractRow]) -> list[CapturedHiddenStates]: ...
 
     def close(self) -> None: ...
 

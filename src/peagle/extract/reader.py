@@ -22,7 +22,7 @@ from ..storage import (MANIFEST, ChecksumMismatchError, IncompletePrefixError, O
                        open_published, open_store)
 from .errors import DatasetMismatchError, ExtractError, ShardChecksumError
 from .output import shard_key
-from .shard_format import FORMAT, HiddenStatesSample, ShardSamples, decode_shard
+from .shard_format import FORMAT, ShardSample, ShardSamples, decode_shard
 
 
 class HiddenStatesDataset:
@@ -129,11 +129,11 @@ class HiddenStatesDataset:
                 f.cancel()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def iter_samples(self, shards: list[str] | None = None, prefetch: int = 1) -> Iterator[HiddenStatesSample]:
+    def iter_samples(self, shards: list[str] | None = None, prefetch: int = 1) -> Iterator[ShardSample]:
         for shard in self.iter_shards(shards, prefetch):
             yield from shard
 
-    def __iter__(self) -> Iterator[HiddenStatesSample]:
+    def __iter__(self) -> Iterator[ShardSample]:
         return self.iter_samples()
 
     def __len__(self) -> int:

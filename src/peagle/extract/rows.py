@@ -4,7 +4,7 @@ Input: any iterable of rows carrying ``sample_id``, ``input_ids`` and ``loss_mas
 those attributes (e.g. :class:`peagle.data.rows.Sample`) or mappings with those keys (e.g. rows read
 back from the prepared parquet shards). :func:`as_extract_row` normalises one.
 
-Output of a backend: one :class:`SampleHiddenStates` per row, in row order.
+Output of a backend: one :class:`CapturedHiddenStates` per row, in row order.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class ExtractRow:
 
 
 @dataclass
-class SampleHiddenStates:
+class CapturedHiddenStates:
     """Hidden states of one sample, as a backend returns them.
 
     ``aux`` [T, 3, H] (aux layer ids in ascending order), ``last`` [T, H] (last layer, pre final

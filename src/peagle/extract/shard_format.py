@@ -28,7 +28,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .errors import ExtractError
-from .rows import SampleHiddenStates
+from .rows import CapturedHiddenStates
 
 FORMAT = "peagle.hidden_states/v1"
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -78,7 +78,7 @@ class ShardStats:
 
 
 @dataclass
-class HiddenStatesSample:
+class ShardSample:
     """One sample read back: ``aux_hidden`` [T, 3, H], ``last_hidden`` [T, H] (de-quantised)."""
 
     sample_id: str
@@ -136,11 +136,11 @@ class ShardSamples:
             return dequantize_fp8(x, scale, self.out_dtype)
         return x.to(self.out_dtype)
 
-    def sample(self, i: int) -> HiddenStatesSample:
+    def sample(self, i: int) -> ShardSample:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         aux_scale = None if self.aux_scale is None else self.aux_scale[a:b]
         last_scale = None if self.last_scale is None else self.last_scale[a:b]
-        return HiddenStatesSample(self.sample_ids[i], self.token_ids[a:b].long(), self.loss_mask[a:b],
+        return ShardSample(self.sample_ids[i], self.token_ids[a:b].long(), self.loss_mask[a:b],
                                   self._hidden(self.aux_hidden[a:b], aux_scale),
                                   self._hidden(self.last_hidden[a:b], last_scale))
 
@@ -170,7 +170,7 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> 
 # encode / decode
 
 
-def encode_shard(samples: list[SampleHiddenStates], header: DatasetHeader) -> tuple[bytes, ShardStats]:
+def encode_shard(samples: list[CapturedHiddenStates], header: DatasetHeader) -> tuple[bytes, ShardStats]:
     """Serialise ``samples`` (in order) into the bytes of one shard file."""
     if not samples:
         raise ExtractError("cannot write an empty shard")

@@ -35,7 +35,7 @@ from ..engine.llm import KV_CACHE_ENV
 from ..storage import open_store
 from .errors import ExtractError
 from .output import extract_one_shard
-from .rows import ExtractRow, SampleHiddenStates, read_job_shards
+from .rows import ExtractRow, CapturedHiddenStates, read_job_shards
 from .settings import ExtractSettings, LayerIds
 from .shard_format import DatasetHeader
 
@@ -48,7 +48,7 @@ ERROR_MARKER = "PEAGLE_EXTRACT_ERROR "
 PROGRESS_MARKER = "PEAGLE_EXTRACT_PROGRESS "
 
 
-def read_request_file(path: str, row: ExtractRow) -> SampleHiddenStates:
+def read_request_file(path: str, row: ExtractRow) -> CapturedHiddenStates:
     """Load one connector output file for ``row`` (waiting for its write to finish), then delete it."""
     lock_path = path + ".lock"
     try:
@@ -77,7 +77,7 @@ def read_request_file(path: str, row: ExtractRow) -> SampleHiddenStates:
     if hs.ndim != 3 or hs.shape[0] != row.num_tokens or hs.shape[1] != 4:
         raise ExtractError(f"sample {row.sample_id!r}: hidden_states has shape {tuple(hs.shape)}, "
                            f"expected ({row.num_tokens}, 4, H)")
-    return SampleHiddenStates(row, hs[:, :3].contiguous(), hs[:, 3].contiguous())
+    return CapturedHiddenStates(row, hs[:, :3].contiguous(), hs[:, 3].contiguous())
 
 
 class VllmHiddenStatesExtractor:
@@ -112,7 +112,7 @@ class VllmHiddenStatesExtractor:
         self.llm = engine.build_llm(kwargs, kv_cache_gib=settings.cpu_kv_cache_gib)
         self.params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
 
-    def extract(self, rows: list[ExtractRow]) -> list[SampleHiddenStates]:
+    def extract(self, rows: list[ExtractRow]) -> list[CapturedHiddenStates]:
         """Hidden states of ``rows``, in the order given (vLLM schedules them as one batch)."""
         prompts = [{"prompt_token_ids": list(r.input_ids)} for r in rows]
         hook = progress_mod.vllm_tqdm(self.progress) if self.progress is not None else False

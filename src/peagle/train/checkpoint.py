@@ -8,7 +8,7 @@ Layout under ``train.output`` (any :func:`peagle.storage.open_store` URI)::
         rng.safetensors              "rank<r>/torch_cpu" (+ "rank<r>/torch_cuda") generator states
         trainer_state.json           step, epoch, scheduler, optimizer param groups, plan fingerprint, spec
         metrics.jsonl                the metrics log up to this step
-        manifest.json, _SUCCESS      written last by the publication protocol
+        _MANIFEST.json, _SUCCESS     written last by the publication protocol
     final/                           vLLM-servable draft (peagle.model.save_draft), published the same way
 
 A prefix without ``_SUCCESS`` (a writer killed mid-upload) is never chosen and otherwise ignored:

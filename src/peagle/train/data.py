@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from ..stage_io import local_path
+from ..storage.base import atomic_path
 from ..errors import PeagleError
 
 # One training sample: sample_id, input_ids, loss_mask, aux_hidden, last_hidden (check_sample holds the shapes).
@@ -112,10 +113,8 @@ def write_sample_file(path: str | os.PathLike, info: DatasetInfo, samples: list[
     }
     metadata = {"format": SAMPLE_FILE_FORMAT, "info": info.to_json(),
                 "sample_ids": json.dumps([str(s["sample_id"]) for s in samples])}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
     return path
 
 
