@@ -58,16 +58,21 @@ def _draft_info(draft_dir: str) -> tuple[dict[str, Any], Any]:
 
 
 def sweep_ks(settings: EvaluateSettings, trained_depths: int | None) -> list[int]:
-    """The K values to run (offline mode); refuses K beyond the trained depths unless allowed."""
+    """The K values to run (offline mode): ``num_speculative_tokens`` (default 1..the trained depths)
+    plus the ``sweep_k`` values within the trained depths; refuses a requested K beyond the trained
+    depths unless allowed."""
     if settings.num_speculative_tokens is None:
         if trained_depths is None:
             raise ConfigError("evaluate.num_speculative_tokens is required when the draft's depths are unknown")
-        return list(range(1, trained_depths + 1))
-    ks = list(settings.num_speculative_tokens)
+        ks = list(range(1, trained_depths + 1))
+    else:
+        ks = list(settings.num_speculative_tokens)
     if trained_depths is not None and max(ks) > trained_depths and not settings.allow_untrained_depths:
         raise ConfigError(f"evaluate.num_speculative_tokens {ks} exceeds the draft's {trained_depths} trained depths; "
                           "vLLM would serve untrained positions (set evaluate.allow_untrained_depths to do it anyway)")
-    return ks
+    limit = trained_depths if trained_depths is not None and not settings.allow_untrained_depths else None
+    extra = [k for k in settings.sweep_k if limit is None or k <= limit]
+    return sorted(set(ks) | set(extra))
 
 
 def _offline(settings: EvaluateSettings, target_dir: str, target_fingerprint: str, draft_dir: str, spec,
