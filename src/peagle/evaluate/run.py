@@ -174,8 +174,13 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     pos = ", ".join(f"{a:.3f}" for a in s["per_position_acceptance"] or [])
     lines = [f"K={s['num_speculative_tokens']} {s['sampling']['name']}: acceptance length "
              f"{_num(s['acceptance_length'])} (per position {pos or '-'}), speedup {_num(s['speedup'])}"]
+    for name, f in (s.get("sets") or {}).items():
+        ci = (f.get("confidence") or {}).get("acceptance_length")
+        first = (f["per_position_acceptance"] or [None])[0]
+        lines.append(f"  set {name:<16} AL {_num(f['acceptance_length'])}"
+                     + (f" [{ci[0]:.3f}-{ci[1]:.3f}]" if ci else "") + f"  first position {_num(first)}")
     for cat, f in s["categories"].items():
-        lines.append(f"  {cat:<16} AL {_num(f['acceptance_length'])}  speedup {_num(f['speedup'])}")
+        lines.append(f"  {cat:<20} AL {_num(f['acceptance_length'])}  speedup {_num(f['speedup'])}")
     for name, curves in report["acceptance_length_vs_k"].items():
         lines.append(f"AL vs K ({name}): " + ", ".join(f"K={k}: {_num(v)}" for k, v in curves["overall"].items()))
     lossless = s.get("lossless")
