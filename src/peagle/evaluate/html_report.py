@@ -71,6 +71,11 @@ def _align(cell: str) -> str:
     return " class='text'" if len(text) > 24 and not text[:1].isdigit() else ""
 
 
+def _count(counts: dict[str, Any] | None) -> str:
+    """identical/compared without a verdict (bf16 differences can be noise; the float32 check decides)."""
+    return f'{counts["identical"]}/{counts["compared"]}' if counts else "–"
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     # a cell starting with a letter or a tag is text (left), a number right
@@ -109,7 +114,7 @@ def _identity_section(s: dict[str, Any]) -> list[str]:
                      "tokens accepted)</span>"])
     if lossless:
         rows.append(["bf16: target alone vs target + draft, same batches",
-                     f'{lossless["identical"]}/{lossless["compared"]}',  # not pass/fail: see the noise floor
+                     _count(lossless),  # not pass/fail: see the noise floor
                      "differences here can be rounding noise (see the next row)"])
     if sc:
         rows.append(["bf16: target alone vs target alone, prompts batched differently",
@@ -193,13 +198,13 @@ def render_html(report: dict[str, Any], plots: dict[str, bytes] | None = None) -
 
     parts.append("<h2>All runs</h2>")
     parts.append(_table(["K", "sampling", "acceptance length", "per-position acceptance (%)", "drafts", "speedup",
-                         "greedy identical"],
+                         "greedy identical (run dtype)"],
                         [[_fmt(e["num_speculative_tokens"]), html.escape(e["sampling"]["name"]),
                           _fmt(e["overall"]["acceptance_length"]) + _interval(
                               (e["overall"].get("confidence") or {}).get("acceptance_length")),
                           _pct_list(e["overall"]["per_position_acceptance"]),
                           _fmt(e["overall"]["counts"]["drafts"]), _fmt(e["overall"]["speedup"]),
-                          _lossless(e["overall"]["lossless"])] for e in report["runs"]]))
+                          _count(e["overall"]["lossless"])] for e in report["runs"]]))
     if len(report.get("num_speculative_tokens") or []) < 2:
         parts.append("<p class='note'>One K was measured, so there are no plots against K "
                      "(set <code>evaluate.sweep_k</code> to measure more).</p>")
