@@ -52,14 +52,15 @@ CONFIG: dict[str, Any] = {
     "regenerate": {"max_tokens": 192, "max_model_len": 1024, "max_turns": 1, "max_prompt_tokens": 128,
                    "batch_size": 512},
     # Evaluation on prompts no stage trained on: 48 first turns of the ShareGPT hold-out
-    # (peagle.data.heldout) and 2 MT-Bench questions per category (16), 96 tokens each, greedy;
-    # K = 2 and the trained K (one engine each) for the AL/speedup-vs-K plots. Cost: 64 prompts x
-    # 4 passes (baseline, its re-batched self-consistency run, K=2, K=4) x 96 tokens = 24.6k tokens
-    # plus the float32 check. 48 + 24 prompts x 128 tokens at K = 1, 2, 4 (the external harness's
-    # size) is 46k tokens: measured at ~0.11 requests/s on this 2-core machine under load 8-10, i.e.
-    # well over 10 minutes even idle -- beyond the run's budget. Larger: --set evaluate.prompt_sets=...
+    # (peagle.data.heldout, one batch) and 2 MT-Bench questions per category (16, eight batches),
+    # 64 tokens each, greedy; K = 2 and the trained K (one engine each) for the AL/speedup-vs-K
+    # plots. Cost: small batches run at batch-1 speed on CPU, so the eight MT-Bench batches cost
+    # about as much as the 48 held-out prompts; estimated 5-6 min on an idle 2-core machine (a
+    # 14-prompt x 32-token run of this configuration took 530 s under load 8). The external
+    # harness's 48 + 24 prompts x 128 tokens at K = 1, 2, 4 is several times that: beyond the run's
+    # budget (--set evaluate.max_tokens=128 evaluate.sweep_k=[1,2] for it).
     # lossless_check: the float32 identity check (bf16 greedy outputs differ by numeric noise alone).
-    "evaluate": {"prompt_sets": ["sharegpt-heldout@48", "mtbench@2"], "max_tokens": 96, "sweep_k": [2],
+    "evaluate": {"prompt_sets": ["sharegpt-heldout@48", "mtbench@2"], "max_tokens": 64, "sweep_k": [2],
                  "temperatures": [0.0], "measure_baseline": True,
                  "max_model_len": 1024, "cpu_kv_cache_gib": 2, "engine_in_process": True,
                  "lossless_check": "float32", "lossless_check_prompts": 6},
