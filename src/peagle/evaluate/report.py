@@ -11,10 +11,13 @@ Layout (``format`` = :data:`REPORT_FORMAT`)::
     samplings           [{name, temperature, top_p, seed}]
     num_speculative_tokens  [K, ...]                   the sweep
     baseline            {sampling: {overall: {...}, categories: {category: {...}}}} | null
-    runs                [{num_speculative_tokens, sampling, overall: FIG, categories: {category: FIG}}]
+    runs                [{num_speculative_tokens, sampling, overall: FIG, categories: {category: FIG},
+                          sets: {set: FIG}}]     set = the prompt set a category came from
+                        (sharegpt-heldout, mtbench, builtin, a file's stem): its categories pooled
     acceptance_length_vs_k  {sampling: {"overall" | category: {"K": AL}}}
     summary             the headline: K, sampling (greedy if evaluated), AL, per-position
-                        acceptance, speedup, losslessness, and the same per category
+                        acceptance, speedup, losslessness, and the same per category and per set
+                        (sets: {set: {..., confidence, categories: [category, ...]}})
                         target_self_consistency {compared, identical, differing_prompts, how}: the target
                         alone re-batched (null unless measured); lossless_float32 {dtype, num_speculative_tokens,
                         compared, identical, differing_prompts, accepted_tokens}: the float32 identity check
@@ -146,6 +149,15 @@ def _baseline_block(workloads: list[Workload], baseline: EngineRun) -> dict[str,
     return {"overall": block(workloads), "categories": {w.category: block([w]) for w in workloads}}
 
 
+def sets_of(workloads: list[Workload], prompt_sets: dict[str, Any]) -> dict[str, list[Workload]]:
+    """Workloads grouped by the prompt set their category came from (``PromptSet.group``), in order."""
+    out: dict[str, list[Workload]] = {}
+    for w in workloads:
+        ps = prompt_sets.get(w.category)
+        out.setdefault(getattr(ps, "group", "") or w.category, []).append(w)
+    return out
+
+
 def headline_k(ks: list[int], trained_depths: int | None, requested: int | None) -> int:
     if requested is not None:
         if requested not in ks:
@@ -172,21 +184,26 @@ def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload],
     for s in samplings:
         ws = [w for w in workloads if w.sampling == s]
         curve = al_vs_k.setdefault(s.name, {"overall": {}, **{w.category: {} for w in ws}})
+        groups = sets_of(ws, prompt_sets)
         for run in spec_runs:
             overall = _figures(ws, run, baseline)
             cats = {w.category: _figures([w], run, baseline) for w in ws}
             entries.append({"num_speculative_tokens": run.num_speculative_tokens, "sampling": s.as_dict(),
-                            "overall": overall, "categories": cats})
+                            "overall": overall, "categories": cats,
+                            "sets": {g: _figures(gws, run, baseline) for g, gws in groups.items()}})
             curve["overall"][str(run.num_speculative_tokens)] = overall["acceptance_length"]
             for c, f in cats.items():
                 curve[c][str(run.num_speculative_tokens)] = f["acceptance_length"]
     head_s = next((s for s in samplings if s.greedy), samplings[0])
     head = next(e for e in entries if e["num_speculative_tokens"] == head_k and e["sampling"]["name"] == head_s.name)
+    groups_head = sets_of([w for w in workloads if w.sampling == head_s], prompt_sets)
     keep = ("acceptance_length", "per_position_acceptance", "conditional_acceptance", "confidence", "speedup",
             "tokens_per_s", "baseline_tokens_per_s")
     summary = {"num_speculative_tokens": head_k, "sampling": head_s.as_dict(),
                **{k: head["overall"][k] for k in keep}, "lossless": head["overall"]["lossless"],
-               "categories": {c: {k: f[k] for k in keep} for c, f in head["categories"].items()}}
+               "categories": {c: {k: f[k] for k in keep} for c, f in head["categories"].items()},
+               "sets": {g: {**{k: f[k] for k in keep}, "categories": [w.category for w in groups_head[g]]}
+                        for g, f in head["sets"].items()}}
     summary["target_self_consistency"] = _self_consistency(workloads, baseline)
     summary["lossless_float32"] = _lossless_float32(checks)
     if offline is not None:

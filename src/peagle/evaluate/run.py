@@ -61,16 +61,21 @@ def _draft_info(draft_dir: str) -> tuple[dict[str, Any], Any]:
 
 
 def sweep_ks(settings: EvaluateSettings, trained_depths: int | None) -> list[int]:
-    """The K values to run (offline mode); refuses K beyond the trained depths unless allowed."""
+    """The K values to run (offline mode): ``num_speculative_tokens`` (default 1..the trained depths)
+    plus the ``sweep_k`` values within the trained depths; refuses a requested K beyond the trained
+    depths unless allowed."""
     if settings.num_speculative_tokens is None:
         if trained_depths is None:
             raise ConfigError("evaluate.num_speculative_tokens is required when the draft's depths are unknown")
-        return list(range(1, trained_depths + 1))
-    ks = list(settings.num_speculative_tokens)
+        ks = list(range(1, trained_depths + 1))
+    else:
+        ks = list(settings.num_speculative_tokens)
     if trained_depths is not None and max(ks) > trained_depths and not settings.allow_untrained_depths:
         raise ConfigError(f"evaluate.num_speculative_tokens {ks} exceeds the draft's {trained_depths} trained depths; "
                           "vLLM would serve untrained positions (set evaluate.allow_untrained_depths to do it anyway)")
-    return ks
+    limit = trained_depths if trained_depths is not None and not settings.allow_untrained_depths else None
+    extra = [k for k in settings.sweep_k if limit is None or k <= limit]
+    return sorted(set(ks) | set(extra))
 
 
 def _offline(settings: EvaluateSettings, target_dir: str, target_fingerprint: str, draft_dir: str, spec,
@@ -172,8 +177,13 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     pos = ", ".join(f"{a:.3f}" for a in s["per_position_acceptance"] or [])
     lines = [f"K={s['num_speculative_tokens']} {s['sampling']['name']}: acceptance length "
              f"{_num(s['acceptance_length'])} (per position {pos or '-'}), speedup {_num(s['speedup'])}"]
+    for name, f in (s.get("sets") or {}).items():
+        ci = (f.get("confidence") or {}).get("acceptance_length")
+        first = (f["per_position_acceptance"] or [None])[0]
+        lines.append(f"  set {name:<16} AL {_num(f['acceptance_length'])}"
+                     + (f" [{ci[0]:.3f}-{ci[1]:.3f}]" if ci else "") + f"  first position {_num(first)}")
     for cat, f in s["categories"].items():
-        lines.append(f"  {cat:<16} AL {_num(f['acceptance_length'])}  speedup {_num(f['speedup'])}")
+        lines.append(f"  {cat:<20} AL {_num(f['acceptance_length'])}  speedup {_num(f['speedup'])}")
     for name, curves in report["acceptance_length_vs_k"].items():
         lines.append(f"AL vs K ({name}): " + ", ".join(f"K={k}: {_num(v)}" for k, v in curves["overall"].items()))
     lossless = s.get("lossless")

@@ -29,7 +29,8 @@ class EvaluateSettings(StrictModel):
     prompt_sets: list[str] = Field(
         default_factory=lambda: list(BUILTIN_CATEGORIES),
         description="prompt sets: built-in categories (code math summarization qa translation writing), "
-        "'mtbench', 'mtbench:<category>' or .jsonl files",
+        "'mtbench', 'mtbench:<category>', 'sharegpt-heldout' (ShareGPT first turns no stage trains on) or "
+        ".jsonl files; '<set>@N' keeps the first N prompts of each of its categories",
     )
     prompts_per_category: int | None = Field(None, ge=1, description="use only the first N prompts of each category")
     system_prompt: str | None = Field(None, description="system message prepended to every prompt")
@@ -41,6 +42,10 @@ class EvaluateSettings(StrictModel):
         None, description="offline mode: K values to sweep (one engine each); default 1..the draft's trained depths "
         "(an endpoint serves its own K)"
     )
+    sweep_k: list[int] = Field(
+        default_factory=list, description="offline mode: more K values measured besides num_speculative_tokens "
+        "(one engine each, all prompts; a draft trained for K depths serves any k <= K), for the AL/speedup vs K "
+        "plots; values above the draft's trained depths are left out")
     allow_untrained_depths: bool = Field(
         False, description="allow K above the draft's trained depths (vLLM 0.32 accepts any K for a P-EAGLE draft; "
         "the extra positions were never trained)"
@@ -119,6 +124,13 @@ class EvaluateSettings(StrictModel):
                 raise ValueError(f"K values must be >= 1, got {v}")
             v = sorted(set(v))
         return v
+
+    @field_validator("sweep_k")
+    @classmethod
+    def _sweep_ks(cls, v: list[int]) -> list[int]:
+        if any(k < 1 for k in v):
+            raise ValueError(f"sweep_k values must be >= 1, got {v}")
+        return sorted(set(v))
 
     @field_validator("temperatures")
     @classmethod

@@ -51,8 +51,17 @@ CONFIG: dict[str, Any] = {
     # 128 tokens are skipped (about a quarter of ShareGPT): rows are cut at 256 tokens anyway.
     "regenerate": {"max_tokens": 192, "max_model_len": 1024, "max_turns": 1, "max_prompt_tokens": 128,
                    "batch_size": 512},
+    # Evaluation on prompts no stage trained on: 48 first turns of the ShareGPT hold-out
+    # (peagle.data.heldout, one batch) and 2 MT-Bench questions per category (16, eight batches),
+    # 64 tokens each, greedy; K = 2 and the trained K (one engine each) for the AL/speedup-vs-K
+    # plots. Cost: small batches run at batch-1 speed on CPU, so the eight MT-Bench batches cost
+    # about as much as the 48 held-out prompts; estimated 5-6 min on an idle 2-core machine (a
+    # 14-prompt x 32-token run of this configuration took 530 s under load 8). The external
+    # harness's 48 + 24 prompts x 128 tokens at K = 1, 2, 4 is several times that: beyond the run's
+    # budget (--set evaluate.max_tokens=128 evaluate.sweep_k=[1,2] for it).
     # lossless_check: the float32 identity check (bf16 greedy outputs differ by numeric noise alone).
-    "evaluate": {"prompts_per_category": 2, "max_tokens": 64, "temperatures": [0.0], "measure_baseline": True,
+    "evaluate": {"prompt_sets": ["sharegpt-heldout@48", "mtbench@2"], "max_tokens": 64, "sweep_k": [2],
+                 "temperatures": [0.0], "measure_baseline": True,
                  "max_model_len": 1024, "cpu_kv_cache_gib": 2, "engine_in_process": True,
                  "lossless_check": "float32", "lossless_check_prompts": 6},
 }
