@@ -5,7 +5,7 @@ Not a test: it prints figures measured in one run (they depend on the machine an
 
 Inputs. ``--run <pipeline run dir>`` (a finished ``peagle run``: its ``hidden_states/train`` and
 ``models/target``), or ``--data <hidden-state dir> --target <target dir>``. Every variant trains
-on exactly those samples with the embedded recipe (:mod:`peagle.pipeline.embedded`: its ``draft``
+on exactly those samples with the embedded recipe (:mod:`peagle.pipeline.local.embedded`: its ``draft``
 and ``train`` sections, K and epochs) plus the variant's overrides, in a fresh
 ``python -m peagle.train`` process (wall time = that process), then is measured in a fresh
 ``python -m peagle.evaluate`` process: vLLM, greedy, K = the trained depths, on
@@ -46,7 +46,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from peagle.pipeline import embedded  # noqa: E402
+from peagle.pipeline.local import embedded  # noqa: E402
 
 # name -> overrides ("section.key": value) on top of the embedded recipe
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     headers = ["variant", "overrides", "train s", "steps", f"held-out AL (K={k}) [95% CI]",
                "first-position acceptance [95% CI]", "MT-Bench AL" if a.mtbench else ""]
     print(_format(headers, rows))
-    print(f"data {data}; target {target}; recipe: peagle.pipeline.embedded"
+    print(f"data {data}; target {target}; recipe: peagle.pipeline.local.embedded"
           + (f"; epochs {a.epochs}" if a.epochs else "") + (f"; max_steps {max_steps}" if max_steps else ""))
     return 0 if all("failed" not in r[4] for r in rows) else 1
 
