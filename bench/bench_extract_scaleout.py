@@ -97,7 +97,7 @@ def prepare(args, work: Path) -> tuple[Path, Path, list[list[int]]]:
     else:
         target = Path(args.target)
     data = work / f"data-{args.samples}-{args.max_length}"
-    if not (data / "manifest.json").exists():
+    if not (data / "_SUCCESS").exists():  # a complete publication
         run_prepare(PrepareSettings(max_samples=args.samples, max_length=args.max_length, validation_fraction=0.0),
                     target, data)
     ids = read_split(data, "train").column("input_ids").to_pylist()

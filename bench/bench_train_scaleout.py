@@ -30,7 +30,7 @@ def extract_data(target: Path, work: Path, samples: int, length: int) -> Path:
     from peagle.extract import ExtractSettings, run_extract
 
     out = work / f"hs-{samples}-{length}"
-    if not (out / "manifest.json").exists():
+    if not (out / "_SUCCESS").exists():  # a complete publication
         rng = random.Random(0)
         vocab = int(json.loads((target / "config.json").read_text())["vocab_size"])
         rows = [{"sample_id": f"s{i:04d}", "input_ids": [rng.randrange(vocab) for _ in range(length)],

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from peagle.extract import ExtractSettings, HiddenStatesDataset, run_extract
+from peagle.extract.reader import dataset_manifest
 from peagle.pipeline.local.embedded import CONFIG, PARAMS
 from peagle.train import TrainRunConfig, train
 from peagle.train.batches import epoch_order, plan_fingerprint, plan_run, shard_windows
@@ -116,7 +117,7 @@ def _loads_per_epoch(extracted, cache_bytes, window_shards, epochs=3, monkeypatc
 def test_windowed_order_reads_each_shard_once_per_epoch_global_order_many_times(extracted, monkeypatch):
     cache = _two_shard_cache(extracted)
     windowed, names, ds = _loads_per_epoch(extracted, cache, None, monkeypatch=monkeypatch)
-    shard_file = {e["name"]: e["bytes"] for e in json.loads((extracted / "manifest.json").read_text())["shards"]}
+    shard_file = {e["name"]: e["bytes"] for e in dataset_manifest(extracted)["shards"]}
     for (loads, nbytes), read in zip(windowed, names):
         assert len(read) == len(set(read)) and loads <= SHARDS  # no shard twice in an epoch
         assert nbytes == sum(shard_file[n] for n in read)  # bytes read = loads x shard bytes
@@ -129,7 +130,7 @@ def test_windowed_order_reads_each_shard_once_per_epoch_global_order_many_times(
 
 def test_trainer_reports_bytes_read_per_epoch_and_resumes_exactly(extracted, qwen3_target, tmp_path):
     cache = _two_shard_cache(extracted)
-    shard_bytes = json.loads((extracted / "manifest.json").read_text())["shards"][0]["bytes"]
+    shard_bytes = dataset_manifest(extracted)["shards"][0]["bytes"]
 
     def run(name: str, **kw):
         cfg = tiny_config(qwen3_target, tmp_path / name, data=str(extracted), row_tokens=40, global_batch_rows=2,
