@@ -122,10 +122,10 @@ def _run(report: dict, k: int, sampling: str) -> dict:
 def test_trained_draft_is_accepted_and_untrained_is_not(evaluated, qwen3_target):
     r0, r1 = evaluated["r0"], evaluated["r1"]
     assert r0.returncode == 1, r0.stdout + r0.stderr[-3000:]  # the gate stops the untrained draft
-    assert "gate FAILED" in r0.stderr
     assert r1.returncode == 0, r1.stdout + r1.stderr[-3000:]
     before = json.loads(evaluated["report0"].read_text())
     after = json.loads(evaluated["report1"].read_text())
+    assert before["gate"]["passed"] is False and after["gate"]["passed"] is True
     al0, al1 = before["summary"]["acceptance_length"], after["summary"]["acceptance_length"]
     print(f"vLLM acceptance length at K={K}, greedy: untrained {al0:.3f}, trained {al1:.3f}")
     print("per-position acceptance, trained:", [round(a, 3) for a in after["summary"]["per_position_acceptance"]])

@@ -158,8 +158,9 @@ def test_retries_are_bounded_and_end_in_a_clear_error(caplog):
     assert time.monotonic() - start < 10
     msg = str(e.value)
     assert "s3://peagle-test/unreachable/shards/shard-00001.bin" in msg and dead in msg
-    assert "after 3 attempts" in msg
-    assert len([r for r in caplog.records if "retrying" in r.getMessage()]) == 2
+    assert "after 3 attempts" in msg  # the message says it was retried ...
+    assert e.value.attempts == 3 and store.retries == 2  # ... and the error and the store count it
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2  # each retry is logged
     assert SECRET_KEY not in all_text(e.value) + caplog.text
 
 
@@ -231,12 +232,11 @@ def crash_settings(server, attempts: int):
         connect_timeout=2, read_timeout=20)
 
 
-def test_server_killed_mid_upload_then_restarted_retries_to_success(crashable, tmp_path, caplog):
+def test_server_killed_mid_upload_then_restarted_retries_to_success(crashable, tmp_path):
     store = S3Store(BUCKET, "crash", crash_settings(crashable, attempts=10))
     big = tmp_path / "model.safetensors"
     big.write_bytes(os.urandom(11 * MiB))
     state = kill_on(store, crashable, "UploadPart", lambda p: p["PartNumber"] == 2, restart_after=1.0)
-    caplog.set_level(logging.WARNING, logger="peagle.storage")
 
     writer = PrefixWriter(store, "ckpt")
     writer.put_bytes("config.json", b'{"arch": "qwen3"}')
@@ -245,7 +245,7 @@ def test_server_killed_mid_upload_then_restarted_retries_to_success(crashable, t
     manifest = writer.commit({"step": 1})
     state["thread"].join(timeout=60)
 
-    assert state["killed"].is_set() and any("retrying" in r.getMessage() for r in caplog.records)
+    assert state["killed"].is_set() and store.retries >= 1
     pub = open_published(store, "ckpt", deep=True)  # every named object exists, full size, right hash
     assert pub.manifest == manifest
     assert pub.get_file("model.safetensors", tmp_path / "back").read_bytes() == big.read_bytes()

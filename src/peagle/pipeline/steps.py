@@ -85,7 +85,7 @@ def init_run(*, output_root: str, run_name: str, job_id: str, config: str, **par
 
     Fails before any heavy work when a setting is invalid. Returns the run URI.
     """
-    with stage("init_run"):
+    with stage("init_run") as info:
         check_uri(output_root, "output_root")
         p = PipelineParams(**params)
         uri = make_run_uri(output_root, run_name, job_id)
@@ -95,6 +95,7 @@ def init_run(*, output_root: str, run_name: str, job_id: str, config: str, **par
         print(f"run {uri}: K={run.config.draft.num_depths} layers={run.config.draft.num_layers} "
               f"train_mode={p.train_mode} shards={p.extract_shards}", flush=True)
         t = run.config.target
+        info["target_reused"] = is_published(layout.target)  # a rerun of the run: normalised before
         ensure_target(p.target, layout.target, t.dtype, t.trust_remote_code)
     return uri
 

@@ -9,7 +9,12 @@ from ..errors import PeagleError
 
 
 class StorageError(PeagleError):
-    """A storage operation failed; the message names the object URI (and S3 endpoint)."""
+    """A storage operation failed; the message names the object URI (and S3 endpoint).
+
+    ``attempts``: how many times the operation was tried (set by the retry loop; 1 if not retried).
+    """
+
+    attempts: int = 1
 
 
 class StorageConfigError(StorageError, ValueError):

@@ -102,12 +102,14 @@ def call_with_retry(
     on_final: Callable[[BaseException, int, float], BaseException],
     redact: Callable[[str], str] = lambda s: s,
     sleep: Callable[[float], None] = time.sleep,
+    on_retry: Callable[[int], None] | None = None,
 ) -> T:
     """Run ``fn`` until it succeeds, fails permanently, or ``policy.max_attempts`` are used.
 
     ``what`` describes the operation for logs (object URI and endpoint, no credentials).
     ``on_final(exc, attempts, elapsed_s)`` builds the exception raised at the end; it is raised
-    ``from`` the last error so the botocore details stay available for debugging.
+    ``from`` the last error so the botocore details stay available for debugging; it carries
+    ``attempts``. ``on_retry(attempt)`` is called before each retry (the store counts them).
     """
     start = time.monotonic()
     for attempt in range(1, policy.max_attempts + 1):
@@ -115,7 +117,11 @@ def call_with_retry(
             return fn()
         except Exception as exc:  # noqa: BLE001 - classified below, re-raised as StorageError
             if not is_transient(exc) or attempt == policy.max_attempts:
-                raise on_final(exc, attempt, time.monotonic() - start) from exc
+                final = on_final(exc, attempt, time.monotonic() - start)
+                final.attempts = attempt
+                raise final from exc
+            if on_retry is not None:
+                on_retry(attempt)
             wait = policy.delay(attempt)
             log.warning("%s: transient %s (attempt %d/%d), retrying in %.2fs", what,
                         redact(f"{type(exc).__name__}: {exc}"), attempt, policy.max_attempts, wait)

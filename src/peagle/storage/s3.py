@@ -47,6 +47,7 @@ class S3Store(Store):
         self.settings = settings if settings is not None else S3Settings.from_env()
         self._client = client if client is not None else self.settings.make_client()
         self._transfer = self.settings.transfer.to_boto()
+        self.retries = 0  # transient failures retried so far, all operations together
 
     @property
     def uri(self) -> str:
@@ -88,7 +89,11 @@ class S3Store(Store):
             tries = f" after {attempts} attempts over {elapsed:.1f}s" if attempts > 1 else ""
             return StorageError(f"{what} failed{tries}: {detail}")
 
-        return call_with_retry(fn, self.settings.retry, what, final, redact=self.settings.redact)
+        return call_with_retry(fn, self.settings.retry, what, final, redact=self.settings.redact,
+                               on_retry=self._count_retry)
+
+    def _count_retry(self, attempt: int) -> None:
+        self.retries += 1
 
     # -- backend hooks --------------------------------------------------------------------
     def _put_bytes(self, key: str, data: bytes) -> None:
