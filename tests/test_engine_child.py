@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import sys
 import textwrap
 import threading
@@ -118,10 +119,16 @@ def test_keyboard_interrupt_in_the_parent_kills_the_group(tmp_path):
         time.sleep(0.3)
         _thread.interrupt_main()
 
-    threading.Thread(target=interrupt_main_soon, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        run_child([sys.executable, "-c", code], timeout=60,
-                  progress=Progress("t", None, "x", stream=io.StringIO(), tty=False))
+    # interrupt_main() runs whatever SIGINT handler is installed: make it Python's default one, as in a
+    # terminal (something run earlier in this test process may have left another; the full suite hit it).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_main_soon, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            run_child([sys.executable, "-c", code], timeout=60,
+                      progress=Progress("t", None, "x", stream=io.StringIO(), tty=False))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert _wait_gone(int(pid_file.read_text()))
 
 
