@@ -188,13 +188,18 @@ def _flag_type(annotation: Any) -> tuple[Any, bool, Any]:
     return annotation, False, None
 
 
-def add_flags(parser: argparse.ArgumentParser, model: type[StrictModel], section: str) -> None:
-    """Add one ``--flag`` per scalar field of ``model``; values land in ``section.field``."""
-    group = parser.add_argument_group(f"{section} settings")
+def add_flags(parser: argparse.ArgumentParser, model: type[StrictModel], section: str, *,
+              group: Any = None, prefix: str = "") -> None:
+    """Add one ``--flag`` per scalar field of ``model``; values land in ``section.field``. A nested
+    section (``train.stream``) gets prefixed flags (``--stream-window-bytes``) in the same group."""
+    group = group or parser.add_argument_group(f"{section} settings")
     for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, StrictModel):
+            add_flags(parser, field.annotation, section, group=group, prefix=f"{prefix}{name}.")
+            continue
         typ, is_list, choices = _flag_type(field.annotation)
-        flag = "--" + name.replace("_", "-")
-        dest = f"cfg__{section}__{name}"
+        flag = "--" + (prefix + name).replace("_", "-").replace(".", "-")
+        dest = f"cfg__{section}__{prefix}{name}"
         help_text = field.description or ""
         if typ is bool:
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)

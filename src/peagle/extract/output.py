@@ -5,8 +5,16 @@ Layout (any :mod:`peagle.storage` location: a local directory, ``file://`` or ``
     hs-SSSSS/hs-SSSSS-KKKKK.safetensors    shard K of shard set S (see :mod:`peagle.extract.shard_format`)
     hs-SSSSS/_MANIFEST.json, _SUCCESS      shard set S, published (:mod:`peagle.storage.publish`) by its
                                            worker; metadata: the header and the set's shard entries
+    hs-SSSSS/_CONSUMED.json                written by a streaming trainer that deleted set S after
+                                           training on it (:func:`mark_consumed`): a rerun skips S
     _MANIFEST.json, _SUCCESS               the dataset, published LAST, once every planned shard set
                                            is: every shard, metadata = the dataset manifest
+
+Which rows go where (:class:`Planner`, :func:`plan_layout`): input row i belongs to shard set
+``i % num_sets``; within a set, rows fill shards of ``samples_per_shard`` in input order. A worker
+extracts its sets in set order and publishes each as soon as its shards are written
+(:func:`extract_sets`), so a streaming trainer (:mod:`peagle.train.stream`) can start on set 0
+while later sets are still being extracted.
 
 A shard entry holds the shard's name, sha256, byte size, counts and the digest of its sample ids.
 The dataset manifest (:func:`build_manifest`) is the header, every entry in (set, index) order and
@@ -18,15 +26,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..storage import IncompletePrefixError, ObjectInfo, ObjectNotFoundError, PrefixWriter, Store, open_published
 from .errors import ExtractError
-from .rows import ExtractRow, CapturedHiddenStates
+from .rows import ExtractRow, CapturedHiddenStates, read_job_shards
 from .shard_format import DatasetHeader, encode_shard
 
 log = logging.getLogger(__name__)
 SHARD_SUFFIX = ".safetensors"
+CONSUMED = "_CONSUMED.json"
 
 
 class HiddenStatesExtractor(Protocol):
@@ -50,6 +63,54 @@ def shard_key(name: str) -> str:
 
 def sample_ids_digest(sample_ids: list[str]) -> str:
     return hashlib.sha256(json.dumps(list(sample_ids)).encode()).hexdigest()
+
+
+class Planner:
+    """Assigns rows to shard sets and shards (see the module docstring); remembers every planned
+    shard's sample ids."""
+
+    def __init__(self, num_sets: int, samples_per_shard: int):
+        self.samples_per_shard = samples_per_shard
+        self.open: list[list[str]] = [[] for _ in range(num_sets)]
+        self.next_index = [0] * num_sets
+        self.planned: dict[str, list[str]] = {}  # shard name -> its sample ids, in order
+
+    def add(self, shard_set: int, sample_id: str) -> str | None:
+        """Place one row; return the shard name when this row completes a shard."""
+        ids = self.open[shard_set]
+        ids.append(sample_id)
+        if len(ids) == self.samples_per_shard:
+            return self._close(shard_set)
+        return None
+
+    def _close(self, shard_set: int) -> str:
+        name = shard_name(shard_set, self.next_index[shard_set])
+        self.planned[name] = self.open[shard_set]
+        self.next_index[shard_set] += 1
+        self.open[shard_set] = []
+        return name
+
+    def close_partial(self, shard_set: int) -> str | None:
+        return self._close(shard_set) if self.open[shard_set] else None
+
+    def digests(self) -> dict[str, str]:
+        return {name: sample_ids_digest(ids) for name, ids in self.planned.items()}
+
+
+def plan_layout(sample_ids: Iterable[str], num_sets: int, samples_per_shard: int) -> dict[str, list[str]]:
+    """``{shard name: sample ids}`` of every shard an extraction of rows with ``sample_ids`` (in input
+    order) writes, in (set, index) order: the order of the dataset manifest and of the trainer's index."""
+    planner = Planner(num_sets, samples_per_shard)
+    for i, sid in enumerate(sample_ids):
+        planner.add(i % num_sets, sid)
+    for s in range(num_sets):
+        planner.close_partial(s)
+    return dict(sorted(planner.planned.items()))
+
+
+def set_of(name: str) -> int:
+    """The shard set of shard ``name`` (``hs-SSSSS-KKKKK.safetensors``)."""
+    return int(name.split("-")[1])
 
 
 def extract_one_shard(extractor: HiddenStatesExtractor, name: str, rows: list[ExtractRow], store: Store,
@@ -77,6 +138,51 @@ def published_set(store: Store, shard_set: int, header: DatasetHeader,
     if manifest.metadata.get("header") != header.as_dict():
         return {}, ""
     return {e["name"]: e for e in manifest.metadata["shards"]}, manifest.created_at
+
+
+def mark_consumed(store: Store, shard_set: int, info: dict[str, Any]) -> None:
+    """Record that a streaming trainer trained on shard set ``shard_set`` and is deleting it; a
+    rerun of its extraction worker then skips the set instead of extracting it again."""
+    store.put_bytes(f"{set_prefix(shard_set)}/{CONSUMED}", json.dumps(info, sort_keys=True).encode())
+
+
+def is_consumed(store: Store, shard_set: int) -> bool:
+    return store.exists(f"{set_prefix(shard_set)}/{CONSUMED}")
+
+
+@dataclass(frozen=True)
+class SetJob:
+    """One shard set to (re)extract: the shards of the set kept from an earlier run (``reused``
+    entries) and the rows of the others in a job file (:func:`peagle.extract.rows.write_job_rows`)."""
+
+    shard_set: int
+    reused: list[dict[str, Any]]
+    rows_file: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"shard_set": self.shard_set, "reused": self.reused, "rows_file": self.rows_file}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SetJob":
+        return cls(int(d["shard_set"]), list(d["reused"]), str(d["rows_file"]))
+
+
+def extract_sets(extractor: HiddenStatesExtractor, jobs: list[SetJob], store: Store, header: DatasetHeader,
+                 on_shard: Callable[[dict[str, Any], float], None] | None = None) -> list[dict[str, Any]]:
+    """Extract the shards of ``jobs`` set by set, publishing each set once its shards are written;
+    ``on_shard(entry, seconds)`` after each shard. Returns the entries of the shards written."""
+    written: list[dict[str, Any]] = []
+    for job in sorted(jobs, key=lambda j: j.shard_set):
+        entries = list(job.reused)
+        for name, rows in read_job_shards(Path(job.rows_file)):
+            t0 = time.monotonic()
+            entry = extract_one_shard(extractor, name, rows, store, header)
+            entries.append(entry)
+            written.append(entry)
+            if on_shard is not None:
+                on_shard(entry, time.monotonic() - t0)
+        publish_set(store, job.shard_set, header, sorted(entries, key=lambda e: e["name"]))
+    return written
 
 
 def intact(store: Store, entry: dict[str, Any]) -> bool:

@@ -30,6 +30,10 @@ class ExtractSettings(StrictModel):
         "< num_hidden_layers); default [2, n//2, n-3]. The last layer's pre-norm output is always added",
     )
     samples_per_shard: int = Field(64, ge=1, description="samples per safetensors shard")
+    sets_per_worker: int = Field(
+        1, ge=1, description="shard sets each extraction worker writes, one after the other, publishing each "
+        "as soon as it is done: more sets let a streaming trainer (train.data_mode=streaming) start earlier "
+        "and hold a smaller window")
     storage_dtype: Literal["bfloat16", "fp8"] = Field(
         "bfloat16",
         description="dtype of stored hidden states; 'fp8' = float8_e4m3fn with a float32 scale per token "

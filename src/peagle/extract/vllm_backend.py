@@ -3,9 +3,9 @@
 vLLM starts worker processes with spawn and holds much memory, so the engine always runs in a child
 interpreter (``python -m peagle.extract.vllm_backend``): callers -- tests, the CLI, pipeline steps --
 need no ``__main__`` guard. :func:`run_engine_job` (parent side) sends the child a JSON job on stdin;
-the child (:func:`engine_main`) starts one engine, extracts the shards listed in the job's rows file
-and writes them itself (hidden states never cross the process boundary), then prints one result line
-with their entries; the parent publishes the shard set (:mod:`.output`).
+the child (:func:`engine_main`) starts one engine, extracts the shard sets listed in the job, set by
+set, writing and publishing each itself (hidden states never cross the process boundary,
+:func:`.output.extract_sets`), then prints one result line with the entries of the shards it wrote.
 
 Per request: the prompt is sent pre-tokenised with ``max_tokens=1``; the connector writes the
 prompt's hidden states to ``<scratch>/<request>.safetensors`` and returns that path in
@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import sys
-import time
 from typing import Any
 
 from safetensors.torch import load_file
@@ -34,8 +33,8 @@ from ..engine import child, llm as engine
 from ..engine.llm import KV_CACHE_ENV
 from ..storage import open_store
 from .errors import ExtractError
-from .output import extract_one_shard
-from .rows import ExtractRow, CapturedHiddenStates, read_job_shards
+from .output import SetJob, extract_sets
+from .rows import ExtractRow, CapturedHiddenStates
 from .settings import ExtractSettings, LayerIds
 from .shard_format import DatasetHeader
 
@@ -154,19 +153,18 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
     layer_ids = LayerIds(aux=tuple(job["layer_ids"][:-1]), last=job["layer_ids"][-1])
     store = open_store(job["out_dir"])
     scratch = str(owned_dir("peagle-hs-", settings.scratch_dir))  # swept by the next job if this one is killed
-    records = []
     reporter = progress_mod.child_reporter()
     extractor = VllmHiddenStatesExtractor(job["target"], layer_ids, header.compute_dtype, settings,
                                           int(job["max_model_len"]), scratch, reporter)
     reporter.ready()
+
+    def shard_done(entry: dict[str, Any], seconds: float) -> None:
+        progress = {"shard": entry["name"], "samples": entry["num_samples"], "tokens": entry["num_tokens"],
+                    "seconds": round(seconds, 3)}
+        print(PROGRESS_MARKER + json.dumps(progress), file=sys.stderr, flush=True)
+
     try:
-        for name, rows in read_job_shards(job["rows_file"]):
-            t0 = time.monotonic()
-            entry = extract_one_shard(extractor, name, rows, store, header)
-            records.append(entry)
-            progress = {"shard": name, "samples": entry["num_samples"], "tokens": entry["num_tokens"],
-                        "seconds": round(time.monotonic() - t0, 3)}
-            print(PROGRESS_MARKER + json.dumps(progress), file=sys.stderr, flush=True)
+        records = extract_sets(extractor, [SetJob.from_dict(j) for j in job["sets"]], store, header, shard_done)
         reporter.flush()
     finally:
         extractor.close()
@@ -183,7 +181,7 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 def run_engine_job(job: dict[str, Any], settings: ExtractSettings,
                    progress: progress_mod.Progress | None = None) -> list[dict[str, Any]]:
-    """Run ``job`` in a fresh interpreter; return the entries of the shards it wrote (not yet published).
+    """Run ``job`` in a fresh interpreter; return the entries of the shards it wrote (their sets published).
 
     The child's per-request progress goes to ``progress`` (samples done; its total is the caller's).
     The child's stderr (vLLM's log) is logged at DEBUG, shard lines at INFO; on failure the error

@@ -10,7 +10,8 @@
   windows whose shards fit the cache together (or of ``train.shuffle_window_shards`` shards), and
   shuffles the samples of each window; the windows follow one another. Reading in that order loads
   every shard from storage at most once per epoch, where a global shuffle re-reads shards all the
-  time. The order is a pure function of (dataset, seed, epoch, window setting), so a resumed run
+  time. A streaming dataset (:mod:`peagle.train.stream`) gives its own windows: shard sets in set
+  order, the order they are published. The order is a pure function of (dataset, seed, epoch, window setting), so a resumed run
   replans the same steps (checked by :func:`plan_fingerprint`). The plan does not depend on the world size: rank r
   trains rows r, r + W, r + 2W, ... of each step, so ranks never share a sample within a step and
   the global batch is the same for any W that divides it.
@@ -80,6 +81,8 @@ def shard_windows(dataset: SampleDataset, train_indices: list[int], *, seed: int
     fit is one window, i.e. the global shuffle. An integer N: windows of N shards (N at least the
     number of shards: the global shuffle).
     """
+    if hasattr(dataset, "stream_windows"):  # streaming: consecutive shard sets, in the order they are published
+        return dataset.stream_windows(train_indices)
     by_shard = _shards_of(dataset, train_indices)
     if by_shard is None:
         return None
@@ -116,7 +119,7 @@ def epoch_order(dataset: SampleDataset, train_indices: list[int], *, seed: int, 
     by_shard = _shards_of(dataset, train_indices)
     order = []
     for k, window in enumerate(windows):
-        part = [i for name in window for i in by_shard[name]]
+        part = [i for name in window for i in by_shard.get(name, ())]
         random.Random(f"peagle-train:{seed}:{epoch}:window:{k}").shuffle(part)
         order += part
     return order

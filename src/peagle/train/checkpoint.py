@@ -45,7 +45,7 @@ from ..model import PEagleDraftModel, save_draft
 from ..model.spec import DraftSpec
 from ..scratch import scratch_dir
 from ..storage import (SUCCESS, ChecksumMismatchError, IncompletePrefixError, Store, list_complete,
-                       open_published, publish_dir, scan_published)
+                       open_published, publish_dir, scan_published, unpublish)
 from .distributed import DistEnv, all_gather_objects, barrier
 from ..errors import PeagleError
 
@@ -72,6 +72,19 @@ def latest_complete(store: Store) -> tuple[int, str] | None:
         if m and (best is None or int(m.group(1)) > best[0]):
             best = (int(m.group(1)), prefix)
     return best
+
+
+def prune_checkpoints(store: Store, keep: int) -> list[str]:
+    """Delete the complete checkpoints older than the newest ``keep`` (``train.keep_checkpoints``):
+    publication first, then its objects. Damaged ones are kept as evidence. Returns the prefixes deleted."""
+    done, _ = scan_published(store, CHECKPOINTS)
+    old = sorted(_steps(done).items())[:-keep] if keep else []
+    for _, prefix in old:
+        unpublish(store, prefix)
+        for key in store.list(prefix + "/"):
+            store.delete(key)
+        log.info("deleted checkpoint %s (train.keep_checkpoints=%d)", store.uri_for(prefix), keep)
+    return [p for _, p in old]
 
 
 class DamagedCheckpointError(ResumeError):

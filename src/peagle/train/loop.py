@@ -37,7 +37,8 @@ from ..progress import report as report_progress
 from ..storage import check_uri, open_store
 from .batches import (PreparedRow, Prefetcher, RowMaker, pack_rows, plan_fingerprint, plan_run, rank_rows,
                       row_seed, shard_windows)
-from .checkpoint import ResumeError, export_final, load_checkpoint, resume_plan, save_checkpoint, step_prefix
+from .checkpoint import (ResumeError, export_final, load_checkpoint, prune_checkpoints, resume_plan, save_checkpoint,
+                         step_prefix)
 from .data import (DatasetError, SampleDataset, check_dataset_matches, check_sample, open_dataset,
                    split_indices)
 from .distributed import (DistEnv, all_gather_objects, all_reduce_sum, gradient_sync, init_distributed,
@@ -46,6 +47,7 @@ from .flops import device_peak_flops, prepared_row_flops
 from .loss import EPS, Teacher, metrics_from_stats, row_loss
 from .optim import build_optimizer, build_scheduler
 from .settings import TrainRunConfig
+from .stream import StreamedExtraction
 
 
 @dataclass
@@ -87,10 +89,11 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     info = inspect_target(cfg.target.path, cfg.target.trust_remote_code)
     tokenizer = None if cfg.draft.mask_token_id is not None else load_tokenizer(info, cfg.target.trust_remote_code)
     spec = resolve_spec(info, cfg.draft, tokenizer)
+    streaming = s.data_mode == "streaming"
     if dataset is None:
         if not s.data:
             raise DatasetError("no training data: set train.data")
-        dataset = open_dataset(s.data)
+        dataset = StreamedExtraction(s.data, s.stream) if streaming else open_dataset(s.data)
     where = f"dataset {s.data or type(dataset).__name__}"
     check_dataset_matches(dataset.info, spec.aux_layer_ids, spec.hidden_size, fingerprint(info.path), where)
     if len(dataset) == 0:
@@ -100,8 +103,11 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         raise DatasetError(f"{where}: all {len(dataset)} samples fell into the validation split "
                            f"(train.val_fraction={s.val_fraction})")
     count_tokens = spec.draft_vocab_size < spec.vocab_size
-    token_counts = scan_samples(dataset, train_idx, val_idx, spec, validate=s.validate_samples,
-                                count_tokens=count_tokens, env=env)
+    if streaming:  # no hidden state exists yet: counts from the prepared rows, samples checked as they are read
+        token_counts = dataset.supervised_token_counts(train_idx, spec.vocab_size) if count_tokens else None
+    else:
+        token_counts = scan_samples(dataset, train_idx, val_idx, spec, validate=s.validate_samples,
+                                    count_tokens=count_tokens, env=env)
 
     # ---- 2. Plan, model, teacher, optimiser -----------------------------------------------------
     steps = plan_run(dataset, train_idx, row_tokens=s.row_tokens, global_batch_rows=s.global_batch_rows,
@@ -114,6 +120,10 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         raise DatasetError(f"{where}: {len(train_idx)} training samples pack into fewer than "
                            f"train.global_batch_rows={s.global_batch_rows} rows of {s.row_tokens} tokens: no full step")
     total_steps = len(steps)
+    # Streaming with deletion: the step after which each shard set is read no more, and a checkpoint at
+    # each window's end so that its sets can go (a restart never needs a deleted set).
+    last_use, release_at = (consumed_sets(dataset, steps) if streaming and s.stream.delete_consumed
+                            else ({}, set()))
 
     model = init_draft(str(info.path), cfg.draft, token_counts, cfg.target.trust_remote_code)
     if model.spec != spec:
@@ -144,6 +154,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         load_checkpoint(store=store, prefix=latest[1], model=wrapped, optimizer=optimizer, scheduler=scheduler,
                         env=env, spec=spec, plan_fingerprint=fingerprint_of_plan, metrics_path=metrics_path)
         start = latest[0]
+        if last_use and env.is_main:  # killed between a checkpoint and the deletions it allowed
+            dataset.delete_sets(sorted(k for k, last in last_use.items() if last < start), start)
     elif env.is_main:
         metrics_path.parent.mkdir(parents=True, exist_ok=True)
         metrics_path.write_text("")  # a fresh run starts a fresh log
@@ -156,7 +168,13 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
               + (f"; resuming after step {start} from {store.uri_for(latest[1])}" if start else ""),
               file=sys.stderr, flush=True)
         windows = shard_windows(dataset, train_idx, seed=s.seed, epoch=0, window_shards=s.shuffle_window_shards)
-        if windows is not None:
+        if streaming:
+            sets = dataset.set_windows()
+            print(f"[peagle.train] streaming {s.data}: {s.stream.num_shard_sets} shard sets in {len(sets)} window(s) "
+                  f"of <= {max(map(len, sets))} sets (<= {s.stream.window_bytes} bytes); "
+                  + ("deleting each set once a checkpoint covers it" if last_use else "sets are left in place"),
+                  file=sys.stderr, flush=True)
+        elif windows is not None:
             print(f"[peagle.train] data order: shuffled within windows of shards ({len(windows)} windows of "
                   f"<= {max(map(len, windows))} shards per epoch; shard cache {dataset.cache_bytes} bytes)",
                   file=sys.stderr, flush=True)
@@ -168,7 +186,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         max_anchors=s.max_anchors, pad_to_multiple=s.pad_to_multiple,
         hidden_dtype=torch.bfloat16 if cuda else torch.float32,
         dense_layer_types=spec.layer_types if attention == "dense" else None, sliding_window=spec.sliding_window,
-        check=not (s.validate_samples or count_tokens))  # else scan_samples checked every sample already
+        # scan_samples checked every sample already, unless it did not run (or ran without reading them)
+        check=streaming or not (s.validate_samples or count_tokens))
 
     reads_of = getattr(dataset, "thread_reads", lambda: (0, 0))
 
@@ -273,7 +292,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                 if env.is_main:  # kept as evidence: never published over (see peagle.train.checkpoint)
                     print(f"[peagle.train] not saving step {done}: {store.uri_for(step_prefix(done))} is a damaged "
                           "checkpoint, kept as it is", file=sys.stderr, flush=True)
-            elif is_last or done % s.checkpoint_every == 0:
+            elif is_last or done % s.checkpoint_every == 0 or done in release_at:
                 state = {"epoch": steps[step].epoch, "total_steps": total_steps,
                          "plan_fingerprint": fingerprint_of_plan, "scheduler": scheduler.state_dict(),
                          "spec": json.loads(spec.model_dump_json()), "settings": json.loads(s.model_dump_json()),
@@ -281,6 +300,10 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                 final_sd = save_checkpoint(store=store, step=done, model=wrapped, optimizer=optimizer,
                                            trainer_state=state, metrics_path=metrics_path, staging=staging, env=env)
                 saved_last = is_last
+                if env.is_main and s.keep_checkpoints:
+                    prune_checkpoints(store, s.keep_checkpoints)
+                if env.is_main and last_use:  # read by no later step, and the checkpoint is published
+                    dataset.delete_sets(sorted(k for k, last in last_use.items() if last < done), done)
     finally:
         prefetcher.close()
 
@@ -300,6 +323,19 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                                            "metrics": json_safe(last_metrics), "val_metrics": json_safe(val_metrics)})
         print(f"[peagle.train] done: {total_steps} steps; servable draft at {final_uri}", file=sys.stderr, flush=True)
     return TrainResult(total_steps, start, final_uri, last_metrics, val_metrics, data_reads)
+
+
+def consumed_sets(dataset, steps) -> tuple[dict[int, int], set[int]]:
+    """({shard set: index of the last step reading it}, the step counts at which a window's sets are
+    all read for good) of a streaming plan; the loop checkpoints at those counts, then deletes."""
+    last_use: dict[int, int] = {}
+    for k, st in enumerate(steps):
+        for row in st.rows:
+            for i, _ in row:
+                last_use[dataset.set_of_sample(i)] = k
+    release_at = {max(last_use[s] for s in w if s in last_use) + 1 for w in dataset.set_windows()
+                  if any(s in last_use for s in w)}
+    return last_use, release_at
 
 
 # ----------------------------------------------------------------------------------------------

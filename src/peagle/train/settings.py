@@ -15,10 +15,40 @@ from ..config import DraftSettings, StrictModel, TargetSettings
 from .cod import DEFAULT_MAX_ANCHORS, DEFAULT_RATIO, DEFAULT_RATIO_MIN
 
 
+class StreamSettings(StrictModel):
+    """``train.data_mode=streaming``: train on an extraction while its workers are still publishing it
+    (:mod:`peagle.train.stream`). The plan comes from the prepared rows the extraction reads; the
+    hidden states of each shard set are read once it is published."""
+
+    prepared: str = Field("", description="the prepared data (peagle prepare output: directory or s3:// URI) "
+                          "whose rows the extraction reads")
+    split: Literal["train", "validation"] = Field("train", description="the split of the prepared data extracted")
+    num_shard_sets: int | None = Field(
+        None, ge=1, description="shard sets of the extraction: extraction workers x extract.sets_per_worker "
+        "(the pipeline fills it in)")
+    samples_per_shard: int | None = Field(
+        None, ge=1, description="extract.samples_per_shard of the extraction (the pipeline fills it in)")
+    window_bytes: int = Field(
+        2 << 30, ge=1, description="byte budget of the window of shard sets trained on together (hidden states "
+        "as stored); samples are shuffled within a window, windows follow the sets in order")
+    delete_consumed: bool = Field(
+        False, description="delete each shard set from the store once a published checkpoint covers every "
+        "step that reads it (needs train.val_fraction=0: validation samples would be deleted with their sets); "
+        "false: leave them, e.g. to a bucket lifecycle rule")
+    poll_interval_s: float = Field(2.0, gt=0, description="how often to look for the next shard set")
+    wait_timeout_s: float = Field(
+        86400.0, gt=0, description="fail when a needed shard set is not published after this long "
+        "(an extraction worker that never comes back)")
+
+
 class TrainSettings(StrictModel):
     """How to train a draft on an extracted hidden-state dataset."""
 
     data: str = Field("", description="hidden-state dataset to train on (see peagle.train.data.open_dataset)")
+    data_mode: Literal["stored", "streaming"] = Field(
+        "stored", description="stored: train.data is a complete extraction; streaming: train while the "
+        "extraction is being published, shard set by shard set (settings in train.stream)")
+    stream: StreamSettings = Field(default_factory=StreamSettings)
     output: str = Field(
         "runs/local/train", description="object store URI (s3://bucket/prefix, file:///path or a path) for checkpoints"
     )
@@ -79,6 +109,9 @@ class TrainSettings(StrictModel):
     checkpoint_every: int = Field(
         500, ge=1, description="publish a resumable checkpoint every N steps (and at the end)"
     )
+    keep_checkpoints: int | None = Field(
+        None, ge=1, description="after publishing a checkpoint, delete the complete ones older than the newest N "
+        "(damaged ones are kept as evidence); default: keep all")
     resume: bool = Field(True, description="continue from the latest complete checkpoint under output")
     resume_from_damaged: Literal["fail", "previous"] = Field(
         "fail", description="a checkpoint marked complete (_SUCCESS) that fails verification (edited or corrupt) and "
@@ -93,6 +126,9 @@ class TrainSettings(StrictModel):
     def _ratios(self) -> "TrainSettings":
         if self.cod_ratio_min > self.cod_ratio:
             raise ValueError(f"cod_ratio_min {self.cod_ratio_min} exceeds cod_ratio {self.cod_ratio}")
+        if self.data_mode == "streaming" and self.stream.delete_consumed and self.val_fraction > 0:
+            raise ValueError("train.stream.delete_consumed deletes shard sets that hold validation samples: set "
+                             "train.val_fraction=0 (evaluate on a separately extracted split instead)")
         return self
 
 

@@ -1,0 +1,276 @@
+"""Streaming mode (``train.data_mode=streaming``): train on an extraction while it is being published.
+
+The extraction workers and the trainer run at the same time and meet only in the object store:
+
+* **The plan comes first, from the prepared rows.** The extraction reads the prepared split in
+  order and places row i in shard set ``i % num_shard_sets`` (:func:`peagle.extract.output.plan_layout`);
+  the trainer reads the same rows (ids, lengths, loss masks: no hidden states) and derives the same
+  layout. So it knows every sample's shard, every sample's length (for packing) and the supervised
+  token counts (for the draft vocabulary) before a single hidden state exists, and plans every step
+  up front: the plan, the fingerprint a resume checks, and the learning-rate schedule are those of a
+  stored run over the same data.
+* **Order.** The shard sets are cut, in set order (the order the workers publish them), into
+  windows whose hidden states fit ``train.stream.window_bytes`` (estimated from token counts and the
+  stored bytes per token); each epoch shuffles the samples within each window, deterministically
+  from (seed, epoch, window). A dataset that fits one window is shuffled globally, exactly as a
+  stored run is -- the two then give the same draft bit for bit.
+* **Reading.** A sample's shard is read when its row is prepared. If its set is not published yet
+  the reader waits (``poll_interval_s``, at most ``wait_timeout_s``); a published set must carry the
+  header of set 0 and exactly the planned shards (names and sample ids), else the run stops naming
+  the set. Every shard's sha256 is checked on read.
+* **Deleting.** With ``delete_consumed`` the trainer checkpoints at the end of each window and then
+  deletes every set whose last reading step the checkpoint covers (first the set's publication, then
+  its shards), leaving ``hs-SSSSS/_CONSUMED.json`` so a rerun worker skips it. A restart resumes from
+  that checkpoint and needs only sets that were never deleted: nothing is lost and the order is the
+  planned one. Several epochs read every set once per epoch, so sets are deleted during the last
+  epoch only: the bucket then holds the whole dataset until then (re-extracting each epoch would
+  cost a target forward pass per sample per epoch instead; see docs/capacity.md).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from ..extract.errors import ExtractError, ShardChecksumError
+from ..extract.output import (CONSUMED, is_consumed, mark_consumed, plan_layout, sample_ids_digest, set_of,
+                              set_prefix)
+from ..extract.shard_format import FORMAT as SHARD_FORMAT, decode_shard
+from ..storage import (ChecksumMismatchError, IncompletePrefixError, ObjectNotFoundError, Published, open_published,
+                       open_store, unpublish)
+from .data import DatasetError, DatasetInfo, TrainSample
+from .settings import StreamSettings
+
+
+def stored_bytes_per_token(header: dict[str, Any]) -> int:
+    """Bytes one token's hidden states take in a shard: the 4 captured layers at the storage dtype
+    (fp8 adds a float32 scale per token and layer)."""
+    layers, hidden = len(header["layer_ids"]), int(header["hidden_size"])
+    if header["storage_dtype"] == "fp8":
+        return layers * (hidden + 4)
+    return layers * hidden * 2
+
+
+class StreamedExtraction:
+    """The :class:`peagle.train.data.SampleDataset` of an extraction being published (module docstring).
+
+    Samples are numbered in (set, shard, position) order, the order of a complete extraction's
+    manifest, so a stored run over the finished extraction sees the same indices.
+    """
+
+    def __init__(self, uri: str, settings: StreamSettings, *, log=None):
+        if not settings.prepared:
+            raise DatasetError("train.data_mode=streaming needs train.stream.prepared: the prepared data the "
+                               "extraction reads")
+        if settings.num_shard_sets is None or settings.samples_per_shard is None:
+            raise DatasetError("train.data_mode=streaming needs train.stream.num_shard_sets and "
+                               "train.stream.samples_per_shard: the extraction's layout")
+        self.uri, self.settings = uri, settings
+        self._log = log or (lambda msg: print(f"[peagle.train] {msg}", file=sys.stderr, flush=True))
+        self.store = open_store(uri)
+        ids, lengths, self._supervised = _read_prepared(settings.prepared, settings.split)
+        by_id = dict(zip(ids, lengths))
+        self.layout = plan_layout(ids, settings.num_shard_sets, settings.samples_per_shard)
+        self._index: list[tuple[str, int, str, int]] = []  # (shard name, position, sample id, tokens)
+        self._row_of: dict[str, int] = {sid: i for i, sid in enumerate(ids)}  # prepared row of each sample
+        for name, shard_ids in self.layout.items():
+            for k, sid in enumerate(shard_ids):
+                self._index.append((name, k, sid, by_id[sid]))
+        self._sets: dict[int, Published] = {}
+        self._lock = threading.Lock()
+        self._cache: OrderedDict = OrderedDict()  # shard name -> (decoded shard, bytes)
+        self._cached_bytes = 0
+        self.waited_s = 0.0  # time spent waiting for shard sets to be published
+        self.deleted_sets: list[int] = []
+        self.header = self._open_set(0).manifest.metadata["header"]  # the first set fixes what every set must be
+        self.info = DatasetInfo([int(i) for i in self.header["layer_ids"][:-1]], int(self.header["hidden_size"]),
+                                self.header.get("target_fingerprint"))
+        self.bytes_per_token = stored_bytes_per_token(self.header)
+        self.cache_bytes = settings.window_bytes
+
+    # ---- the SampleDataset protocol
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def sample_id(self, index: int) -> str:
+        return self._index[index][2]
+
+    def num_tokens(self, index: int) -> int:
+        return self._index[index][3]
+
+    def __getitem__(self, index: int) -> TrainSample:
+        name, local, _, _ = self._index[index]
+        shard = self._shard(name)
+        s = shard.sample(local)
+        return {"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask.float(),
+                "aux_hidden": s.aux_hidden_flat, "last_hidden": s.last_hidden}
+
+    # ---- what the planner and the loop use
+
+    def shard_of(self, index: int) -> str:
+        return self._index[index][0]
+
+    def set_of_sample(self, index: int) -> int:
+        return set_of(self._index[index][0])
+
+    def shard_nbytes(self, name: str) -> int:
+        """Estimated stored bytes of shard ``name`` (from its planned token count)."""
+        return sum(self._index_tokens[name]) * self.bytes_per_token
+
+    @property
+    def _index_tokens(self) -> dict[str, list[int]]:
+        if not hasattr(self, "_tokens_by_shard"):
+            out: dict[str, list[int]] = {}
+            for name, _, _, n in self._index:
+                out.setdefault(name, []).append(n)
+            self._tokens_by_shard = out
+        return self._tokens_by_shard
+
+    def set_windows(self) -> list[list[int]]:
+        """Consecutive shard sets, in set order, whose estimated bytes fit ``window_bytes`` together
+        (at least one set each)."""
+        sizes: dict[int, int] = {}
+        for name in self.layout:
+            sizes[set_of(name)] = sizes.get(set_of(name), 0) + self.shard_nbytes(name)
+        windows: list[list[int]] = []
+        used = 0
+        for s in sorted(sizes):
+            if windows and used + sizes[s] <= self.settings.window_bytes:
+                windows[-1].append(s)
+                used += sizes[s]
+            else:
+                windows.append([s])
+                used = sizes[s]
+        return windows
+
+    def stream_windows(self, train_indices: list[int]) -> list[list[str]] | None:
+        """The windows as lists of shard names (for :func:`peagle.train.batches.epoch_order`); None
+        when every set fits one window: the global shuffle of a stored run."""
+        windows = self.set_windows()
+        if len(windows) == 1:
+            return None
+        return [[n for n in self.layout if set_of(n) in set(w)] for w in windows]
+
+    def supervised_token_counts(self, indices: list[int], vocab_size: int) -> dict[int, int]:
+        """``{token id: count}`` of the supervised tokens of samples ``indices``, from the prepared rows
+        (what a stored run counts from the hidden-state shards: the extraction checks the ids match)."""
+        counts = torch.zeros(vocab_size, dtype=torch.float64)
+        for i in sorted(indices):
+            ids = self._supervised[self._row_of[self.sample_id(i)]]
+            counts += torch.bincount(ids, minlength=vocab_size).double()
+        return {int(t): int(c) for t, c in enumerate(counts.tolist()) if c > 0}
+
+    # ---- shard sets
+
+    def _open_set(self, shard_set: int) -> Published:
+        """The publication of ``shard_set``, waiting until it exists; checked against the plan."""
+        if shard_set in self._sets:
+            return self._sets[shard_set]
+        prefix = set_prefix(shard_set)
+        deadline = time.monotonic() + self.settings.wait_timeout_s
+        t0, said = time.monotonic(), False
+        while True:
+            try:
+                published = open_published(self.store, prefix)
+                break
+            except IncompletePrefixError:
+                pass
+            if is_consumed(self.store, shard_set):
+                raise DatasetError(f"shard set {self.store.uri_for(prefix)} was already trained on and deleted "
+                                   f"({CONSUMED}); this run cannot read it again (resuming from before its deletion?)")
+            if time.monotonic() > deadline:
+                raise DatasetError(f"shard set {self.store.uri_for(prefix)} is not published after "
+                                   f"{self.settings.wait_timeout_s:.0f} s (train.stream.wait_timeout_s): did its "
+                                   "extraction worker fail?")
+            if not said:
+                self._log(f"waiting for shard set {self.store.uri_for(prefix)} to be published")
+                said = True
+            time.sleep(self.settings.poll_interval_s)
+        self.waited_s += time.monotonic() - t0
+        meta = published.manifest.metadata
+        header = meta.get("header") or {}
+        if header.get("format") != SHARD_FORMAT:
+            raise DatasetError(f"{published.uri_for('_MANIFEST.json')}: shard format {header.get('format')!r}, "
+                               f"expected {SHARD_FORMAT!r}")
+        if shard_set and header != self.header:
+            diff = sorted(k for k in set(header) | set(self.header) if header.get(k) != self.header.get(k))
+            raise DatasetError(f"shard set {self.store.uri_for(prefix)} was extracted with other settings than set 0 "
+                               f"({', '.join(diff)} differ)")
+        got = {e["name"]: e["sample_ids_sha256"] for e in meta["shards"]}
+        want = {n: sample_ids_digest(ids) for n, ids in self.layout.items() if set_of(n) == shard_set}
+        if got != want:
+            raise DatasetError(
+                f"shard set {self.store.uri_for(prefix)} holds other shards or samples than planned from "
+                f"{self.settings.prepared} (split {self.settings.split}): train.stream.num_shard_sets="
+                f"{self.settings.num_shard_sets} and samples_per_shard={self.settings.samples_per_shard} must be "
+                "the extraction's (workers x extract.sets_per_worker, extract.samples_per_shard)")
+        self._sets[shard_set] = published
+        return published
+
+    def _shard(self, name: str):
+        with self._lock:
+            if name in self._cache:
+                self._cache.move_to_end(name)
+                return self._cache[name][0]
+            published = self._open_set(set_of(name))
+            try:
+                data = published.get_bytes(name)
+            except ObjectNotFoundError:
+                raise DatasetError(f"hidden-state shard {published.uri_for(name)} listed in its set's manifest is "
+                                   "missing") from None
+            except ChecksumMismatchError as e:
+                raise ShardChecksumError(name, e.expected, e.actual, e.uri) from None
+            try:
+                shard = decode_shard(data, name, torch.float32, keep_stored=True)
+            except ExtractError as exc:
+                raise DatasetError(str(exc)) from None
+            if shard.sample_ids != self.layout[name]:
+                raise DatasetError(f"hidden-state shard {published.uri_for(name)} holds other samples than planned")
+            self._cache[name] = (shard, shard.nbytes)
+            self._cached_bytes += shard.nbytes
+            while len(self._cache) > 2 and self._cached_bytes > self.cache_bytes:
+                self._cached_bytes -= self._cache.popitem(last=False)[1][1]
+            return shard
+
+    def delete_sets(self, sets: list[int], step: int) -> None:
+        """Delete shard sets the run has trained on for good (a checkpoint at ``step`` covers them):
+        the set's publication and the dataset's first, then its shards; leave a consumed marker."""
+        for s in sets:
+            if s in self.deleted_sets:
+                continue
+            prefix = set_prefix(s)
+            mark_consumed(self.store, s, {"step": step, "by": "peagle.train"})
+            unpublish(self.store, "")  # a complete dataset would name the shards deleted next
+            unpublish(self.store, prefix)
+            for key in self.store.list(prefix + "/"):
+                if not key.endswith("/" + CONSUMED):
+                    self.store.delete(key)
+            with self._lock:
+                self._sets.pop(s, None)
+                for name in [n for n in self._cache if set_of(n) == s]:
+                    self._cached_bytes -= self._cache.pop(name)[1]
+            self.deleted_sets.append(s)
+
+
+def _read_prepared(uri: str, split: str) -> tuple[list[str], list[int], list[torch.Tensor]]:
+    """(sample ids, token counts, supervised token ids per row) of the prepared ``split``, in row order."""
+    from ..data import PrepareError, read_split
+
+    try:
+        table = read_split(uri, split, verify=True)
+    except (PrepareError, OSError) as exc:
+        raise DatasetError(f"train.stream.prepared {uri}: cannot read split {split!r}: {exc}") from None
+    ids = [str(s) for s in table.column("sample_id").to_pylist()]
+    if not ids:
+        raise DatasetError(f"train.stream.prepared {uri}: split {split!r} has no rows")
+    supervised, lengths = [], []
+    for tokens, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
+        t, m = torch.tensor(tokens, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)
+        lengths.append(int(t.numel()))
+        supervised.append(t[m])
+    return ids, lengths, supervised

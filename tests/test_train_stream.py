@@ -1,0 +1,213 @@
+"""Streaming mode: the trainer runs while the extraction is still publishing shard sets.
+
+Real pieces: the tiny Qwen3 target, hf-backend extraction workers in their own processes (started
+*after* the trainer, so it has to wait for them), the prepared parquet format, the trainer in this
+process or in a subprocess that is killed with SIGKILL. Checks: the same final draft as a stored
+run bit for bit (when the order is the same), deletion of consumed sets with a bounded bucket, a
+rerun worker skipping consumed sets, errors that name the set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from peagle.data.output import FORMAT as PREPARED_FORMAT, PreparedWriter
+from peagle.data.rows import PreparedRow
+from peagle.extract import ExtractSettings, run_extract
+from peagle.extract.output import CONSUMED, plan_layout, set_prefix
+from peagle.storage import open_store
+from peagle.train import TrainRunConfig, train
+from peagle.train.data import DatasetError, ExtractedDataset
+from peagle.train.stream import StreamedExtraction
+from train_data import tiny_config
+
+ROWS, TOKENS, PER_SHARD, WORKERS, SETS_PER_WORKER = 32, 16, 4, 2, 2
+NUM_SETS = WORKERS * SETS_PER_WORKER
+HF = dict(backend="hf", samples_per_shard=PER_SHARD, batch_size=8, hf_device="cpu", sets_per_worker=SETS_PER_WORKER)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rows() -> list[dict]:
+    rng = random.Random(11)
+    return [{"sample_id": f"conv-{i:02d}", "input_ids": [rng.randrange(480) for _ in range(TOKENS)],
+             "loss_mask": [int(j >= 4) for j in range(TOKENS)]} for i in range(ROWS)]
+
+
+def write_prepared(out: str) -> str:
+    """The rows as a published prepared dataset (the format ``peagle prepare`` writes)."""
+    w = PreparedWriter(out)
+    rows = [PreparedRow(r["sample_id"], r["sample_id"], "test", np.array(r["input_ids"], dtype=np.int32),
+                        np.array(r["loss_mask"], dtype=np.int8)) for r in _rows()]
+    entry = w.write_shard("train", 0, rows)
+    w.write_manifest({"format": PREPARED_FORMAT, "shards": {"train": [entry], "validation": []}})
+    return out
+
+
+WORKER = """
+import json, sys, time
+from peagle.data import read_split
+from peagle.extract import ExtractSettings, run_extract
+a = json.loads(sys.argv[1])
+time.sleep(a["delay_s"])
+t = read_split(a["prepared"], "train")
+rows = [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in zip(
+    t.column("sample_id").to_pylist(), t.column("input_ids").to_pylist(), t.column("loss_mask").to_pylist())]
+res = run_extract(rows, a["target"], a["out"], ExtractSettings(**a["settings"]), shard_index=a["index"],
+                  num_shards=a["workers"])
+print("RESULT " + json.dumps({"written": res.shards_written, "skipped": res.shards_skipped,
+                               "consumed": res.shards_consumed, "complete": res.manifest is not None}))
+"""
+
+
+def start_worker(index: int, target, prepared: str, out: str, delay_s: float = 0.0, env=None) -> subprocess.Popen:
+    arg = json.dumps({"index": index, "workers": WORKERS, "target": str(target), "prepared": prepared, "out": out,
+                      "settings": HF, "delay_s": delay_s})
+    return subprocess.Popen([sys.executable, "-c", WORKER, arg], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO / "src")})
+
+
+def worker_result(proc: subprocess.Popen) -> dict:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def stream_config(target, work: Path, data: str, prepared: str, val_fraction: float = 0.1, **stream) -> TrainRunConfig:
+    cfg = tiny_config(target, work, data=data, row_tokens=40, global_batch_rows=2, epochs=1,
+                      val_fraction=val_fraction)
+    d = cfg.model_dump(mode="json")
+    d["train"].update(data_mode="streaming", stream={"prepared": prepared, "num_shard_sets": NUM_SETS,
+                                                     "samples_per_shard": PER_SHARD, "poll_interval_s": 0.2,
+                                                     "wait_timeout_s": 240, **stream})
+    return TrainRunConfig.model_validate(d)
+
+
+def final_bytes(store_dir) -> bytes:
+    return (Path(store_dir) / "final" / "model.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> str:
+    return write_prepared(str(tmp_path_factory.mktemp("prepared") / "data"))
+
+
+@pytest.fixture(scope="module")
+def one_set_bytes(qwen3_target, prepared, tmp_path_factory) -> int:
+    """Estimated stored bytes of one shard set (every set holds 8 rows of 16 tokens)."""
+    out = tmp_path_factory.mktemp("probe") / "hs"
+    run_extract(_rows()[:1], qwen3_target, out, ExtractSettings(**{**HF, "sets_per_worker": 1}))
+    header = open_store(str(out)).get_bytes("_MANIFEST.json")
+    meta = json.loads(header)["metadata"]
+    from peagle.train.stream import stored_bytes_per_token
+    return stored_bytes_per_token(meta) * TOKENS * ROWS // NUM_SETS
+
+
+def test_the_trainer_plans_the_extraction_layout_from_the_prepared_rows(qwen3_target, prepared, tmp_path):
+    out = str(tmp_path / "hs")
+    for w in range(WORKERS):
+        run_extract(_rows(), qwen3_target, out, ExtractSettings(**HF), shard_index=w, num_shards=WORKERS)
+    stored = ExtractedDataset(out)
+    streamed = StreamedExtraction(out, stream_config(qwen3_target, tmp_path, out, prepared).train.stream)
+    # the same samples under the same indices as the stored dataset's manifest order
+    assert [streamed.sample_id(i) for i in range(len(streamed))] == [stored.sample_id(i) for i in range(len(stored))]
+    assert [streamed.shard_of(i) for i in range(len(streamed))] == [stored.shard_of(i) for i in range(len(stored))]
+    assert streamed.info == stored.info
+    assert streamed[5]["aux_hidden"].equal(stored[5]["aux_hidden"])
+    assert list(plan_layout([r["sample_id"] for r in _rows()], NUM_SETS, PER_SHARD))[:2] == [
+        "hs-00000-00000.safetensors", "hs-00000-00001.safetensors"]
+    # wrong layout settings are caught at the first set, naming them
+    bad = stream_config(qwen3_target, tmp_path, out, prepared, num_shard_sets=NUM_SETS + 1).train.stream
+    with pytest.raises(DatasetError, match="num_shard_sets=5 and samples_per_shard=4 must be the extraction's"):
+        StreamedExtraction(out, bad)
+
+
+def test_streaming_while_the_workers_publish_gives_the_stored_run_bitwise(qwen3_target, prepared, tmp_path):
+    out = str(tmp_path / "hs")
+    workers = [start_worker(w, qwen3_target, prepared, out, delay_s=3.0) for w in range(WORKERS)]
+    cfg = stream_config(qwen3_target, tmp_path / "streaming", out, prepared)  # default window: every set fits
+    t0 = time.monotonic()
+    dataset = StreamedExtraction(out, cfg.train.stream)  # blocks until set 0 is published
+    assert dataset.waited_s > 0.5  # the workers started after the trainer
+    res = train(cfg, dataset)
+    results = [worker_result(p) for p in workers]
+    assert sum(r["complete"] for r in results) >= 1 and res.steps > 0
+    print(f"streaming run: {time.monotonic() - t0:.1f} s, waited {dataset.waited_s:.1f} s for shard sets")
+
+    stored = tiny_config(qwen3_target, tmp_path / "stored", data=out, row_tokens=40, global_batch_rows=2, epochs=1,
+                         val_fraction=0.1)
+    ref = train(stored)
+    assert ref.steps == res.steps and res.val_metrics == ref.val_metrics
+    assert final_bytes(tmp_path / "streaming" / "store") == final_bytes(tmp_path / "stored" / "store")
+
+
+def _hidden_state_bytes(store) -> int:
+    return sum(n for k, n in store.list_sizes("").items() if k.endswith(".safetensors"))
+
+
+def test_small_window_deletes_consumed_sets_and_reruns_skip_them(qwen3_target, prepared, one_set_bytes, tmp_path):
+    # Reference: the same streaming order over a finished extraction, nothing deleted.
+    done = str(tmp_path / "done")
+    for w in range(WORKERS):
+        run_extract(_rows(), qwen3_target, done, ExtractSettings(**HF), shard_index=w, num_shards=WORKERS)
+    small = dict(window_bytes=one_set_bytes, delete_consumed=False, val_fraction=0.0)
+    ref = train(stream_config(qwen3_target, tmp_path / "ref", done, prepared, **small))
+    assert len(StreamedExtraction(done, stream_config(qwen3_target, tmp_path, done, prepared, **small)
+                                  .train.stream).set_windows()) == NUM_SETS  # one set per window
+
+    out = str(tmp_path / "hs")
+    store = open_store(out)
+    peak, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _hidden_state_bytes(store))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    workers = [start_worker(w, qwen3_target, prepared, out, delay_s=1.0) for w in range(WORKERS)]
+    cfg = stream_config(qwen3_target, tmp_path / "deleting", out, prepared, window_bytes=one_set_bytes,
+                        delete_consumed=True, val_fraction=0.0)
+    d = cfg.model_dump(mode="json")
+    d["train"]["keep_checkpoints"] = 1
+    res = train(TrainRunConfig.model_validate(d))
+    for p in workers:
+        worker_result(p)
+    stop.set()
+    watcher.join()
+    assert final_bytes(tmp_path / "deleting" / "store") == final_bytes(tmp_path / "ref" / "store")
+    assert res.steps == ref.steps
+    # every set was trained on, checkpointed past and deleted; no complete dataset was left over them
+    assert _hidden_state_bytes(store) == 0
+    assert all(store.exists(f"{set_prefix(s)}/{CONSUMED}") for s in range(NUM_SETS))
+    assert not store.exists("_SUCCESS")
+    ckpts = sorted({k.split("/")[1] for k in open_store(str(tmp_path / "deleting" / "store")).list("checkpoints/")})
+    assert len(ckpts) == 1  # keep_checkpoints=1: one per window was written, the older ones deleted
+    total = sum(e["bytes"] for e in json.loads(open_store(done).get_bytes("_MANIFEST.json"))["metadata"]["shards"])
+    print(f"hidden states in the bucket: peak {peak[0]} bytes while streaming with deletion, vs {total} stored")
+    assert 0 < peak[0] <= total
+    # a rerun worker (a retried pod) extracts nothing the trainer consumed
+    again = worker_result(start_worker(0, qwen3_target, prepared, out))
+    assert again["written"] == [] and len(again["consumed"]) == ROWS // PER_SHARD // WORKERS
+
+
+def test_streaming_settings_are_checked(qwen3_target, prepared, tmp_path):
+    with pytest.raises(ValueError, match="train.val_fraction=0"):
+        TrainRunConfig.model_validate({"train": {"data_mode": "streaming", "stream": {"delete_consumed": True},
+                                                 "val_fraction": 0.1}})
+    with pytest.raises(ValueError, match="window_byte"):
+        TrainRunConfig.model_validate({"train": {"stream": {"window_byte": 1}}})  # unknown keys are errors
+    with pytest.raises(DatasetError, match="needs train.stream.prepared"):
+        StreamedExtraction(str(tmp_path / "hs"), stream_config(qwen3_target, tmp_path, "x", "").train.stream)
+    cfg = stream_config(qwen3_target, tmp_path, str(tmp_path / "never"), prepared, wait_timeout_s=0.5)
+    with pytest.raises(DatasetError, match=r"hs-00000 is not published after 0 s .*extraction worker fail"):
+        StreamedExtraction(cfg.train.data, cfg.train.stream)
