@@ -150,6 +150,14 @@ def is_consumed(store: Store, shard_set: int) -> bool:
     return store.exists(f"{set_prefix(shard_set)}/{CONSUMED}")
 
 
+def consumed_info(store: Store, shard_set: int) -> dict[str, Any] | None:
+    """What :func:`mark_consumed` recorded for ``shard_set``, or None when it was not consumed."""
+    try:
+        return json.loads(store.get_bytes(f"{set_prefix(shard_set)}/{CONSUMED}"))
+    except ObjectNotFoundError:
+        return None
+
+
 @dataclass(frozen=True)
 class SetJob:
     """One shard set to (re)extract: the shards of the set kept from an earlier run (``reused``

@@ -37,8 +37,8 @@ from typing import Any
 import torch
 
 from ..extract.errors import ExtractError, ShardChecksumError
-from ..extract.output import (CONSUMED, is_consumed, mark_consumed, plan_layout, sample_ids_digest, set_of,
-                              set_prefix)
+from ..extract.output import (CONSUMED, consumed_info, is_consumed, mark_consumed, plan_layout, sample_ids_digest,
+                              set_of, set_prefix)
 from ..extract.shard_format import FORMAT as SHARD_FORMAT, decode_shard
 from ..storage import (ChecksumMismatchError, IncompletePrefixError, ObjectNotFoundError, Published, open_published,
                        open_store, unpublish)
@@ -86,7 +86,7 @@ class StreamedExtraction:
         self._cached_bytes = 0
         self.waited_s = 0.0  # time spent waiting for shard sets to be published
         self.deleted_sets: list[int] = []
-        self.header = self._open_set(0).manifest.metadata["header"]  # the first set fixes what every set must be
+        self.header = self._first_header()  # set 0 fixes what every set must be
         self.info = DatasetInfo([int(i) for i in self.header["layer_ids"][:-1]], int(self.header["hidden_size"]),
                                 self.header.get("target_fingerprint"))
         self.bytes_per_token = stored_bytes_per_token(self.header)
@@ -167,6 +167,16 @@ class StreamedExtraction:
 
     # ---- shard sets
 
+    def _first_header(self) -> dict[str, Any]:
+        """Set 0's header: from its consumed marker if a resumed run already deleted it, else from its
+        publication (waiting for it)."""
+        info = consumed_info(self.store, 0)
+        if info is not None:
+            self.deleted_sets.append(0)
+            return info["header"]
+        self.header = None
+        return self._open_set(0).manifest.metadata["header"]
+
     def _open_set(self, shard_set: int) -> Published:
         """The publication of ``shard_set``, waiting until it exists; checked against the plan."""
         if shard_set in self._sets:
@@ -197,7 +207,7 @@ class StreamedExtraction:
         if header.get("format") != SHARD_FORMAT:
             raise DatasetError(f"{published.uri_for('_MANIFEST.json')}: shard format {header.get('format')!r}, "
                                f"expected {SHARD_FORMAT!r}")
-        if shard_set and header != self.header:
+        if self.header is not None and header != self.header:
             diff = sorted(k for k in set(header) | set(self.header) if header.get(k) != self.header.get(k))
             raise DatasetError(f"shard set {self.store.uri_for(prefix)} was extracted with other settings than set 0 "
                                f"({', '.join(diff)} differ)")
@@ -244,7 +254,7 @@ class StreamedExtraction:
             if s in self.deleted_sets:
                 continue
             prefix = set_prefix(s)
-            mark_consumed(self.store, s, {"step": step, "by": "peagle.train"})
+            mark_consumed(self.store, s, {"step": step, "by": "peagle.train", "header": self.header})
             unpublish(self.store, "")  # a complete dataset would name the shards deleted next
             unpublish(self.store, prefix)
             for key in self.store.list(prefix + "/"):
