@@ -15,7 +15,9 @@ Control flow, and why it has this shape:
   itself). Train fans in through the object
   store: it runs ``.after()`` the whole loop and reads the published shard sets (their manifest is
   written by the last worker). ``dsl.Collected`` would do the same through KFP, but needs a newer
-  upstream backend than KFP 2.5.0, the declared minimum (see ``peagle.support``).
+  upstream backend than KFP 2.5.0, the declared minimum (see ``peagle.support``). With the
+  profile's ``train_beside_extract`` (for ``train.data_mode=streaming``), train runs ``.after()``
+  prepare only: it starts beside the workers and reads each shard set as it is published.
 * Training runs either in its own pod (``torchrun``, accelerator limit = ``num_gpus``) or as a
   Kubeflow Trainer TrainJob created and watched by a light launcher pod that holds no GPU.
 * Deploy runs only when evaluate's gate verdict is True.
@@ -65,18 +67,20 @@ def build_pipeline(profile: ClusterProfile):
         # (unnamed: a named ParallelFor breaks dsl.Collected in the KFP 2.17 compiler)
         with dsl.ParallelFor(prep.outputs["Output"], parallelism=profile.extract_parallelism or None) as shard:
             ext = step(c.extract(shard=shard), "extract", "extract hidden states")
+        # Train after the whole loop, or (streaming runs) beside it, as soon as the prepared rows exist.
+        data_ready = prep if profile.train_beside_extract else ext
 
         # num_gpus is also a plain input of train: that makes the compiler pass it into the branch, where
         # the pod's accelerator limit reads it.
         train_args = dict(run_uri=run_uri, num_gpus=num_gpus, cluster=profile.trainjob_json(),
                           data_connection=data_connection, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         with dsl.If(p.train_mode == "trainjob", name="train-with-trainjob"):
-            train_tj = step(c.train_launcher(mode="trainjob", **train_args).after(ext),
+            train_tj = step(c.train_launcher(mode="trainjob", **train_args).after(data_ready),
                             "train_launcher", "train (TrainJob)")
         with dsl.Else(name="train-in-pod"):
             limit = step(c.gpu_limit(num_gpus=num_gpus), "gpu_limit", "GPU limit")
             # .after(limit): the compiler does not make the limit's producer a dependency by itself
-            train_pod = step(c.train(mode="pod", **train_args).after(ext, limit), "train", "train (torchrun)",
+            train_pod = step(c.train(mode="pod", **train_args).after(data_ready, limit), "train", "train (torchrun)",
                              gpus=limit.output)
         draft_uri = dsl.OneOf(train_tj.outputs["Output"], train_pod.outputs["Output"])
 

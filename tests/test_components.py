@@ -248,3 +248,32 @@ def test_every_stage_declares_what_it_published_for_lineage(run_uri, extracted, 
     assert filled["hidden_states"][-1].metadata["num_samples"] > 0
     assert filled["draft"][-1].metadata["num_objects"] >= 2 and filled["draft"][-1].metadata["train_mode"] == "pod"
     assert len(filled["target_model"][-1].metadata["target_fingerprint"]) == 64
+
+
+def test_streaming_run_trains_beside_its_extract_workers(qwen3_target, tmp_path):
+    """train.data_mode=streaming: the train component starts before the extract workers (as with the
+    profile's train_beside_extract) and reads their shard sets as they are published."""
+    import threading
+
+    from components.extract import extract
+    from components.init_run import init_run
+    from components.prepare import prepare
+    from components.train import train
+    from peagle.pipeline.objects import is_published
+    from peagle.storage import open_store
+
+    config = {**TINY_CONFIG, "extract": {**TINY_CONFIG["extract"], "sets_per_worker": 2},
+              "train": {**TINY_CONFIG["train"], "data_mode": "streaming", "stream": {"poll_interval_s": 0.2}}}
+    run_uri = init_run(**init_args(tmp_path / "runs", qwen3_target, conversations(tmp_path / "conv.jsonl"),
+                                   config=config_text(config), run_name="streaming"))
+    shards = prepare(run_uri, pointer("data"))
+    out: dict = {}
+    trainer = threading.Thread(target=lambda: out.update(draft=train(run_uri, "pod", 1, "", "", "job-2",
+                                                                     pointer("draft"))))
+    trainer.start()
+    summaries = [json.loads(extract(a, pointer("hidden_states"))) for a in shards]
+    trainer.join(timeout=600)
+    assert out.get("draft") == run_uri + "/models/draft" and is_published(out["draft"])
+    assert [s["train"]["complete"] for s in summaries] == [False, True]
+    sets = {k.split("/")[0] for k in open_store(run_uri + "/hidden_states/train").list("") if k.startswith("hs-")}
+    assert sets == {"hs-00000", "hs-00001", "hs-00002", "hs-00003"}  # 2 workers x 2 sets, each published alone

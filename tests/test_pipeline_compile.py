@@ -213,6 +213,23 @@ def test_cli_compile_with_another_profile(tmp_path):
     assert "tolerations" not in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-extract"]
 
 
+def test_streaming_profile_starts_training_beside_the_extraction_loop(docs, tmp_path):
+    from peagle.pipeline.build import compile_pipeline
+
+    prof = tmp_path / "streaming.yaml"
+    prof.write_text("name: streaming\ntrain_beside_extract: true\n")
+    spec = next(yaml.safe_load_all(compile_pipeline(prof, tmp_path / "p.yaml").read_text()))
+    root_tasks = spec["root"]["dag"]["tasks"]
+    loop_name = next(n for n, t in root_tasks.items() if t.get("parameterIterator"))
+    # nothing waits for the extraction loop any more; the train branches wait for prepare
+    assert not any(loop_name in t.get("dependentTasks", []) for t in root_tasks.values())
+    beside = [n for n, t in root_tasks.items() if "prepare" in t.get("dependentTasks", [])
+              and not t.get("parameterIterator")]
+    default_tasks = docs[0]["root"]["dag"]["tasks"]
+    after_loop = [n for n, t in default_tasks.items() if loop_name in t.get("dependentTasks", [])]
+    assert beside == after_loop  # the train branches: after the loop by default, beside it here
+
+
 def test_profile_rejects_unknown_keys(tmp_path):
     from peagle.config import ConfigError
     from peagle.pipeline.profile import load_profile

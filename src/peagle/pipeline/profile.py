@@ -95,6 +95,10 @@ class ClusterProfile(StrictModel):
     steps: dict[str, StepResources] = Field(default_factory=dict)
     retry: Retry = Field(default_factory=Retry)
     extract_parallelism: int = Field(0, ge=0, description="extraction workers at once (0: all shards)")
+    train_beside_extract: bool = Field(
+        False, description="start training right after prepare, beside the extraction workers, instead of after "
+        "them: for runs with train.data_mode=streaming (the trainer reads each shard set as it is published). "
+        "kfp.local runs one task at a time, so the local profile keeps training after extraction")
     trainjob: TrainJobSettings = Field(default_factory=TrainJobSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
 

@@ -67,7 +67,8 @@ def check_extraction(layout: RunLayout) -> dict[str, Any]:
     manifest = dataset_manifest(layout.hidden_states("train"))
     if manifest is None:
         raise TrainError(f"{layout.hidden_states('train')} is not published: extraction did not complete "
-                         "(an extract worker failed?)")
+                         "(an extract worker failed? Or this pipeline starts training beside extraction "
+                         "(profile train_beside_extract), which needs train.data_mode=streaming)")
     return manifest
 
 
@@ -107,8 +108,11 @@ def train(run_uri: str, mode: str, num_gpus: int | None = None,
 
     with stage(f"train[{mode}]") as info:
         run, layout = load_run(run_uri)
-        manifest = check_extraction(layout)
-        print(f"extracted: {_extraction_summary(manifest)}", flush=True)
+        if run.config.train.data_mode == "streaming":  # the trainer reads shard sets as the workers publish them
+            print(f"streaming: training on {layout.hidden_states('train')} while it is extracted", flush=True)
+        else:
+            manifest = check_extraction(layout)
+            print(f"extracted: {_extraction_summary(manifest)}", flush=True)
         if mode == "pod":
             code = run_training(run_uri, int(num_gpus or run.params.num_gpus))
             if code != 0:
