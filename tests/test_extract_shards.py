@@ -334,7 +334,7 @@ def test_an_old_layout_extraction_is_refused_naming_it(tmp_path):
     old = tmp_path / "old"
     old.mkdir()
     (old / "manifest.json").write_text("{}")  # manifest.json + per-shard records: before _MANIFEST.json
-    with pytest.raises(ExtractError, match=rf"{old} holds hidden states in the old layout"):
+    with pytest.raises(ExtractError, match=rf"{old} holds a hidden-state dataset in the old layout"):
         HiddenStatesDataset(old)
 
 

@@ -24,8 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..storage import (MANIFEST, ChecksumMismatchError, IncompletePrefixError, ObjectInfo, PrefixWriter,
-                       Published, open_published, open_store)
+from ..storage import ChecksumMismatchError, ObjectInfo, PrefixWriter, Published, open_dataset, open_store
 from .errors import PrepareError
 from .rows import PreparedRow
 
@@ -115,19 +114,9 @@ def open_writer(output: str | os.PathLike) -> PreparedWriter:
 
 def open_prepared(output: str | os.PathLike) -> Published:
     """The complete prepared dataset at ``output``; PrepareError naming the path if it is not one."""
-    store = open_store(str(output))
-    try:
-        published = open_published(store, "")
-    except IncompletePrefixError as e:
-        if store.exists(OLD_MANIFEST):
-            raise PrepareError(f"{output} holds a prepared dataset in the old layout ({OLD_MANIFEST}, no "
-                               f"{MANIFEST}): re-run the prepare stage into it") from None
-        raise PrepareError(f"{output} is not a complete prepared dataset: the prepare stage did not finish "
-                           f"there ({e})") from None
-    fmt = published.manifest.metadata.get("format")
-    if fmt != FORMAT:
-        raise PrepareError(f"{published.uri_for(MANIFEST)}: format {fmt!r} is not {FORMAT!r}")
-    return published
+    return open_dataset(open_store(str(output)), str(output), FORMAT, what="prepared dataset", error=PrepareError,
+                        unfinished="the prepare stage did not finish there", old_layout=OLD_MANIFEST,
+                        old_hint="re-run the prepare stage into it")
 
 
 def read_manifest(output: str | os.PathLike) -> dict[str, Any]:

@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from ..storage import (MANIFEST, ChecksumMismatchError, IncompletePrefixError, ObjectNotFoundError, Published,
-                       open_published, open_store)
+from ..storage import ChecksumMismatchError, ObjectNotFoundError, Published, open_dataset, open_store
 from .errors import DatasetMismatchError, ExtractError, ShardChecksumError
 from .output import shard_key
 from .shard_format import FORMAT, ShardSample, ShardSamples, decode_shard
@@ -145,19 +144,9 @@ def list_or_value(v: Any) -> Any:
 
 
 def _open(path: str | os.PathLike) -> Published:
-    store = open_store(str(path))
-    try:
-        published = open_published(store, "")
-    except IncompletePrefixError as e:
-        if store.exists("manifest.json"):
-            raise ExtractError(f"{path} holds hidden states in the old layout (manifest.json and per-shard "
-                               f"records, no {MANIFEST}): re-extract it") from None
-        raise ExtractError(f"{path} is not a complete hidden-state dataset (extraction unfinished, or some "
-                           f"shard sets still missing): {e}") from None
-    fmt = published.manifest.metadata.get("format")
-    if fmt != FORMAT:
-        raise ExtractError(f"{published.uri_for(MANIFEST)} has format {fmt!r}, expected {FORMAT!r}")
-    return published
+    return open_dataset(open_store(str(path)), str(path), FORMAT, what="hidden-state dataset", error=ExtractError,
+                        unfinished="extraction unfinished, or some shard sets still missing",
+                        old_layout="manifest.json", old_hint="re-extract it")
 
 
 def dataset_manifest(path: str | os.PathLike) -> dict[str, Any] | None:

@@ -44,8 +44,9 @@ def fetch(uri: str) -> Path:
     return fetched_input(uri)
 
 
-def ensure_target(source: str, target_uri: str, dtype: str, trust_remote_code: bool) -> Path:
-    """Normalise the target ``source`` into ``target_uri`` once per run; return a local copy.
+def ensure_target(source: str, target_uri: str, dtype: str, trust_remote_code: bool) -> tuple[Path, bool]:
+    """Normalise the target ``source`` into ``target_uri`` once per run; return (a local copy, whether
+    an earlier attempt of the run had already published it).
 
     ``source``: ``smollm2`` (embedded), a local HF directory or .gguf file, or an object-store prefix
     holding a HF directory (downloaded first). Already published: just fetched.
@@ -54,7 +55,7 @@ def ensure_target(source: str, target_uri: str, dtype: str, trust_remote_code: b
 
     if is_published(target_uri):
         print(f"target already normalised at {target_uri}", flush=True)
-        return fetch(target_uri)
+        return fetch(target_uri), True
     with scratch("target") as work:
         src = source
         if is_remote(source):  # e.g. a model directory a user uploaded to the bucket
@@ -64,7 +65,7 @@ def ensure_target(source: str, target_uri: str, dtype: str, trust_remote_code: b
             src = str(work / "source")
         out = prepare_target(src, work / "target", dtype, trust_remote_code)
         publish_dir(open_store(target_uri), "", out, {"source": source}, overwrite=True)
-    return fetch(target_uri)
+    return fetch(target_uri), False
 
 
 def _rows(data_dir: Path, split: str) -> list[dict[str, Any]]:
@@ -95,8 +96,7 @@ def init_run(*, output_root: str, run_name: str, job_id: str, config: str, **par
         print(f"run {uri}: K={run.config.draft.num_depths} layers={run.config.draft.num_layers} "
               f"train_mode={p.train_mode} shards={p.extract_shards}", flush=True)
         t = run.config.target
-        info["target_reused"] = is_published(layout.target)  # a rerun of the run: normalised before
-        ensure_target(p.target, layout.target, t.dtype, t.trust_remote_code)
+        _, info["target_reused"] = ensure_target(p.target, layout.target, t.dtype, t.trust_remote_code)
     return uri
 
 

@@ -27,7 +27,7 @@ from .errors import (ChecksumMismatchError, IncompletePrefixError, InvalidKeyErr
                      PrefixExistsError, StorageConfigError, StorageError)
 from .local import LocalStore
 from .publish import (MANIFEST, SUCCESS, DamagedPrefix, Manifest, PrefixWriter, Published, is_complete,
-                      list_complete, open_published, publish, publish_dir, scan_published, unpublish)
+                      list_complete, open_dataset, open_published, publish, publish_dir, scan_published, unpublish)
 from .retry import RetryPolicy
 from .s3 import S3Store
 from .settings import S3Settings, Secret, TransferSettings
@@ -38,7 +38,7 @@ __all__ = [
     "Manifest", "ObjectInfo", "ObjectNotFoundError", "ParsedURI", "PrefixExistsError",
     "PrefixWriter", "Published", "RetryPolicy", "S3Settings", "S3Store", "SUCCESS", "Secret",
     "StorageConfigError", "StorageError", "Store", "TransferSettings", "check_bucket", "check_key",
-    "check_uri", "file_uri_path", "is_complete", "list_complete", "open_published", "open_store",
+    "check_uri", "file_uri_path", "is_complete", "list_complete", "open_dataset", "open_published", "open_store",
     "parse_uri", "publish", "publish_dir", "read_verified", "sha256_bytes", "scan_published", "sha256_file",
     "unpublish",
 ]

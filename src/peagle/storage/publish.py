@@ -267,6 +267,24 @@ def open_published(store: Store, prefix: str, *, deep: bool = False,
     return Published(store, base, manifest)
 
 
+def open_dataset(store: Store, uri: str, fmt: str, *, what: str, error: type[Exception], unfinished: str,
+                 old_layout: str | None = None, old_hint: str = "") -> Published:
+    """The complete publication at the root of ``store`` (opened from ``uri``) whose metadata
+    ``format`` is ``fmt``: what a stage output's reader opens. Anything else raises ``error`` naming
+    ``uri``: a prefix that is not published says ``unfinished`` and why; one holding ``old_layout``
+    is an old layout, and ``old_hint`` says what to do."""
+    try:
+        published = open_published(store, "")
+    except IncompletePrefixError as e:
+        if old_layout and store.exists(old_layout):
+            raise error(f"{uri} holds a {what} in the old layout ({old_layout}, no {MANIFEST}): {old_hint}") from None
+        raise error(f"{uri} is not a complete {what}: {unfinished} ({e})") from None
+    found = published.manifest.metadata.get("format")
+    if found != fmt:
+        raise error(f"{published.uri_for(MANIFEST)}: format {found!r} is not {fmt!r}")
+    return published
+
+
 def is_complete(store: Store, prefix: str, *, deep: bool = False) -> bool:
     """True if ``prefix`` is completely (and with ``deep``, intactly) published.
 
