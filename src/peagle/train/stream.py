@@ -72,7 +72,7 @@ class StreamedExtraction:
         self.uri, self.settings = uri, settings
         self._log = log or (lambda msg: print(f"[peagle.train] {msg}", file=sys.stderr, flush=True))
         self.store = open_store(uri)
-        ids, lengths, self._supervised = _read_prepared(settings.prepared, settings.split)
+        ids, lengths, self._tokens = _read_prepared(settings.prepared, settings.split)
         by_id = dict(zip(ids, lengths))
         self.layout = plan_layout(ids, settings.num_shard_sets, settings.samples_per_shard)
         self._index: list[tuple[str, int, str, int]] = []  # (shard name, position, sample id, tokens)
@@ -159,11 +159,7 @@ class StreamedExtraction:
     def supervised_token_counts(self, indices: list[int], vocab_size: int) -> dict[int, int]:
         """``{token id: count}`` of the supervised tokens of samples ``indices``, from the prepared rows
         (what a stored run counts from the hidden-state shards: the extraction checks the ids match)."""
-        counts = torch.zeros(vocab_size, dtype=torch.float64)
-        for i in sorted(indices):
-            ids = self._supervised[self._row_of[self.sample_id(i)]]
-            counts += torch.bincount(ids, minlength=vocab_size).double()
-        return {int(t): int(c) for t, c in enumerate(counts.tolist()) if c > 0}
+        return self._tokens.supervised_counts([self._row_of[self.sample_id(i)] for i in indices], vocab_size)
 
     # ---- shard sets
 
@@ -267,8 +263,8 @@ class StreamedExtraction:
             self.deleted_sets.append(s)
 
 
-def _read_prepared(uri: str, split: str) -> tuple[list[str], list[int], list[torch.Tensor]]:
-    """(sample ids, token counts, supervised token ids per row) of the prepared ``split``, in row order."""
+def _read_prepared(uri: str, split: str) -> tuple[list[str], list[int], "PreparedTokens"]:
+    """(sample ids, token counts, the flat token ids and loss masks) of the prepared ``split``, in row order."""
     from ..data import PrepareError, read_split
 
     try:
@@ -278,9 +274,32 @@ def _read_prepared(uri: str, split: str) -> tuple[list[str], list[int], list[tor
     ids = [str(s) for s in table.column("sample_id").to_pylist()]
     if not ids:
         raise DatasetError(f"train.stream.prepared {uri}: split {split!r} has no rows")
-    supervised, lengths = [], []
-    for tokens, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
-        t, m = torch.tensor(tokens, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)
-        lengths.append(int(t.numel()))
-        supervised.append(t[m])
-    return ids, lengths, supervised
+    tokens = PreparedTokens(table)
+    return ids, tokens.lengths.tolist(), tokens
+
+
+class PreparedTokens:
+    """Every row's token ids and loss mask as two flat arrays (a 500k x 2k-token split is 5 GB, not
+    a billion Python ints) and the row lengths."""
+
+    def __init__(self, table):
+        import numpy as np
+
+        ids = table.column("input_ids").combine_chunks()
+        mask = table.column("loss_mask").combine_chunks()
+        self.values = ids.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        self.mask = mask.flatten().to_numpy(zero_copy_only=False).astype(bool)
+        offsets = ids.offsets.to_numpy()
+        self.lengths = offsets[1:] - offsets[:-1]
+        if self.values.shape != self.mask.shape:
+            raise DatasetError("prepared rows: input_ids and loss_mask differ in length")
+
+    def supervised_counts(self, rows: list[int], vocab_size: int) -> dict[int, int]:
+        """``{token id: count}`` over the supervised positions of prepared rows ``rows``."""
+        import numpy as np
+
+        chosen = np.zeros(len(self.lengths), dtype=bool)
+        chosen[rows] = True
+        picked = self.values[self.mask & np.repeat(chosen, self.lengths)]
+        counts = np.bincount(picked, minlength=vocab_size)
+        return {int(t): int(counts[t]) for t in np.flatnonzero(counts)}
