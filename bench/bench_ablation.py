@@ -13,8 +13,7 @@ and ``train`` sections, K and epochs) plus the variant's overrides, in a fresh
 baseline engine (acceptance does not need one).
 
 Variants (``--variants a,b,...``; ``--variant name:key=value,key=value`` adds one of your own):
-only what the trainer offers as configuration, and ``draft.init_from_target_layer``. Muon is not
-implemented in ``peagle.train`` (AdamW only), so it is not a variant here.
+only what the trainer offers as configuration, and ``draft.init_from_target_layer``.
 
 Printed: variant | overrides | train s | steps | AL [95% CI] | first-position acceptance [95% CI]
 (the held-out set), and MT-Bench AL when measured. Intervals: bootstrap over prompts
@@ -53,6 +52,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "baseline": {},
     "init-top-layer": {"draft.init_from_target_layer": True},
     "loss-ce": {"train.loss": "ce"},
+    "loss-tv": {"train.loss": "tv"},
+    "loss-jsd": {"train.loss": "jsd"},
+    "depth-weight-0.7": {"train.depth_weight": 0.7},
+    "muon": {"train.optimizer": "muon"},
     "vocab-4096": {"draft.draft_vocab_size": 4096},
     "vocab-16384": {"draft.draft_vocab_size": 16384},
     "embeddings-frozen": {"train.embeddings": "frozen"},
@@ -62,7 +65,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "epochs-1": {"train.epochs": 1},
     "epochs-5": {"train.epochs": 5},
 }
-NOT_AVAILABLE = {"muon": "peagle.train has AdamW only (train/optim.py)"}
 
 
 def recipe() -> dict[str, Any]:
@@ -210,8 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chosen = {}
         for name in [v.strip() for v in a.variants.split(",") if v.strip()]:
-            if name in NOT_AVAILABLE:
-                return usage(f"variant {name!r} is not available: {NOT_AVAILABLE[name]}")
             if name not in VARIANTS:
                 return usage(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
             chosen[name] = VARIANTS[name]

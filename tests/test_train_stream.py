@@ -34,6 +34,7 @@ ROWS, TOKENS, PER_SHARD, WORKERS, SETS_PER_WORKER = 32, 16, 4, 2, 2
 NUM_SETS = WORKERS * SETS_PER_WORKER
 HF = dict(backend="hf", samples_per_shard=PER_SHARD, batch_size=8, hf_device="cpu", sets_per_worker=SETS_PER_WORKER)
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.integration  # extraction workers in their own processes, concurrent with training
 
 
 def _rows() -> list[dict]:

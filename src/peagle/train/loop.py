@@ -4,7 +4,7 @@
 
 1. checks, before any heavy work: target and draft resolve, the dataset matches the draft (aux
    layers, hidden size, target fingerprint), is not empty, every sample is well formed;
-2. plans every step (packing, world-size independent) and builds model, teacher, AdamW, schedule;
+2. plans every step (packing, world-size independent) and builds model, teacher, optimiser, schedule;
 3. resumes from the newest intact checkpoint under ``train.output`` if there is one (a damaged newer
    one stops the run unless ``train.resume_from_damaged=previous``; see :mod:`.checkpoint`);
 4. trains: per step, each rank runs its rows as micro-batches and accumulates gradients; the loss of
@@ -209,7 +209,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             out = wrapped(row.input_ids, row.aux_hidden, row.position_ids, row.depths, masks)
         return row_loss(out.logits[0, row.supervised], teacher(row.teacher_hidden), row.supervised_depths,
-                        spec.num_depths, s.loss)
+                        spec.num_depths, s.loss, s.depth_weight)
 
     K = spec.num_depths
     last_metrics: dict = {}

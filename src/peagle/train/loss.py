@@ -5,9 +5,11 @@ the final norm): logits = lm_head_pruned(RMSNorm_target(y)), where lm_head_prune
 ``lm_head`` rows of the draft vocabulary (t2d) — so the teacher is renormalised over the draft
 vocabulary, exactly like the draft's own softmax.
 
-Per supervised element i: ``kl`` ℓ_i = KL(p_teacher ‖ q_draft) = Σ p (log p − log q), or ``ce``
-ℓ_i = −log q[argmax p]. The step loss pools all depths: Σ m_i ℓ_i / (Σ m_i + eps). Only supervised
-elements (m_i = 1) are ever evaluated, so the sums below run over them directly.
+Per supervised element i: ``kl`` ℓ_i = KL(p_teacher ‖ q_draft) = Σ p (log p − log q), ``ce``
+ℓ_i = −log q[argmax p], ``tv`` ℓ_i = ½ Σ |p − q|, or ``jsd`` ℓ_i = ½ KL(p ‖ m) + ½ KL(q ‖ m) with
+m = (p + q) / 2. The step loss pools all depths: Σ m_i w_i ℓ_i / (Σ m_i + eps), with w_i =
+``depth_weight`` ** depth_i (1 by default). Only supervised elements (m_i = 1) are ever evaluated,
+so the sums below run over them directly. The logged loss is the unweighted ℓ.
 
 Accuracy ``position_<d>_acc`` = fraction of supervised depth-d elements where argmax(draft) ==
 argmax(teacher) (teacher-forced, unconditional).
@@ -48,7 +50,15 @@ def per_element_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, k
         return (log_p.exp() * (log_p - log_q)).sum(-1)
     if kind == "ce":
         return -log_q.gather(-1, teacher_logits.argmax(-1, keepdim=True)).squeeze(-1)
-    raise ValueError(f"unknown loss {kind!r}; expected 'kl' or 'ce'")
+    if kind in ("tv", "jsd"):
+        p, q = F.softmax(teacher_logits.float(), dim=-1), log_q.exp()
+        if kind == "tv":
+            return 0.5 * (p - q).abs().sum(-1)
+        log_m = torch.log((p + q) / 2).clamp(min=-1e4)  # m > 0 wherever p or q is
+        kl_pm = (p * (torch.log(p.clamp(min=1e-30)) - log_m)).sum(-1)
+        kl_qm = (q * (log_q - log_m)).sum(-1)
+        return 0.5 * (kl_pm + kl_qm)
+    raise ValueError(f"unknown loss {kind!r}; expected 'kl', 'ce', 'tv' or 'jsd'")
 
 
 @dataclass
@@ -58,17 +68,20 @@ class RowLoss:
 
 
 def row_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, depths: torch.Tensor,
-             num_depths: int, kind: str) -> RowLoss:
+             num_depths: int, kind: str, depth_weight: float = 1.0) -> RowLoss:
     """Loss sum and metric counts of one row's supervised elements ([n, Vd] logits, [n] depths)."""
     ell = per_element_loss(draft_logits, teacher_logits, kind)
-    loss_sum = ell.sum()
+    if depth_weight == 1.0:
+        loss_sum = ell.sum()
+    else:
+        loss_sum = (ell * depth_weight ** depths.to(ell.dtype)).sum()
     with torch.no_grad():
         correct = (draft_logits.argmax(-1) == teacher_logits.argmax(-1)).double()
         d = depths.clamp(max=num_depths - 1)
         per_depth_correct = torch.zeros(num_depths, dtype=torch.float64, device=ell.device).index_add_(0, d, correct)
         per_depth_count = torch.zeros(num_depths, dtype=torch.float64, device=ell.device).index_add_(
             0, d, torch.ones_like(correct))
-        head = torch.stack([loss_sum.detach().double(), torch.tensor(float(ell.numel()), dtype=torch.float64,
+        head = torch.stack([ell.detach().sum().double(), torch.tensor(float(ell.numel()), dtype=torch.float64,
                                                                        device=ell.device)])
         stats = torch.cat([head, per_depth_correct, per_depth_count])
     return RowLoss(loss_sum, stats)

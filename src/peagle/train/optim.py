@@ -1,4 +1,5 @@
-"""AdamW over the trainable draft parameters and the warmup + decay learning-rate schedule."""
+"""The optimiser over the trainable draft parameters (AdamW, or Muon + AdamW: :mod:`.muon`) and the
+warmup + decay learning-rate schedule."""
 from __future__ import annotations
 
 import math
@@ -9,9 +10,13 @@ from torch import nn
 from .settings import TrainSettings
 
 
-def build_optimizer(model: nn.Module, s: TrainSettings) -> torch.optim.AdamW:
-    """AdamW over every parameter that requires grad: all but ``lm_head`` (frozen target rows),
-    including ``embed_tokens`` (unless ``train.embeddings=frozen``) and ``mask_hidden``."""
+def build_optimizer(model: nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
+    """``train.optimizer`` over every parameter that requires grad: all but ``lm_head`` (frozen target
+    rows), including ``embed_tokens`` (unless ``train.embeddings=frozen``) and ``mask_hidden``."""
+    if s.optimizer == "muon":
+        from .muon import MuonAdamW
+
+        return MuonAdamW(model.named_parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=tuple(s.betas))
     params = [p for p in model.parameters() if p.requires_grad]
     # The fused kernel (CPU and CUDA) is several times faster than the per-tensor loop torch picks
     # on CPU, which matters for the 28M-entry embedding of a small target; FSDP2's sharded

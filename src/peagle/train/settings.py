@@ -3,7 +3,8 @@
 :class:`TrainSettings` is the ``train`` section of a run; :class:`TrainRunConfig` is the whole
 config the stand-alone CLI (``python -m peagle.train``) reads: the target, the draft shape and the
 training knobs. Defaults follow speculators 0.9.0 / the published P-EAGLE recipe
-(docs/peagle-format.md §3.5) where that makes sense, except the optimiser (AdamW only).
+(docs/peagle-format.md §3.5) where that makes sense, except the optimiser (AdamW by default; Muon, the
+speculators default, is ``train.optimizer=muon``).
 """
 from __future__ import annotations
 
@@ -77,9 +78,12 @@ class TrainSettings(StrictModel):
     max_anchors: int | None = Field(DEFAULT_MAX_ANCHORS, ge=1, description="COD cap on chain seeds per row")
 
     # Objective
-    loss: Literal["kl", "ce"] = Field(
-        "kl", description="kl: KL(teacher || draft) over the draft vocabulary; ce: cross-entropy to the teacher argmax"
-    )
+    loss: Literal["kl", "ce", "tv", "jsd"] = Field(
+        "kl", description="kl: KL(teacher || draft) over the draft vocabulary; ce: cross-entropy to the teacher "
+        "argmax; tv: total variation 0.5 * sum |p - q|; jsd: Jensen-Shannon divergence")
+    depth_weight: float = Field(
+        1.0, gt=0.0, le=1.0, description="weight gamma**d of a depth-d element's loss (1: every depth alike; "
+        "below 1 favours the first positions, which every accepted draft token needs)")
 
     # Optimisation
     embeddings: Literal["train", "frozen"] = Field(
@@ -87,7 +91,10 @@ class TrainSettings(StrictModel):
         "(no optimiser state for the vocabulary-sized table)")
     epochs: int = Field(1, ge=1, description="passes over the training split")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps (default: all epochs)")
-    lr: float = Field(6e-4, gt=0.0, description="peak AdamW learning rate")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="adamw, or muon: Muon on the draft's hidden weight matrices and AdamW on the rest "
+        "(embeddings, norms), one learning rate for both (peagle.train.muon); needs distributed=ddp")
+    lr: float = Field(6e-4, gt=0.0, description="peak learning rate")
     weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="learning-rate decay after warmup")
@@ -126,6 +133,9 @@ class TrainSettings(StrictModel):
     def _ratios(self) -> "TrainSettings":
         if self.cod_ratio_min > self.cod_ratio:
             raise ValueError(f"cod_ratio_min {self.cod_ratio_min} exceeds cod_ratio {self.cod_ratio}")
+        if self.optimizer == "muon" and self.distributed == "fsdp":
+            raise ValueError("train.optimizer=muon orthogonalises whole matrices; FSDP shards them: use "
+                             "train.distributed=ddp")
         if self.data_mode == "streaming" and self.stream.delete_consumed and self.val_fraction > 0:
             raise ValueError("train.stream.delete_consumed deletes shard sets that hold validation samples: set "
                              "train.val_fraction=0 (evaluate on a separately extracted split instead)")
