@@ -54,7 +54,7 @@ def _module():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--variants", "muon"], "AdamW only"),
+    (["--variant", "x:train.optimizer=lion"], "optimizer"),
     (["--variants", "nope"], "unknown variant 'nope'"),
     (["--variant", "x:lr=1"], "is not draft.<key>=<value>"),
     (["--variant", "x:train.bogus=1"], "bogus"),
