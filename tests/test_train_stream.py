@@ -281,3 +281,43 @@ def test_kill_9_of_trainer_and_worker_on_seaweedfs_loses_nothing(qwen3_target, s
 def set1_reused_or_consumed(result: dict) -> bool:
     """The retried worker did not extract set 1 again: it was published (reused) or already consumed."""
     return not any(n.startswith("hs-00001-") for n in result["written"])
+
+
+def test_back_pressure_bounds_the_sets_in_the_bucket(qwen3_target, prepared, one_set_bytes, tmp_path):
+    """extract.max_sets_ahead: workers wait for the trainer's consumption, so at no time does the
+    bucket hold more published, unconsumed sets than the announced lag."""
+    from peagle.extract.output import STREAM
+
+    out = str(tmp_path / "hs")
+    store = open_store(out)
+    most, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            keys = store.list("")
+            published = {k.split("/")[0] for k in keys if k.endswith("/_SUCCESS") and k.startswith("hs-")}
+            consumed = {k.split("/")[0] for k in keys if k.endswith("/" + CONSUMED)}
+            most[0] = max(most[0], len(published - consumed))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    settings = {**HF, "max_sets_ahead": 1}
+    procs = []
+    for w in range(WORKERS):
+        arg = json.dumps({"index": w, "workers": WORKERS, "target": str(qwen3_target), "prepared": prepared,
+                          "out": out, "settings": settings, "delay_s": 0.0})
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, arg], stdout=subprocess.PIPE, text=True,
+                                      env={**os.environ, "PYTHONPATH": str(REPO / "src")}))
+    cfg = stream_config(qwen3_target, tmp_path / "bp", out, prepared, window_bytes=one_set_bytes,
+                        delete_consumed=True, val_fraction=0.0)
+    res = train(cfg)
+    for p in procs:
+        worker_result(p)
+    stop.set()
+    watcher.join()
+    stream = json.loads(store.get_bytes(STREAM))
+    print(f"back-pressure: lag {stream['min_sets_ahead']} set(s); at most {most[0]} published, unconsumed sets")
+    assert stream["done"] is True and res.steps == 8
+    assert 1 <= most[0] <= max(1, stream["min_sets_ahead"])
+    assert _hidden_state_bytes(store) == 0

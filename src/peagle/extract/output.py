@@ -7,6 +7,8 @@ Layout (any :mod:`peagle.storage` location: a local directory, ``file://`` or ``
                                            worker; metadata: the header and the set's shard entries
     hs-SSSSS/_CONSUMED.json                written by a streaming trainer that deleted set S after
                                            training on it (:func:`mark_consumed`): a rerun skips S
+    _STREAM.json                           a streaming trainer deleting consumed sets: how far ahead of
+                                           its consumption the workers may extract (:func:`announce_stream`)
     _MANIFEST.json, _SUCCESS               the dataset, published LAST, once every planned shard set
                                            is: every shard, metadata = the dataset manifest
 
@@ -40,6 +42,7 @@ from .shard_format import DatasetHeader, encode_shard
 log = logging.getLogger(__name__)
 SHARD_SUFFIX = ".safetensors"
 CONSUMED = "_CONSUMED.json"
+STREAM = "_STREAM.json"  # a streaming trainer that deletes consumed sets announces itself here
 
 
 class HiddenStatesExtractor(Protocol):
@@ -175,12 +178,46 @@ class SetJob:
         return cls(int(d["shard_set"]), list(d["reused"]), str(d["rows_file"]))
 
 
+def announce_stream(store: Store, *, min_sets_ahead: int, done: bool = False) -> None:
+    """A streaming trainer that deletes what it consumed tells the workers how far they may run ahead:
+    set s waits until set s - max(extract.max_sets_ahead, ``min_sets_ahead``) is consumed.
+    ``min_sets_ahead`` is what the trainer's plan needs (a smaller lag would wait forever); ``done``:
+    the trainer finished, nothing waits any more."""
+    store.put_bytes(STREAM, json.dumps({"min_sets_ahead": min_sets_ahead, "done": done}, sort_keys=True).encode())
+
+
+def wait_for_turn(store: Store, shard_set: int, max_sets_ahead: int | None, poll_s: float = 1.0) -> float:
+    """Back-pressure (``extract.max_sets_ahead`` N, for streaming runs that delete what they consumed):
+    sets below N go at once; set s >= N waits for the trainer's announcement (:func:`announce_stream`),
+    then until it has consumed set ``s - lag`` (lag = max(N, what the trainer's plan needs)) or is
+    done. Returns the seconds waited."""
+    if max_sets_ahead is None or shard_set < max_sets_ahead:
+        return 0.0
+    t0, said = time.monotonic(), False
+    while True:
+        try:
+            stream = json.loads(store.get_bytes(STREAM))
+            lag = max(max_sets_ahead, int(stream["min_sets_ahead"]))
+            if stream.get("done") or shard_set < lag or is_consumed(store, shard_set - lag):
+                return time.monotonic() - t0
+            what = f"the trainer has consumed set {shard_set - lag} (lag {lag})"
+        except ObjectNotFoundError:
+            what = f"a streaming trainer announces itself ({STREAM})"
+        if not said:
+            log.info("shard set %d waits until %s: extract.max_sets_ahead=%d", shard_set, what, max_sets_ahead)
+            said = True
+        time.sleep(poll_s)
+
+
 def extract_sets(extractor: HiddenStatesExtractor, jobs: list[SetJob], store: Store, header: DatasetHeader,
-                 on_shard: Callable[[dict[str, Any], float], None] | None = None) -> list[dict[str, Any]]:
+                 on_shard: Callable[[dict[str, Any], float], None] | None = None,
+                 max_sets_ahead: int | None = None) -> list[dict[str, Any]]:
     """Extract the shards of ``jobs`` set by set, publishing each set once its shards are written;
-    ``on_shard(entry, seconds)`` after each shard. Returns the entries of the shards written."""
+    ``on_shard(entry, seconds)`` after each shard; each set first waits its turn (:func:`wait_for_turn`).
+    Returns the entries of the shards written."""
     written: list[dict[str, Any]] = []
     for job in sorted(jobs, key=lambda j: j.shard_set):
+        wait_for_turn(store, job.shard_set, max_sets_ahead)
         entries = list(job.reused)
         for name, rows in read_job_shards(Path(job.rows_file)):
             t0 = time.monotonic()

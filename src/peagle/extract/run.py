@@ -129,7 +129,8 @@ def _extract_hf(target, layer_ids: LayerIds, header: DatasetHeader, settings: Ex
     try:
         with Progress("extract", num_rows, "samples") as progress:
             return extract_sets(extractor, jobs, store, header,
-                                on_shard=lambda entry, _s: progress.advance(entry["num_samples"]))
+                                on_shard=lambda entry, _s: progress.advance(entry["num_samples"]),
+                                max_sets_ahead=settings.max_sets_ahead)
     finally:
         extractor.close()
 

@@ -34,6 +34,11 @@ class ExtractSettings(StrictModel):
         1, ge=1, description="shard sets each extraction worker writes, one after the other, publishing each "
         "as soon as it is done: more sets let a streaming trainer (train.data_mode=streaming) start earlier "
         "and hold a smaller window")
+    max_sets_ahead: int | None = Field(
+        None, ge=1, description="back-pressure for streaming runs that delete consumed sets "
+        "(train.stream.delete_consumed): shard set s >= N waits until the trainer has consumed set s - N (N raised "
+        "to what its plan needs, which it announces). Bounds the hidden states in the bucket to about N sets; "
+        "without such a trainer the sets from N on wait for ever. Default: no waiting")
     storage_dtype: Literal["bfloat16", "fp8"] = Field(
         "bfloat16",
         description="dtype of stored hidden states; 'fp8' = float8_e4m3fn with a float32 scale per token "

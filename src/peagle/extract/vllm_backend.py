@@ -164,7 +164,8 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
         print(PROGRESS_MARKER + json.dumps(progress), file=sys.stderr, flush=True)
 
     try:
-        records = extract_sets(extractor, [SetJob.from_dict(j) for j in job["sets"]], store, header, shard_done)
+        records = extract_sets(extractor, [SetJob.from_dict(j) for j in job["sets"]], store, header, shard_done,
+                               max_sets_ahead=settings.max_sets_ahead)
         reporter.flush()
     finally:
         extractor.close()

@@ -122,8 +122,10 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     total_steps = len(steps)
     # Streaming with deletion: the step after which each shard set is read no more, and a checkpoint at
     # each window's end so that its sets can go (a restart never needs a deleted set).
-    last_use, release_at = (consumed_sets(dataset, steps) if streaming and s.stream.delete_consumed
-                            else ({}, set()))
+    last_use, release_at, min_ahead = (consumed_sets(dataset, steps) if streaming and s.stream.delete_consumed
+                                       else ({}, set(), 0))
+    if last_use and env.is_main:  # workers with extract.max_sets_ahead wait for the consumption
+        dataset.announce(min_sets_ahead=min_ahead)
 
     model = init_draft(str(info.path), cfg.draft, token_counts, cfg.target.trust_remote_code)
     if model.spec != spec:
@@ -322,20 +324,32 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                                            "resumed_after_step": start,
                                            "metrics": json_safe(last_metrics), "val_metrics": json_safe(val_metrics)})
         print(f"[peagle.train] done: {total_steps} steps; servable draft at {final_uri}", file=sys.stderr, flush=True)
+        if last_use:
+            dataset.announce(min_sets_ahead=min_ahead, done=True)  # no worker waits for this trainer any more
     return TrainResult(total_steps, start, final_uri, last_metrics, val_metrics, data_reads)
 
 
-def consumed_sets(dataset, steps) -> tuple[dict[int, int], set[int]]:
-    """({shard set: index of the last step reading it}, the step counts at which a window's sets are
-    all read for good) of a streaming plan; the loop checkpoints at those counts, then deletes."""
+def consumed_sets(dataset, steps) -> tuple[dict[int, int], set[int], int]:
+    """Of a streaming plan: {shard set: index of the last step reading it}; the step counts at which a
+    window's sets are all read for good (the loop checkpoints there, then deletes them); and the lag
+    the workers need at least (``extract.max_sets_ahead``): releasing window [a, b] at step r needs
+    every set the steps before r read, up to M, so a worker may not wait on any set >= M - lag + 1 > a - 1."""
     last_use: dict[int, int] = {}
+    highest: list[int] = []  # highest set read by steps 0..k
     for k, st in enumerate(steps):
+        top = highest[-1] if highest else -1
         for row in st.rows:
             for i, _ in row:
                 last_use[dataset.set_of_sample(i)] = k
-    release_at = {max(last_use[s] for s in w if s in last_use) + 1 for w in dataset.set_windows()
-                  if any(s in last_use for s in w)}
-    return last_use, release_at
+                top = max(top, dataset.set_of_sample(i))
+        highest.append(top)
+    release_at, min_ahead = set(), 1
+    for w in dataset.set_windows():
+        used = [last_use[s] for s in w if s in last_use]
+        if used:
+            release_at.add(max(used) + 1)
+            min_ahead = max(min_ahead, highest[max(used)] - min(w) + 1)
+    return last_use, release_at, min_ahead
 
 
 # ----------------------------------------------------------------------------------------------

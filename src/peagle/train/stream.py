@@ -18,6 +18,9 @@ The extraction workers and the trainer run at the same time and meet only in the
   the reader waits (``poll_interval_s``, at most ``wait_timeout_s``); a published set must carry the
   header of set 0 and exactly the planned shards (names and sample ids), else the run stops naming
   the set. Every shard's sha256 is checked on read.
+* **Back-pressure.** A trainer that deletes announces, in ``_STREAM.json``, the lag its plan needs;
+  workers with ``extract.max_sets_ahead`` N wait before set s until set s - max(N, that lag) is
+  consumed, which bounds the hidden states in the bucket to about that many sets.
 * **Deleting.** With ``delete_consumed`` the trainer checkpoints at the end of each window and then
   deletes every set whose last reading step the checkpoint covers (first the set's publication, then
   its shards), leaving ``hs-SSSSS/_CONSUMED.json`` so a rerun worker skips it. A restart resumes from
@@ -37,8 +40,8 @@ from typing import Any
 import torch
 
 from ..extract.errors import ExtractError, ShardChecksumError
-from ..extract.output import (CONSUMED, consumed_info, is_consumed, mark_consumed, plan_layout, sample_ids_digest,
-                              set_of, set_prefix)
+from ..extract.output import (CONSUMED, announce_stream, consumed_info, is_consumed, mark_consumed, plan_layout,
+                              sample_ids_digest, set_of, set_prefix)
 from ..extract.shard_format import FORMAT as SHARD_FORMAT, decode_shard
 from ..storage import (ChecksumMismatchError, IncompletePrefixError, ObjectNotFoundError, Published, open_published,
                        open_store, unpublish)
@@ -242,6 +245,11 @@ class StreamedExtraction:
             while len(self._cache) > 2 and self._cached_bytes > self.cache_bytes:
                 self._cached_bytes -= self._cache.popitem(last=False)[1][1]
             return shard
+
+    def announce(self, *, min_sets_ahead: int, done: bool = False) -> None:
+        """Tell workers running with ``extract.max_sets_ahead`` how far they may run ahead (or that
+        this trainer is done): :func:`peagle.extract.output.announce_stream`."""
+        announce_stream(self.store, min_sets_ahead=min_sets_ahead, done=done)
 
     def delete_sets(self, sets: list[int], step: int) -> None:
         """Delete shard sets the run has trained on for good (a checkpoint at ``step`` covers them):
