@@ -290,11 +290,12 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                 if env.is_main:
                     write_metrics(metrics_path, {"step": done, **val_metrics})
                     print_progress({"step": done, **val_metrics}, total_steps, K, prefix="val_")
-            if (is_last or done % s.checkpoint_every == 0) and done in plan.damaged:
+            checkpoint_due = is_last or done % s.checkpoint_every == 0 or done in release_at
+            if checkpoint_due and done in plan.damaged:
                 if env.is_main:  # kept as evidence: never published over (see peagle.train.checkpoint)
                     print(f"[peagle.train] not saving step {done}: {store.uri_for(step_prefix(done))} is a damaged "
                           "checkpoint, kept as it is", file=sys.stderr, flush=True)
-            elif is_last or done % s.checkpoint_every == 0 or done in release_at:
+            elif checkpoint_due:
                 state = {"epoch": steps[step].epoch, "total_steps": total_steps,
                          "plan_fingerprint": fingerprint_of_plan, "scheduler": scheduler.state_dict(),
                          "spec": json.loads(spec.model_dump_json()), "settings": json.loads(s.model_dump_json()),

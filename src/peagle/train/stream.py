@@ -80,9 +80,11 @@ class StreamedExtraction:
         self.layout = plan_layout(ids, settings.num_shard_sets, settings.samples_per_shard)
         self._index: list[tuple[str, int, str, int]] = []  # (shard name, position, sample id, tokens)
         self._row_of: dict[str, int] = {sid: i for i, sid in enumerate(ids)}  # prepared row of each sample
+        self._shard_tokens: dict[str, int] = {}  # planned tokens per shard
         for name, shard_ids in self.layout.items():
             for k, sid in enumerate(shard_ids):
                 self._index.append((name, k, sid, by_id[sid]))
+            self._shard_tokens[name] = sum(by_id[sid] for sid in shard_ids)
         self._sets: dict[int, Published] = {}
         self._lock = threading.Lock()
         self._cache: OrderedDict = OrderedDict()  # shard name -> (decoded shard, bytes)
@@ -123,16 +125,7 @@ class StreamedExtraction:
 
     def shard_nbytes(self, name: str) -> int:
         """Estimated stored bytes of shard ``name`` (from its planned token count)."""
-        return sum(self._index_tokens[name]) * self.bytes_per_token
-
-    @property
-    def _index_tokens(self) -> dict[str, list[int]]:
-        if not hasattr(self, "_tokens_by_shard"):
-            out: dict[str, list[int]] = {}
-            for name, _, _, n in self._index:
-                out.setdefault(name, []).append(n)
-            self._tokens_by_shard = out
-        return self._tokens_by_shard
+        return self._shard_tokens[name] * self.bytes_per_token
 
     def set_windows(self) -> list[list[int]]:
         """Consecutive shard sets, in set order, whose estimated bytes fit ``window_bytes`` together
@@ -157,7 +150,11 @@ class StreamedExtraction:
         windows = self.set_windows()
         if len(windows) == 1:
             return None
-        return [[n for n in self.layout if set_of(n) in set(w)] for w in windows]
+        window_of = {shard_set: k for k, w in enumerate(windows) for shard_set in w}
+        out: list[list[str]] = [[] for _ in windows]
+        for name in self.layout:
+            out[window_of[set_of(name)]].append(name)
+        return out
 
     def supervised_token_counts(self, indices: list[int], vocab_size: int) -> dict[int, int]:
         """``{token id: count}`` of the supervised tokens of samples ``indices``, from the prepared rows
