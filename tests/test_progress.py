@@ -310,8 +310,11 @@ def test_real_vllm_regeneration_reports_progress_to_the_end(tmp_path, events, qw
     assert got and all(e["name"] == "regenerate" and e["unit"] == "conversations" for e in got)
     assert [e["done"] for e in got] == sorted(e["done"] for e in got)
     assert got[-1]["finished"] and got[-1]["done"] == got[-1]["total"] == 6
-    # progress arrived while the engine worked: finished requests, or tokens metered before they finished
-    assert any(0 < e["done"] < 6 or 0 < e.get("work_done", 0) < e.get("work_total", 0) for e in got), got
+    # progress arrived while the engine worked: an event before the last one, with tokens metered. (On
+    # a fast CPU the tiny target finishes a whole batch between two meter readings, so an event with
+    # 0 < done < 6 or a part-metered batch is not guaranteed: seen on an AVX-512 machine.)
+    early = [e for e in got if not e["finished"]]
+    assert early and early[0]["time"] < got[-1]["time"] and any(e.get("work_done", 0) > 0 for e in early), got
     # the token budget (6 first turns + the second turn unless the first reply was empty, 16 tokens each),
     # metered and settled at the end
     assert got[-1]["work_total"] in (6 * 16, 7 * 16) and got[-1]["work_done"] == got[-1]["work_total"]
