@@ -26,8 +26,9 @@ from .base import ObjectInfo, Store, check_key, sha256_bytes, sha256_file
 from .errors import (ChecksumMismatchError, IncompletePrefixError, InvalidKeyError, ObjectNotFoundError,
                      PrefixExistsError, StorageConfigError, StorageError)
 from .local import LocalStore
-from .publish import (MANIFEST, SUCCESS, DamagedPrefix, Manifest, PrefixWriter, Published, is_complete,
-                      list_complete, open_dataset, open_published, publish, publish_dir, scan_published, unpublish)
+from .publish import (MANIFEST, SUCCESS, DamagedPrefix, Manifest, PrefixWriter, Published, delete_published,
+                      is_complete, list_complete, open_dataset, open_published, publish, publish_dir, scan_published,
+                      unpublish)
 from .retry import RetryPolicy
 from .s3 import S3Store
 from .settings import S3Settings, Secret, TransferSettings
@@ -37,7 +38,7 @@ __all__ = [
     "ChecksumMismatchError", "DamagedPrefix", "IncompletePrefixError", "InvalidKeyError", "LocalStore", "MANIFEST",
     "Manifest", "ObjectInfo", "ObjectNotFoundError", "ParsedURI", "PrefixExistsError",
     "PrefixWriter", "Published", "RetryPolicy", "S3Settings", "S3Store", "SUCCESS", "Secret",
-    "StorageConfigError", "StorageError", "Store", "TransferSettings", "check_bucket", "check_key",
+    "StorageConfigError", "StorageError", "Store", "TransferSettings", "check_bucket", "check_key", "delete_published",
     "check_uri", "file_uri_path", "is_complete", "list_complete", "open_dataset", "open_published", "open_store",
     "parse_uri", "publish", "publish_dir", "read_verified", "sha256_bytes", "scan_published", "sha256_file",
     "unpublish",

@@ -171,6 +171,16 @@ def unpublish(store: Store, prefix: str) -> None:
     store.delete(join_key(base, MANIFEST))
 
 
+def delete_published(store: Store, prefix: str, *, keep: tuple[str, ...] = ()) -> None:
+    """Retract ``prefix``'s publication, then delete every object under it except those whose name
+    (last key component) is in ``keep``."""
+    unpublish(store, prefix)
+    base = _base(prefix)
+    for key in store.list(base + "/" if base else ""):
+        if key.rsplit("/", 1)[-1] not in keep:
+            store.delete(key)
+
+
 def _check_listed(store: Store, key: str, size: int, listing: Mapping[str, int]) -> None:
     if key not in listing:
         raise IncompletePrefixError(f"{store.uri_for(key)} is named in the manifest but missing")

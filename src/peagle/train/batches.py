@@ -94,17 +94,23 @@ def shard_windows(dataset: SampleDataset, train_indices: list[int], *, seed: int
     elif window_shards >= len(names):
         return None
     random.Random(f"peagle-train:{seed}:{epoch}:shards").shuffle(names)
-    windows: list[list[str]] = []
     if window_shards is not None:
         return [names[k:k + window_shards] for k in range(0, len(names), window_shards)]
+    return fill_windows(names, sizes, dataset.cache_bytes)
+
+
+def fill_windows(items: list, sizes: dict, budget: int) -> list[list]:
+    """``items`` in order, cut into consecutive windows whose ``sizes`` add up to at most ``budget``
+    (an item larger than the budget is a window of its own)."""
+    windows: list[list] = []
     used = 0
-    for n in names:
-        if windows and used + sizes[n] <= dataset.cache_bytes:
-            windows[-1].append(n)
-            used += sizes[n]
+    for item in items:
+        if windows and used + sizes[item] <= budget:
+            windows[-1].append(item)
+            used += sizes[item]
         else:
-            windows.append([n])
-            used = sizes[n]
+            windows.append([item])
+            used = sizes[item]
     return windows
 
 

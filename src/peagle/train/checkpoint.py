@@ -44,8 +44,8 @@ from torch.distributed.checkpoint.state_dict import (
 from ..model import PEagleDraftModel, save_draft
 from ..model.spec import DraftSpec
 from ..scratch import scratch_dir
-from ..storage import (SUCCESS, ChecksumMismatchError, IncompletePrefixError, Store, list_complete,
-                       open_published, publish_dir, scan_published, unpublish)
+from ..storage import (SUCCESS, ChecksumMismatchError, IncompletePrefixError, Store, delete_published, list_complete,
+                       open_published, publish_dir, scan_published)
 from .distributed import DistEnv, all_gather_objects, barrier
 from ..errors import PeagleError
 
@@ -80,9 +80,7 @@ def prune_checkpoints(store: Store, keep: int) -> list[str]:
     done, _ = scan_published(store, CHECKPOINTS)
     old = sorted(_steps(done).items())[:-keep] if keep else []
     for _, prefix in old:
-        unpublish(store, prefix)
-        for key in store.list(prefix + "/"):
-            store.delete(key)
+        delete_published(store, prefix)
         log.info("deleted checkpoint %s (train.keep_checkpoints=%d)", store.uri_for(prefix), keep)
     return [p for _, p in old]
 

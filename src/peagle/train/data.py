@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -157,6 +158,48 @@ class SampleFileDataset:
         return out
 
 
+class ShardCache:
+    """Decoded shards by name, most recently used last, within a byte budget: the oldest are evicted
+    beyond ``budget`` bytes (``shard.nbytes``), but two shards always stay. Not locked: callers hold
+    their own lock."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._shards: OrderedDict = OrderedDict()  # name -> decoded shard
+        self.nbytes = 0  # of the shards held
+
+    def get(self, name: str):
+        """The cached shard ``name`` (now the most recent), or None."""
+        shard = self._shards.get(name)
+        if shard is not None:
+            self._shards.move_to_end(name)
+        return shard
+
+    def put(self, shard) -> None:
+        self._shards[shard.name] = shard
+        self.nbytes += shard.nbytes
+        while len(self._shards) > 2 and self.nbytes > self.budget:
+            self.nbytes -= self._shards.popitem(last=False)[1].nbytes
+
+    def drop(self, names) -> None:
+        for name in names:
+            shard = self._shards.pop(name, None)
+            if shard is not None:
+                self.nbytes -= shard.nbytes
+
+    def __iter__(self):
+        return iter(list(self._shards))
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+
+def train_sample(s) -> TrainSample:
+    """A decoded :class:`peagle.extract.shard_format.ShardSample` as the trainer's sample dict."""
+    return {"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask.float(),
+            "aux_hidden": s.aux_hidden_flat, "last_hidden": s.last_hidden}
+
+
 class ExtractedDataset:
     """The output of ``peagle extract`` (a directory or an ``s3://`` prefix) as a :class:`SampleDataset`.
 
@@ -176,16 +219,13 @@ class ExtractedDataset:
 
     def __init__(self, uri: str, cache_bytes: int = 4 << 30, cache_stored: bool = True):
         import threading
-        from collections import OrderedDict
 
         from ..extract import ExtractError, HiddenStatesDataset
 
         try:
             self.hs = HiddenStatesDataset(uri, out_dtype=torch.float32, keep_stored=cache_stored)
             index = []
-            self._cache: OrderedDict = OrderedDict()  # shard name -> (decoded shard, its bytes)
-            self._cached_bytes = 0
-            self._cache_bytes = cache_bytes
+            self._cache = ShardCache(cache_bytes)
             # The prefetch thread and a validation pass on the main thread read samples concurrently.
             self._lock = threading.Lock()
             self._nbytes: dict[str, int] = {}  # shard name -> bytes it takes in the cache (decoded)
@@ -193,7 +233,7 @@ class ExtractedDataset:
                 for i, sid in enumerate(shard.sample_ids):
                     index.append((shard.name, i, sid, int(shard.offsets[i + 1] - shard.offsets[i])))
                 self._nbytes[shard.name] = shard.nbytes
-                self._keep(shard)  # the first pass fills the cache: a dataset that fits is read once
+                self._cache.put(shard)  # the first pass fills the cache: a dataset that fits is read once
         except ExtractError as exc:
             raise DatasetError(str(exc)) from None
         self.info = DatasetInfo(self.hs.aux_layer_ids, self.hs.hidden_size, self.hs.manifest.get("target_fingerprint"))
@@ -206,7 +246,12 @@ class ExtractedDataset:
     @property
     def cache_bytes(self) -> int:
         """The cache's byte budget (it holds at least two shards whatever the budget)."""
-        return self._cache_bytes
+        return self._cache.budget
+
+    @property
+    def _cached_bytes(self) -> int:
+        """Bytes the cache holds now (bench_train_memory and the memory test read it)."""
+        return self._cache.nbytes
 
     def shard_of(self, index: int) -> str:
         """Name of the shard holding sample ``index``."""
@@ -220,14 +265,6 @@ class ExtractedDataset:
         """(shard loads, shard file bytes) read from storage by the calling thread since opening."""
         return getattr(self._thread, "loads", 0), getattr(self._thread, "bytes", 0)
 
-    def _keep(self, shard) -> None:
-        """Cache ``shard`` as the most recent; evict the oldest beyond the byte budget (keeping two)."""
-        nbytes = shard.nbytes
-        self._cache[shard.name] = (shard, nbytes)
-        self._cached_bytes += nbytes
-        while len(self._cache) > 2 and self._cached_bytes > self._cache_bytes:
-            self._cached_bytes -= self._cache.popitem(last=False)[1][1]
-
     def __len__(self) -> int:
         return len(self._index)
 
@@ -240,20 +277,16 @@ class ExtractedDataset:
     def __getitem__(self, index: int) -> TrainSample:
         name, local, _, _ = self._index[index]
         with self._lock:
-            if name in self._cache:
-                self._cache.move_to_end(name)
-                shard = self._cache[name][0]
-            else:
+            shard = self._cache.get(name)
+            if shard is None:
                 shard = self.hs.read_shard(name)
-                self._keep(shard)
+                self._cache.put(shard)
                 nbytes = self._file_bytes[name]
                 self.shard_loads += 1
                 self.bytes_read += nbytes
                 self._thread.loads = getattr(self._thread, "loads", 0) + 1
                 self._thread.bytes = getattr(self._thread, "bytes", 0) + nbytes
-        s = shard.sample(local)
-        return {"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask.float(),
-                "aux_hidden": s.aux_hidden_flat, "last_hidden": s.last_hidden}
+        return train_sample(shard.sample(local))
 
 
 def open_dataset(uri: str) -> SampleDataset:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -43,9 +42,10 @@ from ..extract.errors import ExtractError, ShardChecksumError
 from ..extract.output import (CONSUMED, announce_stream, consumed_info, is_consumed, mark_consumed, plan_layout,
                               sample_ids_digest, set_of, set_prefix)
 from ..extract.shard_format import FORMAT as SHARD_FORMAT, decode_shard
-from ..storage import (ChecksumMismatchError, IncompletePrefixError, ObjectNotFoundError, Published, open_published,
-                       open_store, unpublish)
-from .data import DatasetError, DatasetInfo, TrainSample
+from ..storage import (ChecksumMismatchError, IncompletePrefixError, ObjectNotFoundError, Published, delete_published,
+                       open_published, open_store, unpublish)
+from .batches import fill_windows
+from .data import DatasetError, DatasetInfo, ShardCache, TrainSample, train_sample
 from .settings import StreamSettings
 
 
@@ -87,15 +87,14 @@ class StreamedExtraction:
             self._shard_tokens[name] = sum(by_id[sid] for sid in shard_ids)
         self._sets: dict[int, Published] = {}
         self._lock = threading.Lock()
-        self._cache: OrderedDict = OrderedDict()  # shard name -> (decoded shard, bytes)
-        self._cached_bytes = 0
+        self._cache = ShardCache(settings.window_bytes)
         self.waited_s = 0.0  # time spent waiting for shard sets to be published
         self.deleted_sets: list[int] = []
         self.header = self._first_header()  # set 0 fixes what every set must be
         self.info = DatasetInfo([int(i) for i in self.header["layer_ids"][:-1]], int(self.header["hidden_size"]),
                                 self.header.get("target_fingerprint"))
         self.bytes_per_token = stored_bytes_per_token(self.header)
-        self.cache_bytes = settings.window_bytes
+        self.cache_bytes = settings.window_bytes  # the budget shard_windows and the loop's log line read
 
     # ---- the SampleDataset protocol
 
@@ -110,10 +109,7 @@ class StreamedExtraction:
 
     def __getitem__(self, index: int) -> TrainSample:
         name, local, _, _ = self._index[index]
-        shard = self._shard(name)
-        s = shard.sample(local)
-        return {"sample_id": s.sample_id, "input_ids": s.input_ids, "loss_mask": s.loss_mask.float(),
-                "aux_hidden": s.aux_hidden_flat, "last_hidden": s.last_hidden}
+        return train_sample(self._shard(name).sample(local))
 
     # ---- what the planner and the loop use
 
@@ -133,16 +129,7 @@ class StreamedExtraction:
         sizes: dict[int, int] = {}
         for name in self.layout:
             sizes[set_of(name)] = sizes.get(set_of(name), 0) + self.shard_nbytes(name)
-        windows: list[list[int]] = []
-        used = 0
-        for s in sorted(sizes):
-            if windows and used + sizes[s] <= self.settings.window_bytes:
-                windows[-1].append(s)
-                used += sizes[s]
-            else:
-                windows.append([s])
-                used = sizes[s]
-        return windows
+        return fill_windows(sorted(sizes), sizes, self.settings.window_bytes)
 
     def stream_windows(self, train_indices: list[int]) -> list[list[str]] | None:
         """The windows as lists of shard names (for :func:`peagle.train.batches.epoch_order`); None
@@ -220,28 +207,28 @@ class StreamedExtraction:
 
     def _shard(self, name: str):
         with self._lock:
-            if name in self._cache:
-                self._cache.move_to_end(name)
-                return self._cache[name][0]
-            published = self._open_set(set_of(name))
-            try:
-                data = published.get_bytes(name)
-            except ObjectNotFoundError:
-                raise DatasetError(f"hidden-state shard {published.uri_for(name)} listed in its set's manifest is "
-                                   "missing") from None
-            except ChecksumMismatchError as e:
-                raise ShardChecksumError(name, e.expected, e.actual, e.uri) from None
-            try:
-                shard = decode_shard(data, name, torch.float32, keep_stored=True)
-            except ExtractError as exc:
-                raise DatasetError(str(exc)) from None
-            if shard.sample_ids != self.layout[name]:
-                raise DatasetError(f"hidden-state shard {published.uri_for(name)} holds other samples than planned")
-            self._cache[name] = (shard, shard.nbytes)
-            self._cached_bytes += shard.nbytes
-            while len(self._cache) > 2 and self._cached_bytes > self.cache_bytes:
-                self._cached_bytes -= self._cache.popitem(last=False)[1][1]
-            return shard
+            cached = self._cache.get(name)
+        if cached is not None:
+            return cached
+        # Waiting for the set and reading it happen outside the lock: the loop's deletions (and other
+        # readers) must not queue behind a reader that waits for a set still being extracted.
+        published = self._open_set(set_of(name))
+        try:
+            data = published.get_bytes(name)
+        except ObjectNotFoundError:
+            raise DatasetError(f"hidden-state shard {published.uri_for(name)} listed in its set's manifest is "
+                               "missing") from None
+        except ChecksumMismatchError as e:
+            raise ShardChecksumError(name, e.expected, e.actual, e.uri) from None
+        try:
+            shard = decode_shard(data, name, torch.float32, keep_stored=True)
+        except ExtractError as exc:
+            raise DatasetError(str(exc)) from None
+        if shard.sample_ids != self.layout[name]:
+            raise DatasetError(f"hidden-state shard {published.uri_for(name)} holds other samples than planned")
+        with self._lock:
+            self._cache.put(shard)
+        return shard
 
     def announce(self, *, min_sets_ahead: int, done: bool = False) -> None:
         """Tell workers running with ``extract.max_sets_ahead`` how far they may run ahead (or that
@@ -257,14 +244,10 @@ class StreamedExtraction:
             prefix = set_prefix(s)
             mark_consumed(self.store, s, {"step": step, "by": "peagle.train", "header": self.header})
             unpublish(self.store, "")  # a complete dataset would name the shards deleted next
-            unpublish(self.store, prefix)
-            for key in self.store.list(prefix + "/"):
-                if not key.endswith("/" + CONSUMED):
-                    self.store.delete(key)
+            delete_published(self.store, prefix, keep=(CONSUMED,))
             with self._lock:
                 self._sets.pop(s, None)
-                for name in [n for n in self._cache if set_of(n) == s]:
-                    self._cached_bytes -= self._cache.pop(name)[1]
+                self._cache.drop([n for n in self._cache if set_of(n) == s])
             self.deleted_sets.append(s)
 
 
