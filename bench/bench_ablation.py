@@ -13,7 +13,10 @@ and ``train`` sections, K and epochs) plus the variant's overrides, in a fresh
 baseline engine (acceptance does not need one).
 
 Variants (``--variants a,b,...``; ``--variant name:key=value,key=value`` adds one of your own):
-only what the trainer offers as configuration, and ``draft.init_from_target_layer``.
+only what the trainer offers as configuration, and ``draft.init_from_target_layer``; and one data
+variant, ``data.human_replies=true`` (``data-mix``): the run's on-policy rows plus the human-written
+replies of the same conversations, prepared with the run's ``prepare`` section and extracted with
+its ``extract`` section once (``--work``/data-mix), so the variant trains on about twice the rows.
 
 Printed: variant | overrides | train s | steps | AL [95% CI] | first-position acceptance [95% CI]
 (the held-out set), and MT-Bench AL when measured. Intervals: bootstrap over prompts
@@ -64,6 +67,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "schedule-constant": {"train.schedule": "constant"},
     "epochs-1": {"train.epochs": 1},
     "epochs-5": {"train.epochs": 5},
+    # data: the on-policy rows plus the human-written replies of the same conversations (needs --run
+    # of a regenerating run; prepared and extracted once, under --work/data-mix)
+    "data-mix": {"data.human_replies": True},
 }
 
 
@@ -93,10 +99,42 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
     out = {}
     for item in body.split(","):
         key, eq, value = item.partition("=")
-        if not eq or key.split(".")[0] not in ("draft", "train") or "." not in key:
-            raise ValueError(f"--variant {spec!r}: {item!r} is not draft.<key>=<value> or train.<key>=<value>")
+        if not eq or key.split(".")[0] not in ("draft", "train", "data") or "." not in key:
+            raise ValueError(f"--variant {spec!r}: {item!r} is not draft.<key>=<value>, train.<key>=<value> "
+                             "or data.human_replies=true")
+        if key.split(".")[0] == "data" and key.strip() not in DATA_KEYS:
+            raise ValueError(f"--variant {spec!r}: the data keys are {', '.join(DATA_KEYS)}")
         out[key.strip()] = parse_value(value)
     return name, out
+
+
+DATA_KEYS = ("data.human_replies",)
+
+
+def mixed_dataset(run: Path, work: Path) -> str:
+    """The run's on-policy rows plus the human replies of the same conversations, extracted.
+
+    Prepared with the run's ``prepare`` section (sources: the regenerated file, then the run's own
+    sources, each capped at the regenerated conversation count) and extracted with its ``extract``
+    section; built once under ``work`` (published datasets are reused)."""
+    from peagle.data import PrepareSettings, read_rows, run_prepare
+    from peagle.extract import ExtractSettings, run_extract
+    from peagle.pipeline.steps import REGENERATED_FILE
+
+    config = json.loads((run / "run.json").read_text())["config"]
+    regenerated = run / "regenerated" / REGENERATED_FILE
+    if not regenerated.is_file():
+        raise ValueError(f"data.human_replies needs a run that regenerated: {regenerated} does not exist")
+    conversations = sum(1 for line in regenerated.read_text(encoding="utf-8").splitlines() if line.strip())
+    target = str(run / "models" / "target")
+    data, hidden = work / "data", work / "hidden_states"
+    if not (hidden / "_SUCCESS").exists():
+        prep = {**config["prepare"], "sources": [str(regenerated), *config["prepare"]["sources"]],
+                "max_rows_per_source": conversations, "max_samples": None, "validation_fraction": 0.0}
+        if not (data / "_SUCCESS").exists():
+            run_prepare(PrepareSettings(**prep), target, data)
+        run_extract(read_rows(data, "train"), target, str(hidden), ExtractSettings(**config["extract"]))
+    return str(hidden)
 
 
 def config_for(overrides: dict[str, Any], target: str, data: str, out: Path, epochs: int | None,
@@ -104,6 +142,7 @@ def config_for(overrides: dict[str, Any], target: str, data: str, out: Path, epo
     r = recipe()
     if epochs is not None:
         r["train"]["epochs"] = epochs
+    overrides = {k: v for k, v in overrides.items() if k not in DATA_KEYS}
     for key, value in overrides.items():
         section, name = key.split(".", 1)
         r[section][name] = value
@@ -244,8 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, overrides in chosen.items():
         out = work / name
         out.mkdir(parents=True, exist_ok=True)
+        variant_data = data
+        if overrides.get("data.human_replies"):
+            if not a.run:
+                return usage(f"variant {name!r}: data.human_replies needs --run (its regenerated conversations)")
+            try:
+                variant_data = mixed_dataset(Path(a.run), work / "data-mix")
+            except ValueError as exc:
+                return usage(f"variant {name!r}: {exc}")
         try:
-            cfg = config_for(overrides, target, data, out, a.epochs, max_steps)
+            cfg = config_for(overrides, target, variant_data, out, a.epochs, max_steps)
         except Exception as exc:  # pydantic's ValidationError names the key
             return usage(f"variant {name!r}: {exc}")
         (out / "train.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from peagle.data import PrepareSettings, read_split, run_prepare
+from peagle.data import PrepareSettings, read_rows, run_prepare
 from peagle.extract import ExtractSettings, run_extract
 from peagle.model import prepare_target
 from peagle.model.target import MANIFEST
@@ -31,10 +31,7 @@ def main() -> None:
     if not (data / "_SUCCESS").exists():
         run_prepare(PrepareSettings(max_samples=args.samples, max_length=args.max_length, validation_fraction=0.0),
                     target, data)
-    table = read_split(data, "train")
-    rows = [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in zip(
-        table.column("sample_id").to_pylist(), table.column("input_ids").to_pylist(),
-        table.column("loss_mask").to_pylist())]
+    rows = read_rows(data, "train")
     tokens = sum(len(r["input_ids"]) for r in rows)
     print(f"{len(rows)} samples, {tokens} tokens (SmolLM2-135M, bf16, 2 threads)")
 

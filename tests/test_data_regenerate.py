@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from peagle.data import PrepareSettings, run_prepare
-from peagle.data.regenerate import RegenerateSettings, done_ids, run_regenerate
+from peagle.data.regenerate import RegenerateSettings, child_env, done_ids, engine_kwargs, run_regenerate
 
 CONVERSATIONS = [
     {"id": "a", "conversations": [{"from": "human", "value": "Say hello."}, {"from": "gpt", "value": "ORIGINAL a1"}]},
@@ -72,6 +72,33 @@ def test_offline_vllm_regeneration_resumes_and_feeds_prepare(source, tmp_path, q
     # the output is a prepare source
     res = run_prepare(PrepareSettings(sources=[str(out)], validation_fraction=0.0), qwen3_target, tmp_path / "prep")
     assert res.counts["kept"] == len(recs)
+
+
+def test_engine_levers_reach_the_engine_and_its_environment():
+    """The regeneration engine gets the levers set (and vLLM's defaults for the rest); cpu_threads
+    becomes an unbound OpenMP thread count, since vLLM's auto-binding would set its own."""
+    plain = engine_kwargs(RegenerateSettings(), "/t")
+    assert not {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"} & set(plain)
+    assert plain["enforce_eager"] is True and plain["disable_log_stats"] is False  # CPU: eager; stats feed progress
+    s = RegenerateSettings(max_num_seqs=8, max_num_batched_tokens=2048, enable_chunked_prefill=False,
+                           enforce_eager=False, engine_in_process=True, cpu_threads=2)
+    kw = engine_kwargs(s, "/t")
+    assert (kw["max_num_seqs"], kw["max_num_batched_tokens"], kw["enable_chunked_prefill"]) == (8, 2048, False)
+    assert kw["enforce_eager"] is False and kw["distributed_executor_backend"] == "uni" and kw["model"] == "/t"
+    env = child_env(s)
+    assert (env["OMP_NUM_THREADS"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("2", "nobind")
+    assert child_env(RegenerateSettings()).get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")  # untouched
+
+
+@pytest.mark.vllm
+def test_regeneration_with_engine_levers(source, tmp_path, qwen3_target):
+    """In-process engine, all cores unbound, one sequence at a time, no chunked prefill: same records."""
+    s = RegenerateSettings(sources=[str(source)], max_tokens=8, engine_in_process=True, cpu_threads=2,
+                           max_num_seqs=1, enable_chunked_prefill=False, max_num_batched_tokens=512,
+                           max_model_len=512, cpu_kv_cache_gib=1)
+    res = run_regenerate(s, qwen3_target, tmp_path / "regen.jsonl")
+    assert res.counts == {"already_done": 0, "regenerated": 4, "dropped_empty": 0}
+    _check_records(tmp_path / "regen.jsonl", ["conv/a", "conv/b", "conv/c", "conv/e"])
 
 
 @pytest.mark.vllm

@@ -142,6 +142,14 @@ def read_split(output: str | os.PathLike, split: str, verify: bool = True) -> pa
     return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 
+def read_rows(output: str | os.PathLike, split: str, verify: bool = True) -> list[dict]:
+    """``split`` as the rows extraction takes: ``{"sample_id", "input_ids", "loss_mask"}`` each."""
+    table = read_split(output, split, verify)
+    return [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in zip(
+        table.column("sample_id").to_pylist(), table.column("input_ids").to_pylist(),
+        table.column("loss_mask").to_pylist())]
+
+
 def read_token_freq(output: str | os.PathLike) -> dict[int, int]:
     """``{token id: count}`` over supervised train positions (the input of the draft vocabulary)."""
     raw = json.loads(_read(open_prepared(output), TOKEN_FREQ))

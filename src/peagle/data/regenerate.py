@@ -69,6 +69,20 @@ class RegenerateSettings(StrictModel):
     request_retries: int = Field(4, ge=0, description="retries per endpoint request on connection errors, 429 / 5xx")
     engine_timeout_s: float | None = Field(
         None, gt=0, description="vllm backend: kill the engine (and its workers) after this many seconds (default: no limit)")
+    # vllm backend engine levers (bench/bench_regenerate.py measures them side by side)
+    max_num_seqs: int | None = Field(None, ge=1, description="vllm backend: concurrent sequences (default: vLLM's)")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="vllm backend: tokens per engine step (default: vLLM's)")
+    enable_chunked_prefill: bool | None = Field(
+        None, description="vllm backend: split long prefills across steps (default: vLLM's)")
+    enforce_eager: bool | None = Field(
+        None, description="vllm backend: no CUDA graphs / compilation; default: eager on CPU, compiled on GPU")
+    cpu_kv_cache_gib: int = Field(1, ge=1, description="vllm backend on CPU: KV-cache size in GiB")
+    engine_in_process: bool = Field(
+        False, description="vllm backend: run vLLM's engine core inside the regeneration's child interpreter")
+    cpu_threads: int | None = Field(
+        None, ge=1, description="vllm backend on CPU: OpenMP threads of the model (default: vLLM's, all cores but "
+        "one, which it leaves to its scheduler)")
 
 
 @dataclass
@@ -163,6 +177,25 @@ class EndpointGenerator:
             return list(pool.map(one, batch))
 
 
+def engine_kwargs(settings: RegenerateSettings, target: str) -> dict[str, Any]:
+    """``vllm.LLM`` arguments of the regeneration engine: the shared ones plus the levers set."""
+    extra = {k: getattr(settings, k) for k in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
+             if getattr(settings, k) is not None}
+    extra["enforce_eager"] = settings.enforce_eager if settings.enforce_eager is not None else engine.cpu_only()
+    # log stats on: the progress meter reads vLLM's generated-token counter (peagle.progress)
+    return engine.engine_kwargs(target, seed=settings.seed, disable_log_stats=False, max_model_len=settings.max_model_len,
+                                in_process=settings.engine_in_process, **extra)
+
+
+def child_env(settings: RegenerateSettings) -> dict[str, str]:
+    """The regeneration child's environment: with ``cpu_threads``, that many OpenMP threads, unpinned
+    (vLLM's own CPU binding would override the count)."""
+    env = child.child_env()
+    if settings.cpu_threads is not None:
+        env.update(engine.threads_env(settings.cpu_threads))
+    return env
+
+
 class VllmGenerator:
     """Offline batches with real vLLM; only constructed inside the child interpreter."""
 
@@ -170,8 +203,8 @@ class VllmGenerator:
         from vllm import SamplingParams
 
         # log stats on: the progress meter reads vLLM's generated-token counter (peagle.progress)
-        self.llm = engine.build_llm(engine.engine_kwargs(target, seed=settings.seed, disable_log_stats=False,
-                                                         max_model_len=settings.max_model_len))
+        self.llm = engine.build_llm(engine_kwargs(settings, target), in_process=settings.engine_in_process,
+                                    kv_cache_gib=settings.cpu_kv_cache_gib)
         self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
                                      seed=settings.seed)
         self.tokenizer = self.llm.get_tokenizer()
@@ -345,10 +378,13 @@ def regenerate_into(settings: RegenerateSettings, output: Path, make_generator, 
     return counts
 
 
-def run_regenerate(settings: RegenerateSettings, target: str | os.PathLike | None, output: str | os.PathLike) -> RegenerateResult:
-    """Regenerate into ``output`` (JSONL). ``target`` is the model directory for the vllm backend."""
+def run_regenerate(settings: RegenerateSettings, target: str | os.PathLike | None, output: str | os.PathLike,
+                   progress: progress_mod.Progress | None = None) -> RegenerateResult:
+    """Regenerate into ``output`` (JSONL). ``target`` is the model directory for the vllm backend;
+    ``progress`` replaces the stage's own meter (a benchmark reads when the engine was ready)."""
     output = Path(output)
-    progress = progress_mod.Progress("regenerate", settings.max_conversations, "conversations")
+    if progress is None:
+        progress = progress_mod.Progress("regenerate", settings.max_conversations, "conversations")
     if settings.backend == "endpoint":
         with progress:
             counts = regenerate_into(settings, output, lambda: EndpointGenerator(settings), progress)
@@ -359,7 +395,7 @@ def run_regenerate(settings: RegenerateSettings, target: str | os.PathLike | Non
     with progress:
         counts = child.run_module("peagle.data.regenerate", job, marker="PEAGLE_RESULT ",
                                   what="offline regeneration", error=PrepareError, progress=progress,
-                                  env=child.child_env(), timeout=settings.engine_timeout_s)
+                                  env=child_env(settings), timeout=settings.engine_timeout_s)
     return RegenerateResult(output, counts)
 
 

@@ -44,6 +44,19 @@ def set_engine_env(in_process: bool, kv_cache_gib: float = 1) -> None:
             os.environ[key] = chosen
 
 
+def threads_env(threads: int) -> dict[str, str]:
+    """Environment for ``threads`` OpenMP threads in a vLLM CPU engine started from it (either mode):
+    unbound, since vLLM's auto-binding sets the count itself (all cores but one on x86)."""
+    return {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def cpu_only() -> bool:
+    """No CUDA device: vLLM runs on its CPU platform."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def engine_kwargs(model: str, *, seed: int = 0, max_model_len: int | None = None, in_process: bool = False,
                   **extra: Any) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments every peagle engine shares, updated with ``extra``.

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engine import llm as engine
 from ..progress import Progress
 from .counters import SpecDecodeCounts
 from .prompts import PromptSet
@@ -152,9 +153,7 @@ def _engine_run(k: int, raw: dict[str, Any], purpose: str = MEASURE) -> EngineRu
 def default_enforce_eager(settings: EvaluateSettings) -> bool:
     if settings.enforce_eager is not None:
         return settings.enforce_eager
-    import torch
-
-    return not torch.cuda.is_available()
+    return engine.cpu_only()
 
 
 def offline_api_jobs(settings: EvaluateSettings, target_dir: str, draft_dir: str, ks: list[int],

@@ -68,15 +68,6 @@ def ensure_target(source: str, target_uri: str, dtype: str, trust_remote_code: b
     return fetch(target_uri), False
 
 
-def _rows(data_dir: Path, split: str) -> list[dict[str, Any]]:
-    from ..data import read_split
-
-    table = read_split(data_dir, split, verify=True)
-    return [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in zip(
-        table.column("sample_id").to_pylist(), table.column("input_ids").to_pylist(),
-        table.column("loss_mask").to_pylist())]
-
-
 # ----------------------------------------------------------------------------------------------
 # Steps
 
@@ -149,6 +140,7 @@ def extract(shard: str) -> str:
     :func:`peagle.extract.run_extract`); a retried worker skips the shards it already published.
     Returns a JSON summary (shards written/skipped per split).
     """
+    from ..data import read_rows
     from ..extract import run_extract
 
     a = json.loads(shard)
@@ -159,7 +151,7 @@ def extract(shard: str) -> str:
         data = fetch(layout.data)
         target = fetch(layout.target)
         for split in SPLITS:
-            rows = _rows(data, split)
+            rows = read_rows(data, split)
             if not rows:
                 summary[split] = {"rows": 0}
                 continue

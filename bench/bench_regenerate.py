@@ -1,0 +1,129 @@
+"""Regeneration benchmark: the vLLM-CPU engine levers side by side on the same conversations.
+
+Regeneration (the target answers the prompts itself: on-policy data) is the largest stage of the
+embedded run. This runs ``peagle.data.regenerate`` on the same ShareGPT first turns once per engine
+configuration (a fresh vLLM child each) and prints, per configuration: wall time, engine start,
+generation time, generated tokens per second of generation, its ratio to the first configuration,
+and the share of replies identical to the first configuration's (greedy; bf16 batches of another
+composition differ by numeric noise, so this says how far the data changed, not a defect).
+
+    .venv/bin/python bench/bench_regenerate.py [--target DIR] [--conversations 192] \
+        [--configs vllm-default,threads-2,...] [--set name:key=value,key=value]
+
+The embedded run's regeneration settings (``peagle.pipeline.local.embedded``) are the base; each
+configuration overrides ``regenerate.*`` keys. Not a test: figures depend on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from peagle.data.regenerate import RegenerateSettings, run_regenerate
+from peagle.model import prepare_target
+from peagle.model.target import MANIFEST
+from peagle.pipeline.local.embedded import CONFIG
+from peagle.progress import Progress
+
+# regenerate.* overrides per configuration; the first is the reference of the ratios
+CONFIGS: dict[str, dict[str, Any]] = {
+    "vllm-default": {},  # vLLM's own choices: multiprocess, x86 auto-binding leaves one core to the scheduler
+    "threads-all": {"cpu_threads": os.cpu_count() or 2},
+    "in-process": {"engine_in_process": True},  # peagle's in-process env: all cores but one, unbound
+    "in-process-threads-all": {"engine_in_process": True, "cpu_threads": os.cpu_count() or 2},
+    "threads-all-kv4": {"cpu_threads": os.cpu_count() or 2, "cpu_kv_cache_gib": 4},
+    "threads-all-seqs64": {"cpu_threads": os.cpu_count() or 2, "max_num_seqs": 64},
+    "threads-all-kv4-seqs512": {"cpu_threads": os.cpu_count() or 2, "cpu_kv_cache_gib": 4, "max_num_seqs": 512,
+                                "max_num_batched_tokens": 8192},
+    "threads-all-no-chunked-prefill": {"cpu_threads": os.cpu_count() or 2, "enable_chunked_prefill": False,
+                                       "max_num_batched_tokens": 1024},
+    "threads-all-batched-1024": {"cpu_threads": os.cpu_count() or 2, "max_num_batched_tokens": 1024},
+    "threads-all-compiled": {"cpu_threads": os.cpu_count() or 2, "enforce_eager": False},
+}
+
+
+class TimedProgress(Progress):
+    """The stage's meter, silent, remembering when the engine was ready."""
+
+    def __init__(self, total: int):
+        super().__init__("regenerate", total, "conversations", stream=io.StringIO(), tty=False)
+        self.ready_at: float | None = None
+
+    def ready(self) -> None:
+        super().ready()
+        self.ready_at = time.monotonic()
+
+
+def parse_set(text: str) -> tuple[str, dict[str, Any]]:
+    """``name:key=value,key=value`` -> (name, overrides); values are JSON where they parse."""
+    name, _, body = text.partition(":")
+    overrides: dict[str, Any] = {}
+    for item in filter(None, body.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return name, overrides
+
+
+def replies(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        out[rec["id"]] = "".join(m["content"] for m in rec["messages"] if m["role"] == "assistant")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", help="prepared target directory (default: SmolLM2 prepared under --work)")
+    ap.add_argument("--conversations", type=int, default=192)
+    ap.add_argument("--max-tokens", type=int, default=CONFIG["regenerate"]["max_tokens"])
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from: {', '.join(CONFIGS)}")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                    help="an extra configuration (regenerate.* keys)")
+    ap.add_argument("--work", default="runs/bench-regenerate")
+    args = ap.parse_args()
+    work = Path(args.work)
+    target = Path(args.target) if args.target else work / "target"
+    if not (target / MANIFEST).exists():
+        prepare_target("smollm2", target, "bfloat16")
+    chosen = {name: CONFIGS[name] for name in filter(None, args.configs.split(","))}
+    chosen.update(parse_set(s) for s in args.set)
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    base = {**CONFIG["regenerate"], "max_conversations": args.conversations, "max_tokens": args.max_tokens}
+    print(f"{args.conversations} ShareGPT first turns, max {args.max_tokens} tokens, greedy; SmolLM2-135M bf16 on "
+          f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'config':32s} {'wall_s':>7s} {'start_s':>7s} {'gen_s':>7s} {'tokens':>7s} {'tok/s':>7s} "
+          f"{'ratio':>6s} {'same':>5s}  overrides")
+    reference: tuple[float, dict[str, str]] | None = None
+    for name, overrides in chosen.items():
+        settings = RegenerateSettings(**{**base, **overrides})
+        out = work / "out" / f"{name}.jsonl"
+        out.unlink(missing_ok=True)
+        progress = TimedProgress(args.conversations)
+        t0 = time.monotonic()
+        run_regenerate(settings, target, out, progress=progress)
+        wall = time.monotonic() - t0
+        start = (progress.ready_at or t0) - t0
+        texts = replies(out)
+        tokens = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts.values())
+        rate = tokens / (wall - start)
+        if reference is None:
+            reference = (rate, texts)
+        same = sum(texts.get(k) == v for k, v in reference[1].items()) / max(1, len(reference[1]))
+        print(f"{name:32s} {wall:7.1f} {start:7.1f} {wall - start:7.1f} {tokens:7d} {rate:7.1f} "
+              f"{rate / reference[0]:6.2f} {same:5.0%}  {json.dumps(overrides)}", flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
