@@ -1,13 +1,15 @@
 """Extraction benchmark: vLLM backend vs transformers backend on the same CPU, side by side.
 
-Prints tokens/s of both backends on the same prepared SmolLM2/ShareGPT rows and their ratio, and the
-bytes per token of fp8 vs bf16 storage. Not a test: figures depend on the machine.
+Prints tokens/s of both backends and of the vLLM OpenMP threads lever
+on the same prepared SmolLM2/ShareGPT rows and their ratios, and the bytes per token of fp8 vs bf16
+storage. Not a test: figures depend on the machine.
 
-    .venv/bin/python bench/bench_extract.py [--samples 64 --max-length 256 --work runs/bench-extract]
+    .venv/bin/python bench/bench_extract.py [--samples 64 --max-length 256 --work runs/bench-extract] [--configs vllm,...]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--work", default="runs/bench-extract")
+    ap.add_argument("--configs", help="comma-separated labels (default: all): hf, vllm, vllm-fp8, vllm-2t")
     args = ap.parse_args()
     work = Path(args.work)
     target = work / "target"
@@ -33,23 +36,29 @@ def main() -> None:
                     target, data)
     rows = read_rows(data, "train")
     tokens = sum(len(r["input_ids"]) for r in rows)
-    print(f"{len(rows)} samples, {tokens} tokens (SmolLM2-135M, bf16, 2 threads)")
+    print(f"{len(rows)} samples, {tokens} tokens (SmolLM2-135M, bf16, {os.cpu_count()} cores)")
 
     results = {}
-    for backend, dtype in (("hf", "bfloat16"), ("vllm", "bfloat16"), ("vllm", "fp8")):
-        out = work / f"hs-{backend}-{dtype}"
-        settings = ExtractSettings(backend=backend, storage_dtype=dtype, samples_per_shard=32, batch_size=8)
+    # (label, backend, storage dtype, engine levers): the embedded run's batch settings
+    configs = [("hf", "hf", "bfloat16", {}), ("vllm", "vllm", "bfloat16", {}), ("vllm-fp8", "vllm", "fp8", {}),
+               ("vllm-2t", "vllm", "bfloat16", {"cpu_threads": 2})]
+    chosen = args.configs.split(",") if args.configs else [c[0] for c in configs]
+    for label, backend, dtype, levers in (c for c in configs if c[0] in chosen):
+        out = work / f"hs-{label}"
+        settings = ExtractSettings(backend=backend, storage_dtype=dtype, samples_per_shard=128, batch_size=32,
+                                   cpu_kv_cache_gib=2, **levers)
         t0 = time.perf_counter()
         res = run_extract(rows, target, out, settings)
         wall = time.perf_counter() - t0
         manifest = res.manifest
-        results[(backend, dtype)] = (wall, manifest["totals"]["bytes"] / manifest["totals"]["num_tokens"])
-        print(f"{backend:5s} {dtype:9s} wall {wall:7.1f}s  {tokens / wall:8.1f} tok/s (incl. engine start)  "
-              f"{results[(backend, dtype)][1]:.0f} bytes/token  shards={len(res.shards_written)}")
-    hf, vl = results[("hf", "bfloat16")], results[("vllm", "bfloat16")]
-    print(f"ratio vLLM/hf tokens/s: {hf[0] / vl[0]:.2f}x")
-    print(f"ratio fp8/bf16 bytes per token: {results[('vllm', 'fp8')][1] / vl[1]:.3f}")
-
+        results[label] = (wall, manifest["totals"]["bytes"] / manifest["totals"]["num_tokens"])
+        print(f"{label:20s} wall {wall:7.1f}s  {tokens / wall:8.1f} tok/s (incl. engine start)  "
+              f"{results[label][1]:.0f} bytes/token  shards={len(res.shards_written)}  {levers or ''}", flush=True)
+    if "vllm" in results:
+        for label, (wall, _) in results.items():
+            print(f"ratio {label}/vllm tokens/s: {results['vllm'][0] / wall:.2f}x")
+        if "vllm-fp8" in results:
+            print(f"ratio fp8/bf16 bytes per token: {results['vllm-fp8'][1] / results['vllm'][1]:.3f}")
 
 if __name__ == "__main__":
     main()

@@ -191,7 +191,8 @@ def run_offline_api(settings: EvaluateSettings, target_dir: str, draft_dir: str,
 
     jobs = offline_api_jobs(settings, target_dir, draft_dir, ks, workloads)
     with Progress("evaluate", requests_of([j for _, _, j in jobs]), "requests") as progress:
-        raw = run_in_subprocess([j for _, _, j in jobs], timeout=settings.timeout_s, progress=progress)
+        raw = run_in_subprocess([j for _, _, j in jobs], timeout=settings.timeout_s, progress=progress,
+                                cpu_threads=settings.cpu_threads)
     if raw_log is not None:  # every engine's outputs and counts (see peagle.evaluate.run.ENGINE_OUTPUTS)
         raw_log.parent.mkdir(parents=True, exist_ok=True)
         raw_log.write_text(json.dumps([{"num_speculative_tokens": k, "purpose": p, **r}

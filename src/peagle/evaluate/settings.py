@@ -79,6 +79,9 @@ class EvaluateSettings(StrictModel):
     engine_in_process: bool = Field(
         False, description="run vLLM's engine core inside the child interpreter (fast start; CPU tests)"
     )
+    cpu_threads: int | None = Field(
+        None, ge=1, description="vLLM on CPU: OpenMP threads of the model (default: all cores but one)"
+    )
     timeout_s: float = Field(7200.0, gt=0, description="limit for all offline vLLM runs together")
 
     # Endpoint mode

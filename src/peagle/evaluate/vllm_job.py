@@ -185,13 +185,17 @@ def _spec_config_of(llm) -> dict[str, Any] | None:
 
 
 def run_in_subprocess(job: dict[str, Any] | list[dict[str, Any]], timeout: float = 1200,
-                      progress: progress_mod.Progress | None = None):
+                      progress: progress_mod.Progress | None = None, cpu_threads: int | None = None):
     """Run one vLLM job (or a list, sequentially, sharing the interpreter's start-up) in a fresh
     interpreter; returns the result (or list of results). Raises RuntimeError with vLLM's own error
     text on failure, or when the job ran past ``timeout`` seconds (the engine and its workers killed).
-    ``progress`` is advanced per finished request (its total: :func:`requests_of`)."""
+    ``progress`` is advanced per finished request (its total: :func:`requests_of`); ``cpu_threads``:
+    OpenMP threads of a CPU engine (default: vLLM's, or all cores but one in-process)."""
+    env = child.child_env(offline=True)
+    if cpu_threads is not None:
+        env.update(engine.threads_env(cpu_threads))
     return child.run_module("peagle.evaluate.vllm_job", job, marker="PEAGLE_RESULT ", what="vLLM job",
-                            progress=progress, timeout=timeout, env=child.child_env(offline=True))
+                            progress=progress, timeout=timeout, env=env)
 
 
 def main() -> None:

@@ -63,6 +63,9 @@ class ExtractSettings(StrictModel):
         1, ge=1, description="vllm on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)"
     )
     tensor_parallel_size: int = Field(1, ge=1, description="vllm tensor parallelism")
+    cpu_threads: int | None = Field(
+        None, ge=1, description="vllm on CPU: OpenMP threads of the model (default: vLLM's, which leaves cores to "
+        "its scheduler and to the KV connector)")
     enable_prefix_caching: bool = Field(
         False,
         description="vllm prefix caching: reuses cached hidden states of shared prefixes (same values, "

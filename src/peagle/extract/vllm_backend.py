@@ -197,6 +197,8 @@ def run_engine_job(job: dict[str, Any], settings: ExtractSettings,
 
     env = child.child_env(offline=True)  # the target is a local directory
     env[KV_CACHE_ENV] = str(settings.cpu_kv_cache_gib)
+    if settings.cpu_threads is not None:
+        env.update(engine.threads_env(settings.cpu_threads))
     return child.run_module("peagle.extract.vllm_backend", job, marker=RESULT_MARKER, error_marker=ERROR_MARKER,
                             what="vLLM extraction engine", error=ExtractError, progress=progress, env=env,
                             timeout=settings.engine_timeout_s or None, on_stderr=shard_line)
