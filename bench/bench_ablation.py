@@ -14,9 +14,10 @@ baseline engine (acceptance does not need one).
 
 Variants (``--variants a,b,...``; ``--variant name:key=value,key=value`` adds one of your own):
 only what the trainer offers as configuration, and ``draft.init_from_target_layer``; and one data
-variant, ``data.human_replies=true`` (``data-mix``): the run's on-policy rows plus the human-written
-replies of the same conversations, prepared with the run's ``prepare`` section and extracted with
-its ``extract`` section once (``--work``/data-mix), so the variant trains on about twice the rows.
+variant, ``data.human_replies=true`` (``data-mix``): what the pipeline prepares with
+``regenerate.keep_source_replies`` (the run's on-policy rows plus as many source rows with their
+human-written replies), prepared with the run's ``prepare`` section and extracted with its
+``extract`` section once (``--work``/data-mix), so the variant trains on about twice the rows.
 
 Printed: variant | overrides | train s | steps | AL [95% CI] | first-position acceptance [95% CI]
 (the held-out set), and MT-Bench AL when measured. Intervals: bootstrap over prompts
@@ -118,6 +119,7 @@ def mixed_dataset(run: Path, work: Path) -> str:
     sources, each capped at the regenerated conversation count) and extracted with its ``extract``
     section; built once under ``work`` (published datasets are reused)."""
     from peagle.data import PrepareSettings, read_rows, run_prepare
+    from peagle.data.regenerate import RegenerateSettings, prepare_settings
     from peagle.extract import ExtractSettings, run_extract
     from peagle.pipeline.steps import REGENERATED_FILE
 
@@ -125,14 +127,13 @@ def mixed_dataset(run: Path, work: Path) -> str:
     regenerated = run / "regenerated" / REGENERATED_FILE
     if not regenerated.is_file():
         raise ValueError(f"data.human_replies needs a run that regenerated: {regenerated} does not exist")
-    conversations = sum(1 for line in regenerated.read_text(encoding="utf-8").splitlines() if line.strip())
     target = str(run / "models" / "target")
     data, hidden = work / "data", work / "hidden_states"
     if not (hidden / "_SUCCESS").exists():
-        prep = {**config["prepare"], "sources": [str(regenerated), *config["prepare"]["sources"]],
-                "max_rows_per_source": conversations, "max_samples": None, "validation_fraction": 0.0}
+        regen = RegenerateSettings(**{**config.get("regenerate", {}), "keep_source_replies": True})
+        prep = prepare_settings(PrepareSettings(**config["prepare"]), regen, regenerated)
         if not (data / "_SUCCESS").exists():
-            run_prepare(PrepareSettings(**prep), target, data)
+            run_prepare(prep, target, data)
         run_extract(read_rows(data, "train"), target, str(hidden), ExtractSettings(**config["extract"]))
     return str(hidden)
 

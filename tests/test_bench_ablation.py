@@ -99,8 +99,9 @@ def test_data_mix_is_the_runs_on_policy_rows_plus_the_human_replies(qwen3_target
                                                           {"role": "assistant", "content": f"On-policy {c}."}]}) + "\n"
         for c in ("a", "b")))
     prepare = PrepareSettings(sources=[str(source)], max_length=64, max_samples=2).model_dump(mode="json")
-    (run / "run.json").write_text(json.dumps({"config": {"prepare": prepare,
-                                                         "extract": {"backend": "hf", "dtype": "float32"}}}))
+    (run / "run.json").write_text(json.dumps({"config": {
+        "prepare": prepare, "regenerate": {"sources": [str(source)], "max_conversations": 3},
+        "extract": {"backend": "hf", "dtype": "float32"}}}))
     hidden = _module().mixed_dataset(run, tmp_path / "mix")
     ids = sorted(r["sample_id"] for r in read_rows(tmp_path / "mix" / "data", "train"))
     assert ids == ["conv/a", "conv/b", "conversations/conv/a", "conversations/conv/b"], ids  # 2 + 2 rows

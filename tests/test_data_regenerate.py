@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 from peagle.data import PrepareSettings, run_prepare
-from peagle.data.regenerate import RegenerateSettings, child_env, done_ids, engine_kwargs, run_regenerate
+from peagle.data.regenerate import (RegenerateSettings, child_env, done_ids, engine_kwargs, prepare_settings,
+                                   run_regenerate)
 
 CONVERSATIONS = [
     {"id": "a", "conversations": [{"from": "human", "value": "Say hello."}, {"from": "gpt", "value": "ORIGINAL a1"}]},
@@ -88,6 +89,19 @@ def test_engine_levers_reach_the_engine_and_its_environment():
     env = child_env(s)
     assert (env["OMP_NUM_THREADS"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("2", "nobind")
     assert child_env(RegenerateSettings()).get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")  # untouched
+
+
+def test_prepare_reads_the_regenerated_conversations_and_with_keep_source_replies_the_human_ones(tmp_path):
+    regenerated = tmp_path / "conversations.jsonl"
+    regenerated.write_text('{"id": "x/1"}\n{"id": "x/2"}\n\n{"id": "x/3"}\n')
+    prepare = PrepareSettings(sources=["ignored"], max_samples=480, max_length=64)
+    plain = prepare_settings(prepare, RegenerateSettings(sources=["sharegpt"]), regenerated)
+    assert plain.sources == [str(regenerated)] and plain.max_samples == 480 and plain.max_rows_per_source is None
+    mixed = prepare_settings(prepare, RegenerateSettings(sources=["sharegpt", "b.jsonl"], keep_source_replies=True),
+                             regenerated)
+    # as many source rows again as conversations were regenerated, per source; the total cap is lifted
+    assert mixed.sources == [str(regenerated), "sharegpt", "b.jsonl"]
+    assert (mixed.max_rows_per_source, mixed.max_samples, mixed.max_length) == (3, None, 64)
 
 
 @pytest.mark.vllm

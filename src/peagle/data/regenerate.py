@@ -39,6 +39,7 @@ from ..engine import child, llm as engine
 from ..engine.client import EndpointError, OpenAIClient
 from .errors import PrepareError, RowRejected
 from .rows import Conversation, parse_row, row_id_of
+from .settings import PrepareSettings
 from .sources import resolve_sources
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ class RegenerateSettings(StrictModel):
     request_retries: int = Field(4, ge=0, description="retries per endpoint request on connection errors, 429 / 5xx")
     engine_timeout_s: float | None = Field(
         None, gt=0, description="vllm backend: kill the engine (and its workers) after this many seconds (default: no limit)")
+    keep_source_replies: bool = Field(
+        False, description="pipeline: prepare takes the regenerated conversations and as many source rows again, "
+        "with their own (human) replies: on-policy plus human data")
     # vllm backend engine levers (bench/bench_regenerate.py measures them side by side)
     max_num_seqs: int | None = Field(None, ge=1, description="vllm backend: concurrent sequences (default: vLLM's)")
     max_num_batched_tokens: int | None = Field(
@@ -227,6 +231,19 @@ class VllmGenerator:
         for i, o in zip(kept, self.llm.chat([batch[i] for i in kept], self.params, use_tqdm=hook)):
             replies[i] = (o.outputs[0].text, o.outputs[0].finish_reason or "")
         return replies
+
+
+def prepare_settings(prepare: PrepareSettings, settings: RegenerateSettings, regenerated: Path) -> PrepareSettings:
+    """What ``prepare`` reads after regeneration: the regenerated conversations (``regenerated``, JSONL)
+    and, with ``keep_source_replies``, the first rows of the regeneration's sources as written, as many
+    per source as there are regenerated conversations (``prepare.max_samples`` lifted: the cap is per source)."""
+    sources = [str(regenerated)]
+    if not settings.keep_source_replies:
+        return prepare.model_copy(update={"sources": sources})
+    with open(regenerated, encoding="utf-8") as fh:
+        conversations = sum(1 for line in fh if line.strip())
+    return prepare.model_copy(update={"sources": sources + list(settings.sources), "max_samples": None,
+                                      "max_rows_per_source": max(1, conversations)})
 
 
 # ----------------------------------------------------------------------------------------------

@@ -117,15 +117,18 @@ def prepare(run_uri: str) -> list[str]:
 
     Sources: the regenerated conversations when the run regenerates, else ``prepare.sources``. Each
     returned string is the JSON ``{"run_uri", "shard_index", "num_shards"}`` an extract step takes.
+    With ``regenerate.keep_source_replies`` the source rows with their own replies follow
+    (:func:`peagle.data.regenerate.prepare_settings`).
     """
     from ..data import run_prepare
+    from ..data.regenerate import prepare_settings
 
     with stage("prepare") as info:
         run, layout = load_run(run_uri)
         target = fetch(layout.target)
         settings = run.config.prepare
         if run.params.regenerate:
-            settings = settings.model_copy(update={"sources": [str(fetch(layout.regenerated) / REGENERATED_FILE)]})
+            settings = prepare_settings(settings, run.config.regenerate, fetch(layout.regenerated) / REGENERATED_FILE)
         result = run_prepare(settings, target, layout.data, trust_remote_code=run.config.target.trust_remote_code)
         info.update(result.counts)
         print("prepared: " + ", ".join(f"{k}={v}" for k, v in result.counts.items()), flush=True)
