@@ -1,0 +1,184 @@
+"""Acceptance against compute: the embedded pipeline at several sizes, one table.
+
+Each point is a whole ``peagle run`` (kfp.local, every stage: regenerate, prepare, extract, train,
+evaluate, render) on the embedded default with the point's overrides, so its minutes are what a
+user waits for. A point is ``name:key=value,key=value`` (keys as for ``peagle run --set``), e.g.
+``n1200:regenerate.max_conversations=1200,train.epochs=2``; ``--point default`` is the embedded
+default as it ships. Points run one after another, in order, in ``--work``.
+
+Printed per point: pipeline minutes (total wall of the run), minutes per stage (regenerate,
+extract, train, evaluate), conversations asked for, rows trained, epochs, optimiser steps, and the
+held-out ShareGPT acceptance length and first-position acceptance with their 95% bootstrap
+intervals (``peagle.evaluate.confidence``), plus MT-Bench AL when the run measured it.
+``--json`` also writes the rows. Not a test: figures depend on the machine and its load.
+
+``--from-run DIR`` (repeatable) adds a finished ``peagle run``'s row without running it again: its
+report, and the stage times of the *last* run in its pipeline's ``progress.jsonl`` (so the run must
+be the last one started in that work directory); its minutes are the stage times summed, so task
+start-up (about 25 s) is missing from that row, and it says so.
+
+    .venv/bin/python bench/bench_budget.py --point default \\
+        --point n2400:regenerate.max_conversations=2400,train.epochs=2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def parse_point(spec: str) -> tuple[str, list[str]]:
+    """``name`` or ``name:key=value,...`` -> (name, ["key=value", ...])."""
+    name, _, body = spec.partition(":")
+    if not name:
+        raise ValueError(f"--point {spec!r}: use name[:section.key=value,...]")
+    sets = [s.strip() for s in body.split(",") if s.strip()] if body else []
+    for s in sets:
+        if "=" not in s or "." not in s.split("=", 1)[0]:
+            raise ValueError(f"--point {spec!r}: {s!r} is not section.key=value")
+    return name, sets
+
+
+def held_out(report: dict[str, Any]) -> dict[str, Any]:
+    """Acceptance figures of the held-out ShareGPT set (or the overall figures if it has no sets)."""
+    s = report["summary"]
+    sets = s.get("sets") or {}
+    key = next((k for k in sets if "heldout" in k), None)
+    return sets[key] if key else s
+
+
+def figures(report: dict[str, Any]) -> dict[str, Any]:
+    h = held_out(report)
+    conf = h.get("confidence") or {}
+    al_ci = conf.get("acceptance_length") or [None, None]
+    pos_ci = (conf.get("per_position_acceptance") or [[None, None]])[0]
+    mt = next((v for k, v in (report["summary"].get("sets") or {}).items() if "mtbench" in k), None)
+    return {"al": h["acceptance_length"], "al_ci": list(al_ci), "first": (h["per_position_acceptance"] or [None])[0],
+            "first_ci": list(pos_ci), "mtbench_al": mt["acceptance_length"] if mt else None}
+
+
+def run_row(run_dir: Path) -> dict[str, Any]:
+    """What a finished run's published outputs say: conversations asked for, rows and supervised
+    tokens trained on, epochs, optimiser steps."""
+    cfg = json.loads((run_dir / "run.json").read_text())["config"]
+    out: dict[str, Any] = {"conversations": (cfg.get("regenerate") or {}).get("max_conversations")
+                           or (cfg.get("prepare") or {}).get("max_samples"),
+                           "epochs": (cfg.get("train") or {}).get("epochs")}
+    data = run_dir / "data" / "_MANIFEST.json"
+    if data.exists():
+        meta = json.loads(data.read_text()).get("metadata") or {}
+        out["rows"] = (meta.get("counts") or {}).get("train")
+        out["supervised_tokens"] = ((meta.get("tokens") or {}).get("train") or {}).get("supervised")
+    draft = run_dir / "train" / "final" / "_MANIFEST.json"
+    if draft.exists():
+        out["steps"] = (json.loads(draft.read_text()).get("metadata") or {}).get("step")
+    return out
+
+
+def stage_seconds_from_progress(progress: Path, since: float | None = None) -> dict[str, float]:
+    """Seconds per stage from the ``end`` events of a pipeline's ``progress.jsonl`` (the last run's)."""
+    out: dict[str, float] = {}
+    for line in progress.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("event") == "start" and e.get("stage") == "init_run":
+            out = {}  # a new run starts: keep only the last one's stages
+        if e.get("event") == "end" and "seconds" in e:
+            name = e["stage"].split("[", 1)[0]
+            out[name] = out.get(name, 0.0) + float(e["seconds"])
+    return out
+
+
+def fmt_ci(v: float | None, ci: list, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    f = (lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.3f}")
+    lo, hi = ci if ci and None not in ci else (None, None)
+    return f"{f(v)}{'%' if pct else ''} [{f(lo)}-{f(hi)}]" if lo is not None else f(v)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = ("point", "min", "regen", "extract", "train", "eval", "conv", "rows", "sup. tokens", "ep", "steps",
+            "held-out AL (K=4) [95% CI]", "first position [95% CI]", "MT-Bench AL")
+    print(" | ".join(head))
+    for r in rows:
+        st = r.get("stage_min") or {}
+        cells = (r["point"], f"{r['minutes']:.1f}{'*' if r.get('stages_only') else ''}",
+                 *(f"{st[k]:.1f}" if st.get(k) is not None else "-" for k in ("regenerate", "extract", "train",
+                                                                           "evaluate")),
+                 str(r.get("conversations") or "-"), str(r.get("rows") or "-"),
+                 f"{r['supervised_tokens']:,}" if r.get("supervised_tokens") else "-", str(r.get("epochs") or "-"),
+                 str(r.get("steps") or "-"), fmt_ci(r.get("al"), r.get("al_ci")),
+                 fmt_ci(r.get("first"), r.get("first_ci"), pct=True),
+                 f"{r['mtbench_al']:.3f}" if r.get("mtbench_al") is not None else "-")
+        print(" | ".join(cells))
+    if any(r.get("stages_only") for r in rows):
+        print("* minutes of the stages alone (a row read back with --from-run): orchestration start-up missing")
+
+
+def stage_minutes(stages: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in stages:
+        name = s["stage"].split("[", 1)[0]
+        out[name] = out.get(name, 0.0) + s["stage_s"] / 60
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--point", action="append", default=[], help="name[:section.key=value,...] (repeatable)")
+    ap.add_argument("--from-run", action="append", default=[], help="a finished run directory to add as a row")
+    ap.add_argument("--work", default="runs/bench-budget", help="work directory")
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    try:
+        points = [parse_point(p) for p in args.point]
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not points and not args.from_run:
+        ap.error("give at least one --point or --from-run")
+
+    from peagle.pipeline.local.job import pipeline_arguments, user_settings
+    from peagle.pipeline.local.runner import print_summary, run_pipeline_locally
+
+    rows = []
+    for run_dir in map(Path, args.from_run):
+        report = json.loads(next(run_dir.glob("evaluate*/report.json")).read_text()) \
+            if any(run_dir.glob("evaluate*/report.json")) else None
+        if report is None:
+            raise SystemExit(f"--from-run {run_dir}: no evaluate*/report.json (the run did not finish)")
+        progress = run_dir.parents[1] / "progress.jsonl"  # <work>/pipeline/runs/<name> -> <work>/pipeline
+        st = {k: v / 60 for k, v in stage_seconds_from_progress(progress).items()} if progress.exists() else {}
+        rows.append({"point": run_dir.name, "minutes": sum(st.values()), "stages_only": True, "stage_min": st,
+                     **run_row(run_dir), **figures(report)})
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    for name, sets in points:
+        arguments = pipeline_arguments(user_settings(None, sets))
+        arguments["output_root"] = str(work / "runs")
+        arguments["run_name"] = f"{name}-{time.strftime('%H%M%S')}"
+        print(f"== point {name}: {' '.join(sets) or '(embedded default)'}", flush=True)
+        result = run_pipeline_locally(arguments, work)
+        print_summary(result)
+        if not result.ok or result.report is None:
+            print(f"point {name} failed; see {result.log_path}", flush=True)
+            continue
+        b = result.breakdown()
+        run_dir = work / "runs" / arguments["run_name"]
+        rows.append({"point": name, "overrides": sets, "minutes": b["total_s"] / 60,
+                     "stage_min": stage_minutes(b["stages"]), **run_row(run_dir), **figures(result.report)})
+        print_table(rows)
+    print()
+    print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
