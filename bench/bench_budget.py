@@ -81,17 +81,25 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     return out
 
 
-def stage_seconds_from_progress(progress: Path, since: float | None = None) -> dict[str, float]:
-    """Seconds per stage from the ``end`` events of a pipeline's ``progress.jsonl`` (the last run's)."""
+def by_stage(seconds: list[tuple[str, float]]) -> dict[str, float]:
+    """Minutes per stage, the workers of a fanned-out stage (``extract[0]``, ``extract[1]``) summed."""
     out: dict[str, float] = {}
+    for stage, s in seconds:
+        name = stage.split("[", 1)[0]
+        out[name] = out.get(name, 0.0) + s / 60
+    return out
+
+
+def stage_minutes_from_progress(progress: Path) -> dict[str, float]:
+    """Minutes per stage from the ``end`` events of a pipeline's ``progress.jsonl`` (the last run's)."""
+    ends: list[tuple[str, float]] = []
     for line in progress.read_text().splitlines():
         e = json.loads(line)
         if e.get("event") == "start" and e.get("stage") == "init_run":
-            out = {}  # a new run starts: keep only the last one's stages
+            ends = []  # a new run starts: keep only the last one's stages
         if e.get("event") == "end" and "seconds" in e:
-            name = e["stage"].split("[", 1)[0]
-            out[name] = out.get(name, 0.0) + float(e["seconds"])
-    return out
+            ends.append((e["stage"], float(e["seconds"])))
+    return by_stage(ends)
 
 
 def fmt_ci(v: float | None, ci: list, pct: bool = False) -> str:
@@ -121,14 +129,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print("* minutes of the stages alone (a row read back with --from-run): orchestration start-up missing")
 
 
-def stage_minutes(stages: list[dict[str, Any]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for s in stages:
-        name = s["stage"].split("[", 1)[0]
-        out[name] = out.get(name, 0.0) + s["stage_s"] / 60
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--point", action="append", default=[], help="name[:section.key=value,...] (repeatable)")
@@ -148,12 +148,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for run_dir in map(Path, args.from_run):
-        report = json.loads(next(run_dir.glob("evaluate*/report.json")).read_text()) \
-            if any(run_dir.glob("evaluate*/report.json")) else None
-        if report is None:
-            raise SystemExit(f"--from-run {run_dir}: no evaluate*/report.json (the run did not finish)")
+        report_path = run_dir / "evaluate" / "report.json"
+        if not report_path.is_file():
+            raise SystemExit(f"--from-run {run_dir}: no {report_path} (the run did not finish)")
+        report = json.loads(report_path.read_text())
         progress = run_dir.parents[1] / "progress.jsonl"  # <work>/pipeline/runs/<name> -> <work>/pipeline
-        st = {k: v / 60 for k, v in stage_seconds_from_progress(progress).items()} if progress.exists() else {}
+        st = stage_minutes_from_progress(progress) if progress.exists() else {}
         rows.append({"point": run_dir.name, "minutes": sum(st.values()), "stages_only": True, "stage_min": st,
                      **run_row(run_dir), **figures(report)})
     work = Path(args.work).resolve()
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         b = result.breakdown()
         run_dir = work / "runs" / arguments["run_name"]
         rows.append({"point": name, "overrides": sets, "minutes": b["total_s"] / 60,
-                     "stage_min": stage_minutes(b["stages"]), **run_row(run_dir), **figures(result.report)})
+                     "stage_min": by_stage([(s["stage"], s["stage_s"]) for s in b["stages"]]), **run_row(run_dir), **figures(result.report)})
         print_table(rows)
     print()
     print_table(rows)
