@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
-from ..config import StrictModel
+from ..config import StrictModel, load_yaml
 
 EMBEDDED_SHAREGPT = "sharegpt"
 
@@ -52,6 +51,10 @@ class PrepareSettings(StrictModel):
         1000, ge=0, description="rejected rows listed individually in the manifest (counts stay exact)"
     )
     shard_rows: int = Field(5000, ge=1, description="rows per parquet shard")
+    template_time_limit_s: float = Field(
+        10.0, gt=0, description="seconds the chat template may take to render one conversation; a template that "
+        "takes longer (one that loops for ever) ends the stage",
+    )
     chat_template_args: list[str] = Field(
         default_factory=list,
         description="extra chat-template variables as key=value (YAML-typed), e.g. enable_thinking=false",
@@ -88,5 +91,5 @@ class PrepareSettings(StrictModel):
         out: dict[str, Any] = {}
         for item in self.chat_template_args:
             key, raw = item.split("=", 1)
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+            out[key.strip()] = load_yaml(raw, f"prepare.chat_template_args {key.strip()}") if raw.strip() else ""
         return out
