@@ -19,7 +19,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 S3_STAGE = """
 import sys, time
 from peagle.stage_io import staged
-with staged(sys.argv[1]) as d:
+with staged(sys.argv[1], kind="test-output") as d:
     (d / "rows.parquet").write_bytes(b"x" * 1000)
     print(d, flush=True)
     time.sleep(600)
@@ -28,7 +28,7 @@ LOCAL_STAGE = """
 import sys, time
 from pathlib import Path
 from peagle.stage_io import staged
-with staged(Path(sys.argv[1])) as d:
+with staged(Path(sys.argv[1]), kind="test-output") as d:
     (d / "model.safetensors").write_bytes(b"x" * 1000)
     print(d, flush=True)
     time.sleep(600)
@@ -68,7 +68,7 @@ def test_kill_9_staging_dir_is_swept_by_the_next_s3_stage(tmpdir_env, seaweed_se
         reaped.wait()
         from peagle.stage_io import staged
 
-        with staged(uri) as mine:  # the rerun
+        with staged(uri, kind="test-output") as mine:  # the rerun
             (mine / "rows.parquet").write_bytes(b"y")
             assert not killed_dir.exists() and not reaped_dir.exists()
             assert (live_dir / "rows.parquet").is_file()  # a running stage's directory stays
@@ -92,7 +92,7 @@ def test_kill_9_model_staging_dir_next_to_the_output_is_swept(tmp_path):
         killed.wait()
         from peagle.stage_io import staged
 
-        with staged(out) as d:
+        with staged(out, kind="test-output") as d:
             (d / "config.json").write_text("{}")
         assert (out / "config.json").is_file()
         assert not killed_dir.exists() and live_dir.is_dir()

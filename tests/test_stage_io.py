@@ -29,17 +29,17 @@ def test_join_keeps_the_uri_form():
 def test_staged_and_fetched_input_at_a_file_uri(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a wrongly relative "file:/..." directory would appear here
     out = join((tmp_path / "run").as_uri(), "data")
-    with staged(out) as d:
+    with staged(out, kind="test-output") as d:
         assert d.parent == tmp_path / "run" and d.name.startswith(".data.tmp-")  # a sibling: renamed into place
         (d / "x.txt").write_text("hello")
     assert (tmp_path / "run" / "data" / "x.txt").read_text() == "hello"
     assert open_published(LocalStore(tmp_path / "run" / "data"), "").manifest.keys == ["x.txt"]
     assert fetched_input(out) == tmp_path / "run" / "data"
     assert not (tmp_path / "file:").exists()
-    with staged(out) as d:  # a rerun replaces the whole directory
+    with staged(out, kind="test-output") as d:  # a rerun replaces the whole directory
         (d / "y.txt").write_text("again")
     assert sorted(p.name for p in (tmp_path / "run" / "data").iterdir()) == ["_MANIFEST.json", "_SUCCESS", "y.txt"]
-    with pytest.raises(RuntimeError, match="writer died"), staged(out) as d:
+    with pytest.raises(RuntimeError, match="writer died"), staged(out, kind="test-output") as d:
         (d / "z.txt").write_text("half")
         raise RuntimeError("writer died")
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["data"]  # the failed staging dir is gone

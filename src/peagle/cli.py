@@ -7,7 +7,6 @@ fields are generated from the pydantic schema (:mod:`peagle.config`), so they ca
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -57,14 +56,20 @@ def _stage_parser(sub, name: str, help_text: str, target_help: str, sections: di
 
 def cmd_draft_init(ns: argparse.Namespace) -> int:
     from .model import init_draft, save_draft
+    from .model.adapter import DRAFT_KIND
+    from .stage_io import check_output
 
     cfg = _resolve(ns)
     if not cfg.target.path:
         raise C.ConfigError("draft init needs a target: --target DIR (or target.path in the config)")
+    check_output(ns.out, DRAFT_KIND, [cfg.target.path, ns.token_freq])  # before any work
     counts = None
     if ns.token_freq:
-        raw = json.loads(Path(ns.token_freq).read_text())
-        counts = {int(k): int(v) for k, v in raw.items()}
+        from .model import inspect_target
+        from .model.vocab import read_token_counts
+
+        vocab_size = inspect_target(cfg.target.path, cfg.target.trust_remote_code).vocab_size
+        counts = read_token_counts(ns.token_freq, vocab_size)
     model = init_draft(cfg.target.path, cfg.draft, counts, cfg.target.trust_remote_code)
     out = save_draft(model, ns.out)
     s = model.spec
@@ -91,7 +96,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     from .stage_io import staged as staged_output
 
     out = ns.out or str(Path(cfg.work_dir) / "data")
-    with staged_output(out) as local_out:
+    with staged_output(out, kind="peagle-prepared", inputs=[*cfg.prepare.sources, cfg.target.path]) as local_out:
         result = run_prepare(cfg.prepare, cfg.target.path, local_out, trust_remote_code=cfg.target.trust_remote_code)
     counts = result.counts
     print(f"prepared {out}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
@@ -101,15 +106,21 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 def cmd_regenerate(ns: argparse.Namespace) -> int:
     _check_uris(**{"--out": ns.out})
     from .data.regenerate import run_regenerate
+    from .stage_io import check_writable, write_errors
 
     cfg = _resolve(ns)
     out = ns.out or str(Path(cfg.work_dir) / "regenerated.jsonl")
-    result = run_regenerate(cfg.regenerate, cfg.target.path or None, out)
+    path = check_writable(out, directory=False)  # a JSONL file, appended to: before any work
+    with write_errors(out, path.absolute().parent):
+        result = run_regenerate(cfg.regenerate, cfg.target.path or None, out)
     print(f"regenerated into {out}: " + ", ".join(f"{k}={v}" for k, v in result.counts.items()))
     return 0
 
 
 def cmd_extract(ns: argparse.Namespace) -> int:
+    from .extract.run import check_shard_args
+
+    check_shard_args(ns.shard_index, ns.num_shards, ("--shard-index", "--num-shards"))  # before any work
     _check_uris(**{"--data": ns.data, "--out": ns.out})
     from .data import read_split
     from .extract import run_extract

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from ..storage import ChecksumMismatchError, ObjectNotFoundError, Published, open_dataset, open_store
+from ..storage import (ChecksumMismatchError, DamagedPrefixError, ObjectNotFoundError, Published, open_dataset,
+                       open_store)
 from .errors import DatasetMismatchError, ExtractError, ShardChecksumError
 from .output import shard_key
 from .shard_format import FORMAT, ShardSample, ShardSamples, decode_shard
@@ -150,10 +151,13 @@ def _open(path: str | os.PathLike) -> Published:
 
 
 def dataset_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The dataset manifest of the extraction at ``path`` if it is complete, else None."""
+    """The dataset manifest of the extraction at ``path`` if it is complete, else None; ExtractError
+    naming the file if it was published and a file it lists is gone since (not "unfinished")."""
     try:
         return dict(_open(path).manifest.metadata)
-    except ExtractError:
+    except ExtractError as e:
+        if isinstance(e.__cause__, DamagedPrefixError):
+            raise
         return None
 
 

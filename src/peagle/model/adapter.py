@@ -29,6 +29,7 @@ from ..errors import PeagleError
 FORMAT_VERSION = "0.9.0"  # the speculators release whose format we write
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+DRAFT_KIND = "peagle-draft"  # the published kind of a draft checkpoint (peagle.stage_io.staged)
 READ_ALIASES = {"midlayer.": "layers.0."}  # older EAGLE-3 checkpoints name layer 0 "midlayer"
 
 
@@ -213,13 +214,17 @@ def export_tensors(model: PEagleDraftModel, dtype: torch.dtype = torch.bfloat16)
 
 def save_draft(model: PEagleDraftModel, out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
                extra_files: dict[str, str] | None = None) -> Path:
-    """Write a vLLM-servable checkpoint atomically. Refuses incomplete checkpoints."""
+    """Write a vLLM-servable checkpoint atomically. Refuses incomplete checkpoints and non-finite weights."""
     out = Path(out_dir)
     tensors = export_tensors(model, dtype)
     _check_tensors(model.spec, tensors, str(out))
+    for name, t in tensors.items():  # after the cast: a float32 weight beyond the bf16 range is inf now
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{out}: tensor {name} holds NaN or infinite values; refusing to write a draft "
+                                  "that cannot serve (did training diverge?)")
     cfg = spec_to_config(model.spec, dtype)
     config_to_spec(json.loads(json.dumps(cfg)), str(out / CONFIG_FILE))  # what we write must read back
-    with staged(out) as tmp:
+    with staged(out, kind=DRAFT_KIND) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)

@@ -14,6 +14,8 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
+import mmap
 import os
 import shutil
 import struct
@@ -23,6 +25,8 @@ from typing import Any
 
 from ..errors import PeagleError
 from ..stage_io import staged
+from ..storage import MANIFEST as PUBLISHED_MANIFEST
+from ..storage import SUCCESS as PUBLISHED_SUCCESS
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,7 @@ SUPPORTED_TARGET_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 MANIFEST = "peagle_target.json"
+TARGET_KIND = "peagle-target"  # the published kind of a normalised target (peagle.stage_io.staged)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -77,7 +82,11 @@ def _check_architecture(cfg_dict: dict[str, Any], where: str) -> None:
 
 
 def inspect_target(path: str | os.PathLike, trust_remote_code: bool = False) -> TargetInfo:
-    """Validate a local HF target directory (cheap: reads only JSON files) and return its config."""
+    """Validate a local HF target directory and return its config.
+
+    Cheap: reads the JSON files and each safetensors file's header (never the tensor data), and
+    checks those headers against the files' sizes (:func:`verify_target_weights`).
+    """
     p = Path(path)
     if not p.is_dir():
         raise TargetError(f"target directory {p} does not exist")
@@ -95,6 +104,7 @@ def inspect_target(path: str | os.PathLike, trust_remote_code: bool = False) -> 
             raise TargetError(f"target directory {p} holds pickled weights only; convert them to safetensors first")
         raise TargetError(f"target directory {p} has no *.safetensors weights")
     _check_architecture(raw, str(cfg_file))
+    verify_target_weights(p)
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
@@ -122,19 +132,121 @@ def check_aux_layer_ids(ids: list[int], num_layers: int) -> None:
 # Weights
 
 
-def _weight_files(p: Path) -> dict[str, Path]:
-    """tensor name -> safetensors file, from the shard index when present."""
-    index = p / "model.safetensors.index.json"
-    if index.is_file():
-        wm = json.loads(index.read_text())["weight_map"]
-        return {k: p / v for k, v in wm.items()}
-    from safetensors import safe_open
+# Bits per element of each safetensors dtype (F4 and F6 pack several elements into a byte).
+SAFETENSORS_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F8_E8M0": 8,
+    "U16": 16, "I16": 16, "F16": 16, "BF16": 16, "U32": 32, "I32": 32, "F32": 32, "U64": 64, "I64": 64,
+    "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+SAFETENSORS_MAX_HEADER = 100_000_000  # bytes; the safetensors library refuses larger headers
+SHARD_INDEX = "model.safetensors.index.json"
 
-    out = {}
-    for f in sorted(p.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as fh:
-            out.update({k: f for k in fh.keys()})
-    return out
+
+def _clip(value: Any, n: int = 60) -> str:
+    """``value`` for an error message, at most ``n`` characters (file contents can be anything)."""
+    s = repr(value) if isinstance(value, str) else str(value)
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def verify_safetensors(f: Path) -> tuple[bytes, dict[str, Any]]:
+    """Check that ``f`` is a complete safetensors file; return (raw header bytes, parsed header).
+
+    The format: an 8-byte little-endian u64 N, N bytes of JSON mapping each tensor name to
+    ``{dtype, shape, data_offsets: [begin, end]}`` (byte offsets into the data after the header;
+    an optional ``__metadata__`` maps strings to strings), then the data. Checked from the header
+    alone: N fits the file, the JSON parses, each tensor's byte range is the size its dtype and
+    shape give, the ranges tile the data from 0 without gap or overlap (as safetensors requires),
+    and the file ends where the data ends. Otherwise TargetError naming the file and the field.
+    """
+    bad = f"{f}: not a valid safetensors file"
+    try:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise TargetError(f"{bad}: {size} bytes, too short for the 8-byte header length")
+            n = struct.unpack("<Q", head)[0]
+            if n > size - 8 or n > SAFETENSORS_MAX_HEADER:
+                raise TargetError(f"{bad}: header length {n} exceeds the {size - 8} bytes after the length field"
+                                  if n > size - 8 else
+                                  f"{bad}: header length {n} exceeds safetensors' limit of {SAFETENSORS_MAX_HEADER}")
+            raw = fh.read(n)
+    except OSError as exc:
+        raise TargetError(f"{f}: cannot read: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise TargetError(f"{bad}: its header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise TargetError(f"{bad}: its header is not a JSON object")
+    meta = header.get("__metadata__", {})
+    if not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise TargetError(f"{bad}: __metadata__ is not a mapping of strings to strings")
+    spans = sorted((*_tensor_span(entry, f"{bad}: tensor {_clip(name)}"), name)
+                   for name, entry in header.items() if name != "__metadata__")
+    end = 0
+    for begin, stop, name in spans:
+        if begin != end:
+            raise TargetError(f"{bad}: tensor {_clip(name)}'s data_offsets start at {begin}, expected {end} "
+                              "(tensors overlap or leave a gap)")
+        end = stop
+    data = size - 8 - n
+    if end > data:
+        raise TargetError(f"{bad}: truncated: the tensors' data_offsets end at {end}, but only {data} bytes "
+                          "follow the header")
+    if end < data:
+        raise TargetError(f"{bad}: {data - end} trailing bytes after the last tensor's data")
+    return raw, header
+
+
+def _tensor_span(entry: Any, where: str) -> tuple[int, int]:
+    """(begin, end) of one safetensors header entry, checked against its dtype and shape."""
+    if not isinstance(entry, dict):
+        raise TargetError(f"{where}: entry is not a JSON object")
+    dtype = entry.get("dtype")
+    bits = SAFETENSORS_DTYPE_BITS.get(dtype) if isinstance(dtype, str) else None
+    if bits is None:
+        raise TargetError(f"{where}: unknown dtype {_clip(dtype)}")
+    shape = entry.get("shape")
+    if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
+        raise TargetError(f"{where}: shape {_clip(shape)} is not a list of non-negative integers")
+    offsets = entry.get("data_offsets")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+            and offsets[0] <= offsets[1]):
+        raise TargetError(f"{where}: data_offsets {_clip(offsets)} are not [begin, end] with 0 <= begin <= end")
+    nbits = math.prod(shape) * bits
+    need = nbits // 8
+    if nbits % 8 or offsets[1] - offsets[0] != need:
+        raise TargetError(f"{where}: data_offsets {offsets} hold {offsets[1] - offsets[0]} bytes, but dtype "
+                          f"{dtype} and shape {_clip(shape)} need {need}{' and a fraction' if nbits % 8 else ''}")
+    return offsets[0], offsets[1]
+
+
+def verify_target_weights(p: Path) -> dict[str, Path]:
+    """Verify every ``*.safetensors`` file of target directory ``p`` (:func:`verify_safetensors`) and
+    its shard index, if any; return tensor name -> the file holding it."""
+    headers = {f.name: verify_safetensors(f)[1] for f in sorted(p.glob("*.safetensors"))}
+    index = p / SHARD_INDEX
+    if not index.is_file():
+        return {name: p / fname for fname, h in headers.items() for name in h if name != "__metadata__"}
+    try:
+        raw = json.loads(index.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise TargetError(f"{index}: not valid JSON ({exc})") from None
+    wm = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(wm, dict):
+        raise TargetError(f"{index}: no weight_map object")
+    for name, fname in wm.items():
+        if not isinstance(fname, str) or fname not in headers:
+            raise TargetError(f"{index}: weight_map puts tensor {_clip(name)} in {_clip(fname)}, which is not a "
+                              f"safetensors file of {p}")
+        if name not in headers[fname]:
+            raise TargetError(f"{index}: weight_map puts tensor {_clip(name)} in {fname}, which does not hold it")
+    return {name: p / fname for name, fname in wm.items()}
 
 
 def read_target_tensors(path: str | os.PathLike, want: dict[str, tuple[str, ...]]) -> dict:
@@ -142,7 +254,7 @@ def read_target_tensors(path: str | os.PathLike, want: dict[str, tuple[str, ...]
     from safetensors import safe_open
 
     p = Path(path)
-    files = _weight_files(p)
+    files = verify_target_weights(p)  # a damaged file is an error here, not in safetensors
     out = {}
     for role, candidates in want.items():
         name = next((c for c in candidates if c in files), None)
@@ -241,12 +353,143 @@ def fingerprint(path: str | os.PathLike) -> str:
             h.update(name.encode())
             h.update(f.read_bytes())
     for f in sorted(p.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            h.update(f.name.encode())
-            h.update(fh.read(n))
+        h.update(f.name.encode())
+        h.update(verify_safetensors(f)[0])
         h.update(str(f.stat().st_size).encode())
     return h.hexdigest()
+
+
+# GGUF value types (gguf.GGUFValueType): fixed-size scalars by byte size; 8 string; 9 array.
+GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+GGUF_STRING, GGUF_ARRAY, GGUF_UINT32 = 8, 9, 4
+GGUF_MAX_DIMS = 4  # GGML_MAX_DIMS
+GGUF_MIN_KV, GGUF_MIN_TENSOR_INFO = 13, 24  # bytes: the smallest key/value and tensor info entries
+
+
+class _GGUFCursor:
+    """Bounds-checked reads from a GGUF file's bytes: running past the end is a TargetError naming
+    the file and what was being read (never an endless loop or an allocation of a damaged size)."""
+
+    def __init__(self, buf: mmap.mmap, f: Path, order: str = "<"):
+        self.buf, self.f, self.order, self.pos = buf, f, order, 0
+
+    def need(self, n: int, what: str) -> None:
+        """Fail unless ``n`` more bytes of ``what`` are left in the file."""
+        if n > len(self.buf) - self.pos:
+            raise TargetError(f"{self.f}: truncated or damaged GGUF file: {what} runs past the end of the file "
+                              f"({len(self.buf)} bytes)")
+
+    def take(self, n: int, what: str) -> int:
+        """Skip ``n`` bytes of ``what``; returns where they start."""
+        self.need(n, what)
+        start, self.pos = self.pos, self.pos + n
+        return start
+
+    def u32(self, what: str) -> int:
+        return struct.unpack_from(self.order + "I", self.buf, self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return struct.unpack_from(self.order + "Q", self.buf, self.take(8, what))[0]
+
+    def text(self, what: str) -> str:
+        n = self.u64(what)
+        start = self.take(n, what)
+        return self.buf[start:start + n].decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str) -> int | None:
+        """Skip one value of GGUF type ``vtype``; returns it when it is a u32 (general.alignment)."""
+        if vtype in GGUF_SCALAR_BYTES:
+            start = self.take(GGUF_SCALAR_BYTES[vtype], what)
+            return struct.unpack_from(self.order + "I", self.buf, start)[0] if vtype == GGUF_UINT32 else None
+        if vtype == GGUF_STRING:
+            self.take(self.u64(what), what)
+        elif vtype == GGUF_ARRAY:
+            itype, n = self.u32(what), self.u64(what)
+            least = GGUF_SCALAR_BYTES.get(itype) or (8 if itype == GGUF_STRING else 12)  # array: type + length
+            self.need(n * least, f"{what} ({n} elements)")  # before looping over a damaged length
+            if itype in GGUF_SCALAR_BYTES:
+                self.take(n * least, what)
+            else:
+                for _ in range(n):
+                    self.value(itype, what)
+        else:
+            raise TargetError(f"{self.f}: damaged GGUF file: {what} has unknown value type {vtype}")
+        return None
+
+
+def verify_gguf(f: Path) -> None:
+    """Check that ``f`` is a complete GGUF file before transformers reads it (its reader loops or
+    fails with an IndexError/struct.error on damaged files).
+
+    The format: magic ``GGUF``, u32 version (2 or 3), u64 tensor count, u64 key/value count, the
+    key/value pairs, one info entry per tensor (name, dimensions, type, offset), then the tensor data
+    from the next multiple of ``general.alignment`` (default 32). Checked: the magic and version,
+    that the counts can fit in the file, that every entry lies within the file, and that every
+    tensor's data (size from its type and dimensions) ends within the file. TargetError naming the
+    file and the entry otherwise. Reads the header only (memory-mapped).
+    """
+    try:
+        size = f.stat().st_size
+        if size == 0:
+            raise TargetError(f"{f}: empty file, not a GGUF model")
+        with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            _check_gguf(_GGUFCursor(buf, f))
+    except OSError as exc:
+        raise TargetError(f"{f}: cannot read: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise TargetError(f"{f}: damaged GGUF file: arrays nested too deeply") from None
+
+
+def _check_gguf(cur: _GGUFCursor) -> None:
+    from gguf.constants import GGML_QUANT_SIZES
+
+    f, size = cur.f, len(cur.buf)
+    magic = cur.buf[:4]
+    if magic != b"GGUF":
+        raise TargetError(f"{f}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    cur.take(4, "magic")
+    version = cur.u32("the version")
+    if version & 0xFFFF == 0:  # written on a big-endian machine
+        cur.order, version = ">", struct.unpack(">I", struct.pack("<I", version))[0]
+    if version not in (2, 3):
+        raise TargetError(f"{f}: unsupported GGUF version {version} (supported: 2, 3)")
+    n_tensors, n_kv = cur.u64("the tensor count"), cur.u64("the key/value count")
+    room, damaged = size - cur.pos, f"{f}: truncated or damaged GGUF file"
+    if n_kv * GGUF_MIN_KV > room:
+        raise TargetError(f"{damaged}: key/value count {n_kv} cannot fit in its {size} bytes")
+    if n_tensors * GGUF_MIN_TENSOR_INFO + n_kv * GGUF_MIN_KV > room:
+        raise TargetError(f"{damaged}: tensor count {n_tensors} cannot fit in its {size} bytes")
+    alignment = 32
+    for i in range(n_kv):
+        key = cur.text(f"key {i}")
+        value = cur.value(cur.u32(f"the type of key {_clip(key)}"), f"the value of key {_clip(key)}")
+        if key == "general.alignment" and value is not None:
+            alignment = value
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise TargetError(f"{f}: damaged GGUF file: general.alignment {alignment} is not a power of two")
+    tensors = []
+    for i in range(n_tensors):
+        name = cur.text(f"the name of tensor {i}")
+        what = f"tensor {_clip(name)}"
+        n_dims = cur.u32(f"the dimension count of {what}")
+        if n_dims > GGUF_MAX_DIMS:
+            raise TargetError(f"{f}: damaged GGUF file: {what} has {n_dims} dimensions (at most {GGUF_MAX_DIMS})")
+        dims = [cur.u64(f"the dimensions of {what}") for _ in range(n_dims)]
+        ttype = cur.u32(f"the type of {what}")
+        tensors.append((what, dims, ttype, cur.u64(f"the data offset of {what}")))
+    data_start = -(-cur.pos // alignment) * alignment
+    for what, dims, ttype, offset in tensors:
+        try:
+            block, type_bytes = GGML_QUANT_SIZES[ttype]
+        except (KeyError, ValueError):
+            raise TargetError(f"{f}: damaged GGUF file: {what} has unknown type {ttype}") from None
+        if dims and dims[0] % block:
+            raise TargetError(f"{f}: damaged GGUF file: {what}'s first dimension {dims[0]} is not a multiple of "
+                              f"its type's block size {block}")
+        end = data_start + offset + math.prod(dims) // block * type_bytes
+        if end > size:
+            raise TargetError(f"{f}: truncated GGUF file: {what}'s data ends at byte {end}, but the file has "
+                              f"{size} bytes")
 
 
 def _save_gguf(gguf: Path, tmp: Path, dtype: str) -> None:
@@ -254,8 +497,11 @@ def _save_gguf(gguf: Path, tmp: Path, dtype: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    try:  # a well-formed GGUF can still lack what transformers needs (architecture, tokenizer keys)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except (ValueError, KeyError, OSError) as exc:
+        raise TargetError(f"{gguf}: transformers cannot convert this GGUF file: {_clip(exc, 200)}") from exc
     cfg = model.config
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config  # dequantised weights are plain tensors now
@@ -268,23 +514,36 @@ def _save_gguf(gguf: Path, tmp: Path, dtype: str) -> None:
     tok.save_pretrained(str(tmp))
 
 
+def _copied_from_source(name: str) -> bool:
+    """Whether a same-dtype normalisation copies the source's file ``name``: not hidden files, pickled
+    weights or modelling code, nor the files a normalisation writes itself (so a prepared target
+    prepares again: its manifest and publication markers are rewritten, not copied)."""
+    return (not name.startswith(".") and Path(name).suffix not in (".bin", ".pt", ".pth", ".py")
+            and name not in (MANIFEST, PUBLISHED_MANIFEST, PUBLISHED_SUCCESS))
+
+
 def prepare_target(source: str, out: str | os.PathLike, dtype: str = "bfloat16", trust_remote_code: bool = False) -> Path:
-    """Normalise ``source`` (HF dir, .gguf file, or "smollm2") into directory ``out``; return it."""
+    """Normalise ``source`` (HF dir, a prepared target included, .gguf file, or "smollm2") into
+    directory ``out``; return it."""
     out = Path(out)
     src = embedded_smollm2_gguf() if source == "smollm2" else Path(source)
     if not src.exists():
         raise TargetError(f"target source {src} does not exist")
-    with staged(out) as tmp:
+    # every check before any work: a damaged source is never copied or converted
+    if src.is_file():
+        if src.suffix != ".gguf":
+            raise TargetError(f"target source {src} is a file but not a .gguf")
+        verify_gguf(src)
+    else:
+        inspect_target(src, trust_remote_code)  # config, tokenizer, architecture, every safetensors header
+    with staged(out, kind=TARGET_KIND, inputs=[src]) as tmp:
         if src.is_file():
-            if src.suffix != ".gguf":
-                raise TargetError(f"target source {src} is a file but not a .gguf")
             _save_gguf(src, tmp, dtype)
         else:
-            info = inspect_target(src, trust_remote_code)
             raw = json.loads((src / "config.json").read_text())
             if str(raw.get("dtype") or raw.get("torch_dtype")) == dtype:
                 for f in src.iterdir():
-                    if f.is_file() and not f.name.startswith(".") and f.suffix not in (".bin", ".pt", ".pth", ".py"):
+                    if f.is_file() and _copied_from_source(f.name):
                         shutil.copy2(f, tmp / f.name)
             else:
                 import torch
@@ -297,7 +556,6 @@ def prepare_target(source: str, out: str | os.PathLike, dtype: str = "bfloat16",
                 for extra in ("generation_config.json",):
                     if (src / extra).is_file():
                         shutil.copy2(src / extra, tmp / extra)
-            del info
         info = inspect_target(tmp)
         manifest = {
             "source": str(src),

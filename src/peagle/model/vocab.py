@@ -7,17 +7,68 @@ over the target vocabulary, true at the selected ids.
 """
 from __future__ import annotations
 
+import json
+import os
+import re
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
+
+from ..errors import PeagleError
+
+TOKEN_ID = re.compile(r"-?[0-9]{1,18}")  # a JSON object key naming a token id (bounded: ids are int64)
+
+
+class VocabError(PeagleError, ValueError):
+    """A token frequency table is unusable; the message names the file and the offending entry."""
+
+
+def _clip(value: Any, n: int = 40) -> str:
+    s = repr(value)
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def read_token_counts(path: str | os.PathLike, vocab_size: int) -> dict[int, int]:
+    """``{token id: count}`` from a JSON file ``{"<token id>": count, ...}`` (e.g. prepare's
+    ``token_freq.json``). VocabError naming the file and the entry unless every key is a token id
+    in ``0..vocab_size-1`` (each id once) and every count a non-negative integer."""
+    f = Path(path)
+    if not f.is_file():
+        raise VocabError(f"token frequency file {f} {'is not a file' if f.exists() else 'does not exist'}")
+    try:
+        raw = json.loads(f.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise VocabError(f"token frequency file {f}: cannot read: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also over-long integers
+        raise VocabError(f"token frequency file {f}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise VocabError(f"token frequency file {f}: expected a JSON object {{token id: count}}, "
+                         f"got a {type(raw).__name__}")
+    counts: dict[int, int] = {}
+    for key, count in raw.items():
+        if not TOKEN_ID.fullmatch(key):
+            raise VocabError(f"token frequency file {f}: key {_clip(key)} is not an integer token id")
+        tid = int(key)
+        if not 0 <= tid < vocab_size:
+            raise VocabError(f"token frequency file {f}: token id {tid} is outside the target's vocabulary "
+                             f"0..{vocab_size - 1}")
+        if tid in counts:
+            raise VocabError(f"token frequency file {f}: token {tid} appears twice (key {_clip(key)})")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise VocabError(f"token frequency file {f}: count of token {tid} is {_clip(count)}, "
+                             "not a non-negative integer")
+        counts[tid] = count
+    return counts
 
 
 def select_draft_tokens(token_counts: Mapping[int, int], vocab_size: int, draft_vocab_size: int) -> torch.Tensor:
     if draft_vocab_size > vocab_size:
-        raise ValueError(f"draft_vocab_size {draft_vocab_size} > vocab_size {vocab_size}")
+        raise VocabError(f"draft_vocab_size {draft_vocab_size} > vocab_size {vocab_size}")
     for tid in token_counts:
         if not 0 <= int(tid) < vocab_size:
-            raise ValueError(f"token id {tid} in the frequency table is outside the vocabulary (size {vocab_size})")
+            raise VocabError(f"token id {tid} in the frequency table is outside the vocabulary (size {vocab_size})")
     ranked = sorted(((int(c), int(t)) for t, c in token_counts.items() if int(c) > 0), key=lambda ct: (-ct[0], ct[1]))
     chosen = [t for _, t in ranked[:draft_vocab_size]]
     if len(chosen) < draft_vocab_size:

@@ -23,8 +23,8 @@ import os
 from typing import Mapping
 
 from .base import ObjectInfo, Store, check_key, sha256_bytes, sha256_file
-from .errors import (ChecksumMismatchError, IncompletePrefixError, InvalidKeyError, ObjectNotFoundError,
-                     PrefixExistsError, StorageConfigError, StorageError)
+from .errors import (ChecksumMismatchError, DamagedPrefixError, IncompletePrefixError, InvalidKeyError,
+                     ObjectNotFoundError, PrefixExistsError, StorageConfigError, StorageError, StorageTimeoutError)
 from .local import LocalStore
 from .publish import (MANIFEST, SUCCESS, DamagedPrefix, Manifest, PrefixWriter, Published, delete_published,
                       is_complete, list_complete, open_dataset, open_published, publish, publish_dir, scan_published,
@@ -35,10 +35,11 @@ from .settings import S3Settings, Secret, TransferSettings
 from .uri import ParsedURI, check_bucket, check_uri, file_uri_path, parse_uri, resolve_bucket
 
 __all__ = [
-    "ChecksumMismatchError", "DamagedPrefix", "IncompletePrefixError", "InvalidKeyError", "LocalStore", "MANIFEST",
-    "Manifest", "ObjectInfo", "ObjectNotFoundError", "ParsedURI", "PrefixExistsError",
+    "ChecksumMismatchError", "DamagedPrefix", "DamagedPrefixError", "IncompletePrefixError", "InvalidKeyError",
+    "LocalStore", "MANIFEST", "Manifest", "ObjectInfo", "ObjectNotFoundError", "ParsedURI", "PrefixExistsError",
     "PrefixWriter", "Published", "RetryPolicy", "S3Settings", "S3Store", "SUCCESS", "Secret",
-    "StorageConfigError", "StorageError", "Store", "TransferSettings", "check_bucket", "check_key", "delete_published",
+    "StorageConfigError", "StorageError", "StorageTimeoutError", "Store", "TransferSettings", "check_bucket",
+    "check_key", "delete_published",
     "check_uri", "file_uri_path", "is_complete", "list_complete", "open_dataset", "open_published", "open_store",
     "parse_uri", "publish", "publish_dir", "read_verified", "sha256_bytes", "scan_published", "sha256_file",
     "unpublish",

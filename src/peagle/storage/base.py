@@ -234,6 +234,11 @@ class Store(ABC):
         """Sorted keys starting with ``prefix`` (string match, recursive)."""
         return sorted(self.list_sizes(prefix))
 
+    def remove_empty_dirs(self, prefix: str) -> None:
+        """Remove the directories a local store keeps under ``prefix`` (``prefix`` included) that
+        hold no object any more. Object stores have no directories: nothing to do."""
+        check_prefix(prefix)
+
     # -- backend hooks --------------------------------------------------------------------
     @abstractmethod
     def _put_bytes(self, key: str, data: bytes) -> None: ...

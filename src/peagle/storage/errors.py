@@ -51,5 +51,16 @@ class IncompletePrefixError(StorageError):
     """A prefix is not a complete publication (no ``_SUCCESS``, bad manifest, missing/short objects)."""
 
 
+class DamagedPrefixError(IncompletePrefixError):
+    """A prefix was published (``_SUCCESS`` and the manifest it vouches for are there) but an object
+    its manifest names is missing or has another size: the message names that object. Not a
+    publication still under way, which waiting would finish: the data changed after publication."""
+
+
+class StorageTimeoutError(StorageError):
+    """A storage operation did not finish within its time limit (all attempts and waits together);
+    the message names the operation, the object URI and the endpoint."""
+
+
 class PrefixExistsError(StorageError):
     """Refusing to publish over an already complete prefix without ``overwrite=True``."""

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .base import CHUNK, TMP_MARKER, ObjectInfo, Store, atomic_path, sha256_file
+from .base import CHUNK, TMP_MARKER, ObjectInfo, Store, atomic_path, check_prefix, sha256_file
 from .errors import ObjectNotFoundError, StorageError
 
 
@@ -92,6 +92,19 @@ class LocalStore(Store):
             return
         with self._errors("delete", key):
             path.unlink(missing_ok=True)
+
+    def remove_empty_dirs(self, prefix: str) -> None:
+        """Remove the empty directories under ``prefix`` (``prefix`` included, the root never), deepest
+        first; a directory that holds anything (a file, a writer's temp file) stays."""
+        check_prefix(prefix)
+        top = self._path(prefix.strip("/")) if prefix.strip("/") else None
+        if top is None or not top.is_dir() or top.is_symlink():
+            return
+        for dirpath, _dirs, _files in os.walk(top, topdown=False):
+            try:
+                os.rmdir(dirpath)
+            except OSError:  # not empty (or gone): keep it
+                pass
 
     def _list_sizes(self, prefix: str) -> dict[str, int]:
         # Walk only the deepest directory the prefix pins down, then filter by string prefix

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .base import TMP_MARKER, ObjectInfo, Store, atomic_path, check_key, check_prefix, join_key, sha256_bytes
-from .errors import ChecksumMismatchError, IncompletePrefixError, PrefixExistsError, StorageError
+from .errors import ChecksumMismatchError, DamagedPrefixError, IncompletePrefixError, PrefixExistsError, StorageError
 
 log = logging.getLogger("peagle.storage")
 MANIFEST = "_MANIFEST.json"  # underscore: never collides with a stage's own manifest.json
@@ -173,19 +173,22 @@ def unpublish(store: Store, prefix: str) -> None:
 
 def delete_published(store: Store, prefix: str, *, keep: tuple[str, ...] = ()) -> None:
     """Retract ``prefix``'s publication, then delete every object under it except those whose name
-    (last key component) is in ``keep``."""
+    (last key component) is in ``keep``; on a local store, the directories left empty go too."""
     unpublish(store, prefix)
     base = _base(prefix)
     for key in store.list(base + "/" if base else ""):
         if key.rsplit("/", 1)[-1] not in keep:
             store.delete(key)
+    if base:
+        store.remove_empty_dirs(base)
 
 
-def _check_listed(store: Store, key: str, size: int, listing: Mapping[str, int]) -> None:
+def _check_listed(store: Store, key: str, size: int, listing: Mapping[str, int],
+                  error: type[IncompletePrefixError] = IncompletePrefixError, where: str = "") -> None:
     if key not in listing:
-        raise IncompletePrefixError(f"{store.uri_for(key)} is named in the manifest but missing")
+        raise error(f"{where}{store.uri_for(key)} is named in the manifest but missing")
     if listing[key] != size:
-        raise IncompletePrefixError(f"{store.uri_for(key)} has {listing[key]} bytes, manifest says {size}")
+        raise error(f"{where}{store.uri_for(key)} has {listing[key]} bytes, manifest says {size}")
 
 
 def publish(store: Store, prefix: str, items: Mapping[str, bytes | str | os.PathLike],
@@ -249,9 +252,10 @@ def open_published(store: Store, prefix: str, *, deep: bool = False,
                    listing: Mapping[str, int] | None = None) -> Published:
     """Check that ``prefix`` is completely published and return a reader for it.
 
-    Raises :class:`IncompletePrefixError` naming what is wrong (no ``_SUCCESS``, bad manifest,
-    missing or short object), or with ``deep`` a :class:`ChecksumMismatchError` naming the
-    first corrupt object. ``listing`` (from ``store.list_sizes``) saves a round trip.
+    Raises :class:`IncompletePrefixError` naming what is wrong (no ``_SUCCESS``, bad manifest), its
+    subclass :class:`DamagedPrefixError` naming a missing or short object of a published prefix, or
+    with ``deep`` a :class:`ChecksumMismatchError` naming the first corrupt object. ``listing`` (from
+    ``store.list_sizes``) saves a round trip.
     """
     base = _base(prefix)
     key = lambda rel: join_key(base, rel)  # noqa: E731
@@ -267,8 +271,9 @@ def open_published(store: Store, prefix: str, *, deep: bool = False,
         raise IncompletePrefixError(f"{store.uri_for(key(''))}: {SUCCESS} and {MANIFEST} do not "
                                     f"match (being republished?): {e}") from None
     manifest = Manifest.from_bytes(body, store.uri_for(key(MANIFEST)))
+    damaged = f"{store.uri_for(key(''))} is published but damaged: "
     for obj in manifest.objects:
-        _check_listed(store, key(obj.key), obj.size, listing)
+        _check_listed(store, key(obj.key), obj.size, listing, DamagedPrefixError, damaged)
     if deep:
         for obj in manifest.objects:
             actual = store.hash_object(key(obj.key))
@@ -282,9 +287,12 @@ def open_dataset(store: Store, uri: str, fmt: str, *, what: str, error: type[Exc
     """The complete publication at the root of ``store`` (opened from ``uri``) whose metadata
     ``format`` is ``fmt``: what a stage output's reader opens. Anything else raises ``error`` naming
     ``uri``: a prefix that is not published says ``unfinished`` and why; one holding ``old_layout``
-    is an old layout, and ``old_hint`` says what to do."""
+    is an old layout, and ``old_hint`` says what to do; a published one missing a file names the file
+    (the error's ``__cause__`` is then the :class:`DamagedPrefixError`)."""
     try:
         published = open_published(store, "")
+    except DamagedPrefixError as e:  # published, then a file went missing: say which, not "unfinished"
+        raise error(f"{e}; the {what} changed after it was published") from e
     except IncompletePrefixError as e:
         if old_layout and store.exists(old_layout):
             raise error(f"{uri} holds a {what} in the old layout ({old_layout}, no {MANIFEST}): {old_hint}") from None

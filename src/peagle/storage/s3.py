@@ -1,7 +1,8 @@
 """``s3://`` backend over boto3, for any S3-compatible endpoint (AWS, MinIO, Ceph RGW, ODF,
 SeaweedFS).
 
-Every operation runs under :func:`call_with_retry`; failures end in a :class:`StorageError`
+Every operation runs under :func:`call_with_retry`, within its time limit (``retry.operation_timeout``
+plus time for a transfer's bytes); failures end in a :class:`StorageError`
 whose message names the operation, the object URI and the endpoint, and has been passed through
 :meth:`S3Settings.redact`. Large files go through boto3's managed transfer (multipart above
 ``TransferSettings.multipart_threshold``); an interrupted multipart upload is restarted as a
@@ -69,7 +70,7 @@ class S3Store(Store):
         return join_key(self.prefix, key)
 
     # -- error handling -------------------------------------------------------------------
-    def _run(self, op: str, key: str, fn: Callable[[], T]) -> T:
+    def _run(self, op: str, key: str, fn: Callable[[], T], nbytes: int = 0) -> T:
         what = f"{op} {self.uri_for(key)} at {self.endpoint}"
 
         def final(exc: BaseException, attempts: int, elapsed: float) -> BaseException:
@@ -90,7 +91,7 @@ class S3Store(Store):
             return StorageError(f"{what} failed{tries}: {detail}")
 
         return call_with_retry(fn, self.settings.retry, what, final, redact=self.settings.redact,
-                               on_retry=self._count_retry)
+                               on_retry=self._count_retry, nbytes=nbytes)
 
     def _count_retry(self, attempt: int) -> None:
         self.retries += 1
@@ -103,12 +104,12 @@ class S3Store(Store):
         else:  # a fresh stream per attempt: a failed attempt may have consumed the old one
             fn = lambda: self._client.upload_fileobj(io.BytesIO(data), self.bucket, full,  # noqa: E731
                                                      Config=self._transfer)
-        self._run("put_bytes", key, fn)
+        self._run("put_bytes", key, fn, len(data))
 
     def _put_file(self, key: str, path: Path) -> ObjectInfo:
         size, digest = sha256_file(path)
         self._run("put_file", key, lambda: self._client.upload_file(
-            str(path), self.bucket, self._full(key), Config=self._transfer))
+            str(path), self.bucket, self._full(key), Config=self._transfer), size)
         return ObjectInfo(key, size, digest)
 
     def _get_bytes(self, key: str) -> bytes:
@@ -117,8 +118,9 @@ class S3Store(Store):
             Bucket=self.bucket, Key=self._full(key))["Body"].read())
 
     def _get_file(self, key: str, tmp: Path) -> None:
+        size = self._size(key)  # its time limit grows with it (download_file asks for it anyway)
         self._run("get_file", key, lambda: self._client.download_file(
-            self.bucket, self._full(key), str(tmp), Config=self._transfer))
+            self.bucket, self._full(key), str(tmp), Config=self._transfer), size)
 
     def _hash_object(self, key: str) -> ObjectInfo:
         def stream() -> ObjectInfo:
@@ -129,7 +131,7 @@ class S3Store(Store):
                 size += len(chunk)
             return ObjectInfo(key, size, h.hexdigest())
 
-        return self._run("hash_object", key, stream)
+        return self._run("hash_object", key, stream, self._size(key))
 
     def _head(self, op: str, key: str) -> dict:
         return self._run(op, key, lambda: self._client.head_object(Bucket=self.bucket, Key=self._full(key)))

@@ -26,7 +26,9 @@ optional key such as AWS_DEFAULT_REGION may be absent from the Secret: a missing
 file, where a missing env key would stop the pod on backends that ignore ``optional``.
 
 Tuning knobs (optional): PEAGLE_S3_MAX_ATTEMPTS, PEAGLE_S3_MULTIPART_THRESHOLD_MB,
-PEAGLE_S3_MULTIPART_CHUNK_MB.
+PEAGLE_S3_MULTIPART_CHUNK_MB, PEAGLE_S3_OPERATION_TIMEOUT (seconds one operation may take in all,
+retries included; default 300, plus time for the bytes of a large transfer: see
+:class:`~peagle.storage.retry.RetryPolicy`).
 
 Credential values are wrapped in :class:`Secret` (repr ``'***'``) and :meth:`S3Settings.redact`
 scrubs them from any text we log or raise.
@@ -105,6 +107,19 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
         raise StorageConfigError(f"{name} must be an integer, got {raw!r}") from None
     if value < 1:
         raise StorageConfigError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def _seconds_env(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StorageConfigError(f"{name} must be a number of seconds, got {raw[:40]!r}") from None
+    if not 0 < value < float("inf"):
+        raise StorageConfigError(f"{name} must be a positive number of seconds, got {raw[:40]!r}")
     return value
 
 
@@ -219,7 +234,9 @@ class S3Settings:
             access_key_id=Secret(key_id) if key_id else None,
             secret_access_key=Secret(secret) if secret else None,
             session_token=Secret(token) if token else None,
-            retry=RetryPolicy(max_attempts=_int_env(env, "PEAGLE_S3_MAX_ATTEMPTS", defaults.max_attempts)),
+            retry=RetryPolicy(max_attempts=_int_env(env, "PEAGLE_S3_MAX_ATTEMPTS", defaults.max_attempts),
+                              operation_timeout=_seconds_env(env, "PEAGLE_S3_OPERATION_TIMEOUT",
+                                                             defaults.operation_timeout)),
             transfer=TransferSettings(
                 multipart_threshold=_int_env(env, "PEAGLE_S3_MULTIPART_THRESHOLD_MB", 64) * MiB,
                 multipart_chunksize=_int_env(env, "PEAGLE_S3_MULTIPART_CHUNK_MB", 64) * MiB),
@@ -263,7 +280,9 @@ class S3Settings:
         config = Config(
             s3=s3_cfg, signature_version="s3v4",
             retries={"mode": "standard", "total_max_attempts": self.retry.request_attempts},
-            connect_timeout=self.connect_timeout, read_timeout=self.read_timeout,
+            # never longer than an operation may take: an abandoned attempt ends soon after it
+            connect_timeout=min(self.connect_timeout, self.retry.operation_timeout),
+            read_timeout=min(self.read_timeout, self.retry.operation_timeout),
             max_pool_connections=max(10, self.transfer.max_concurrency + 2),
             # botocore >= 1.36 adds CRC checksums (aws-chunked trailers) to every upload by
             # default; several S3-compatible servers reject those. Integrity is covered by our
