@@ -25,17 +25,36 @@ to predict it. It stays in the row as context when more turns follow.
 With a token limit, rendered texts are cut before they are tokenised (:meth:`ChatRenderer.cut_point`):
 a 10 MB reply costs the tokens of the row budget, not millions of tokens that truncation throws
 away. The cut never changes the tokens (or the mask) a row keeps within the limit.
+
+Templates render in transformers' jinja sandbox (no attribute access outside it, ``range`` capped
+at 100,000 items), which does not bound time: nested loops can run for ever. Each render therefore
+has a wall-clock limit (``time_limit_s``, SIGALRM in the main thread, where the stages render); a
+template that passes it raises :class:`~peagle.data.errors.TemplateTimeout`, which ends the stage
+rather than rejecting the row: the template is the same for every row, so each further row would
+only wait out the limit again.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import PREFIX_MISMATCH, TEMPLATE_ERROR, TOO_LONG, PrepareError, RowRejected
+from .errors import PREFIX_MISMATCH, TEMPLATE_ERROR, TOO_LONG, PrepareError, RowRejected, TemplateTimeout
+
+TEMPLATE_TIME_LIMIT_S = 10.0  # a render takes milliseconds; only a runaway template comes near this
+
+
+class _RenderTimeout(BaseException):
+    """Raised inside a render by the SIGALRM handler (a BaseException: the template engine and
+    transformers catch ``Exception`` and would turn it into a template error)."""
+
 
 # Characters searched after the bound for a word boundary to cut at (see ChatRenderer.cut_point).
 CUT_SEARCH_CHARS = 4096
@@ -96,7 +115,8 @@ def tokenizer_fingerprint(path: str | os.PathLike) -> str:
 class ChatRenderer:
     """Turns a :class:`~peagle.data.rows.Conversation`'s messages into loss-masked token rows."""
 
-    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None):
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None,
+                 time_limit_s: float | None = TEMPLATE_TIME_LIMIT_S, source: str = "the target's tokenizer"):
         template = getattr(tokenizer, "chat_template", None)
         if isinstance(template, dict):  # named templates: the default one renders plain chats
             template = template.get("default")
@@ -106,6 +126,10 @@ class ChatRenderer:
         self.template = template
         self.template_sha256 = sha256_text(template)
         self.template_kwargs = dict(template_kwargs or {})
+        self.time_limit_s = time_limit_s  # per render; None: no limit
+        self.source = source  # where the template comes from, for messages
+        self._installed = False  # our SIGALRM handler is in place (time_limits)
+        self._rendering = False
         decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         self.special_ids = {int(i) for i, tok in decoder.items() if getattr(tok, "special", False)}
         self._blank: dict[int, bool] = {}
@@ -117,7 +141,8 @@ class ChatRenderer:
 
     @classmethod
     def from_target(cls, path: str | os.PathLike, trust_remote_code: bool = False,
-                    template_kwargs: dict[str, Any] | None = None) -> ChatRenderer:
+                    template_kwargs: dict[str, Any] | None = None,
+                    time_limit_s: float | None = TEMPLATE_TIME_LIMIT_S) -> ChatRenderer:
         """Load the tokenizer (and its chat template) from a local target directory, offline."""
         from transformers import AutoTokenizer
 
@@ -128,18 +153,63 @@ class ChatRenderer:
             tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code, local_files_only=True)
         except Exception as exc:
             raise PrepareError(f"cannot load the tokenizer of target {p}: {type(exc).__name__}: {exc}") from exc
-        return cls(tok, template_kwargs)
+        return cls(tok, template_kwargs, time_limit_s, f"target {p}")
 
     def vocab_size(self) -> int:
         return len(self.tokenizer)
 
     # -- rendering -------------------------------------------------------------------------------
 
+    def _on_alarm(self, signum, frame) -> None:
+        if self._rendering:
+            raise _RenderTimeout
+
+    @contextmanager
+    def time_limits(self) -> Iterator[None]:
+        """Keep the SIGALRM handler of the render time limit installed for the block.
+
+        Renders outside such a block install it for themselves, at several times the cost of the
+        limit's timer. No limit is set off the main thread (only it takes signals), where SIGALRM's
+        handler is not Python's, or while a timer is already running (its deadline bounds the
+        renders, and neither it nor its handler is ours to move).
+        """
+        if (self._installed or self.time_limit_s is None or not hasattr(signal, "setitimer")
+                or threading.current_thread() is not threading.main_thread()
+                or signal.getitimer(signal.ITIMER_REAL)[0] > 0 or signal.getsignal(signal.SIGALRM) is None):
+            yield
+            return
+        previous = signal.signal(signal.SIGALRM, self._on_alarm)
+        self._installed = True
+        try:
+            yield
+        finally:
+            self._installed = False
+            signal.signal(signal.SIGALRM, previous)
+
+    def _apply_template(self, messages: list[dict[str, str]], generation_prompt: bool) -> Any:
+        with self.time_limits():  # (nothing to do inside an enclosing time_limits block)
+            if not self._installed:  # no limit can be set here
+                return self._call_template(messages, generation_prompt)
+            self._rendering = True
+            signal.setitimer(signal.ITIMER_REAL, self.time_limit_s)  # one shot: at most one _RenderTimeout
+            try:
+                return self._call_template(messages, generation_prompt)
+            finally:
+                self._rendering = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _call_template(self, messages: list[dict[str, str]], generation_prompt: bool) -> Any:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **self.template_kwargs)
+
     def _text(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=generation_prompt, **self.template_kwargs
-            )
+            text = self._apply_template(messages, generation_prompt)
+        except _RenderTimeout:
+            raise TemplateTimeout(
+                f"the chat template of {self.source} took more than {self.time_limit_s:g} s to render one "
+                "conversation (limit: prepare.template_time_limit_s); a template that loops for ever or far too "
+                "long (nested range() loops, say) cannot be used: fix it, or raise the limit") from None
         except Exception as exc:  # jinja TemplateError (raise_exception in templates), TypeError, ...
             raise RowRejected(TEMPLATE_ERROR, f"{type(exc).__name__}: {str(exc)[:200]}") from None
         if not isinstance(text, str):

@@ -44,6 +44,10 @@ class PrepareError(PeagleError, RuntimeError):
         self.report = report
 
 
+class TemplateTimeout(PrepareError):
+    """The target's chat template ran past its time limit; it would on every row, so the stage ends."""
+
+
 class RowRejected(Exception):
     """One row cannot be used. ``reason`` is one of the codes above, ``detail`` a human sentence."""
 

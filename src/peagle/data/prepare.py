@@ -39,7 +39,8 @@ import numpy as np
 
 from .. import __version__
 from .chat import ChatRenderer, tokenizer_fingerprint
-from .errors import INVALID_JSON, INVALID_UTF8, TOO_FEW_SUPERVISED, TOO_LONG, PrepareError, RowRejected
+from .errors import (INVALID_JSON, INVALID_UTF8, TOO_FEW_SUPERVISED, TOO_LONG, PrepareError, RowRejected,
+                     TemplateTimeout)
 from .output import FORMAT, SPLITS, TOKEN_FREQ, open_writer
 from .rows import Conversation, PreparedRow, parse_row
 from .settings import PrepareSettings
@@ -249,6 +250,8 @@ class _Stage:
                     reasons[exc.reason] += 1
                     self.reject(source, index, exc)
                     continue
+                except TemplateTimeout as exc:
+                    raise TemplateTimeout(f"{exc} (at row {index} of {source.location})", self.report()) from None
                 self.counts["accepted"] += 1
                 for sample in samples:
                     kept += self.keep(sample)
@@ -298,14 +301,16 @@ def run_prepare(
     (:mod:`.output`) with the returned manifest as its metadata.
     """
     target = Path(target)
-    renderer = ChatRenderer.from_target(target, trust_remote_code, settings.template_kwargs())
+    renderer = ChatRenderer.from_target(target, trust_remote_code, settings.template_kwargs(),
+                                        settings.template_time_limit_s)
     tokenizer_sha256 = tokenizer_fingerprint(target)
     vocab_size = _target_vocab_size(target, renderer.vocab_size())
     sources = resolve_sources(settings.sources)  # fail on a missing source before touching the output
     writer = open_writer(output_dir)
     stage = _Stage(settings, renderer, vocab_size, writer)
     try:
-        stage.run(sources)
+        with renderer.time_limits():
+            stage.run(sources)
         freq = {str(i): int(c) for i, c in enumerate(stage.freq) if c}
         freq_entry = writer.write_json(TOKEN_FREQ, freq)
         manifest = {

@@ -20,7 +20,12 @@ the rows holding them, and with ``invalid_utf8="reject"`` such rows come out as
 
 Large JSON arrays are decoded record by record (:class:`JsonRecordStream`): memory stays bounded,
 reading the first N rows costs only those rows, and a file cut off mid-record (the ShareGPT wheel's
-JSON is the first 125 MB of a 673 MB file) yields every complete record and then stops cleanly.
+JSON is the first 125 MB of a 673 MB file) yields every complete record and then stops cleanly. A
+record that is not JSON but whose brackets and strings balance (a trailing comma, a bare word, an
+unquoted key) comes out as :class:`Unparsable`, and the records after it are read on; one whose
+brackets do not balance fails the source (:class:`PrepareError` naming the file and line): where
+it ends, and so where the next record starts, cannot be told. JSON nested too deeply for Python to
+decode (about 1000 levels) is :class:`Unparsable` too, in .json and .jsonl files alike.
 """
 from __future__ import annotations
 
@@ -28,7 +33,8 @@ import codecs
 import importlib.util
 import json
 import logging
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -112,26 +118,98 @@ def _decode_strings(value: Any, typ, marks: list[int]) -> Any:
     return value
 
 
+_STRUCTURE = re.compile(r'["{}\[\],]')
+_STRING_END = re.compile(r'["\\]')
+_SPACE = re.compile(r"[ \t\r\n]*")
+_OPENER = {"}": "{", "]": "["}
+TOO_DEEP = "JSON nested too deeply to decode (Python's recursion limit, about 1000 levels)"
+
+
+def _record_extent(buf: str, pos: int, in_array: bool) -> tuple[str, int, str]:
+    """Where the undecodable record at ``buf[pos]`` ends, judged by its strings and brackets alone.
+
+    ``("end", i, "")``: the record is ``buf[pos:i]`` (in an array, ``i`` is the ``,`` or ``]`` after
+    it at depth 0; in a run of values, just after the bracket closing it or where the next value
+    starts). ``("more", len(buf), "")``: ``buf`` ends first. ``("broken", i, why)``: the bracket
+    at ``i`` does not match, or an object member at ``i`` has no key (a ``}`` is missing): where
+    the record ends cannot be told.
+    """
+    stack: list[str] = []
+    i = pos
+    while True:
+        m = _STRUCTURE.search(buf, i)
+        if m is None:
+            return "more", len(buf), ""
+        c, at, i = m.group(), m.start(), m.end()
+        if c == '"':
+            while True:
+                s = _STRING_END.search(buf, i)
+                if s is None or s.end() == len(buf) and s.group() == "\\":
+                    return "more", len(buf), ""
+                i = s.end() + (s.group() == "\\")  # an escape: skip the escaped character
+                if s.group() == '"':
+                    break
+            if not stack and not in_array:
+                return "end", i, ""
+        elif c in "{[":
+            if not stack and not in_array and at > pos:
+                return "end", at, ""  # the next value of the run starts
+            stack.append(c)
+        elif c in "}]":
+            if stack and stack[-1] == _OPENER[c]:
+                stack.pop()
+                if not stack and not in_array:
+                    return "end", i, ""
+            elif not stack and c == "]" and in_array:
+                return "end", at, ""
+            elif stack:
+                return "broken", at, f"'{c}' does not match the open '{stack[-1]}'"
+            else:
+                return "broken", at, f"'{c}' closes nothing"
+        elif not stack:  # ',' at depth 0
+            if in_array:
+                return "end", at, ""
+        elif stack[-1] == "{":  # in an object, a ',' is followed by a key, never by a '{' or '['
+            n = _SPACE.match(buf, i).end()
+            if n == len(buf):
+                return "more", n, ""
+            if buf[n] in "{[":
+                return "broken", n, f"an object's member starts with '{buf[n]}', not a key (a '}}' is missing?)"
+
+
 class JsonRecordStream:
     """Iterate the elements of a JSON array (or a run of concatenated JSON values) from a text stream.
 
-    After iteration: ``complete`` is true when the closing ``]`` (or the end of a concatenated run)
-    was reached; otherwise ``stopped_at`` is the character offset of the first undecodable record
-    and ``unparsed_chars`` how much text was left there. A cut-off file and a malformed record
-    both end the stream this way (JSON gives no way to resynchronise after either). With ``mark``,
-    a record whose text holds that character is decoded with U+FFFD in its place, and
-    ``last_marks`` is how often it occurred in the record just yielded.
+    A record that does not decode but whose strings and brackets balance (so where it ends is
+    known) is yielded as :class:`Unparsable`, and the stream reads on. Messages place things by
+    line when given ``line_of`` (character offset -> 1-based line; called only for messages),
+    else by character offset.
+
+    After iteration: ``complete`` is true when the closing ``]`` (or the end of a concatenated
+    run) was reached; otherwise ``stopped_at`` is the character offset of the record where
+    reading stopped, ``unparsed_chars`` how much text was left there and ``error`` why. That is
+    either a cut-off (the input ended inside the record, or before the closing ``]``: the
+    wheel's file) or, with ``malformed`` (and ``stopped_line``), a file that cannot be read on:
+    a record whose brackets do not balance, one that never ends although the input ends in
+    ``]``, or content after the closing ``]``. The caller must not take such a file as read.
+
+    With ``mark``, a record whose text holds that character is decoded with U+FFFD in its
+    place, and ``last_marks`` is how often it occurred in the record just yielded.
     """
 
     _WS = " \t\r\n"
 
-    def __init__(self, stream: TextIO, chunk_chars: int = 1 << 20, mark: str | None = None):
+    def __init__(self, stream: TextIO, chunk_chars: int = 1 << 20, mark: str | None = None,
+                 line_of: Callable[[int], int] | None = None):
         self._stream = stream
+        self._line_of = line_of
         self._chunk = chunk_chars
         self._mark = mark
         self.last_marks = 0
         self.complete = False
+        self.malformed = False
         self.stopped_at: int | None = None
+        self.stopped_line: int | None = None
         self.unparsed_chars = 0
         self.error: str | None = None
 
@@ -159,10 +237,21 @@ class JsonRecordStream:
                     return False
                 more(self._chunk)
 
+        def where(at: int) -> str:
+            """``buf[at]``'s place in the input, for messages."""
+            return f"line {self._line_of(dropped + at)}" if self._line_of else f"character {dropped + at}"
+
+        def stop(at: int, error: str, malformed: bool, record_at: int | None = None) -> None:
+            """Stop at ``buf[at]`` (or at the record starting at character ``record_at``)."""
+            self.stopped_at = dropped + at if record_at is None else record_at
+            self.stopped_line = self._line_of(self.stopped_at) if self._line_of and malformed else None
+            self.unparsed_chars, self.error, self.malformed = len(buf) - at, error, malformed
+
         if not skip(self._WS):
             self.complete = True  # empty input: no rows
             return
         in_array = buf[pos] == "["
+        last, last_at = "", None  # the last character and the start (character offset) of the last record
         if in_array:
             pos += 1
         want = self._chunk
@@ -170,22 +259,41 @@ class JsonRecordStream:
             if not skip(self._WS + ("," if in_array else "")):
                 # end of input: fine for concatenated values, a cut-off for an array
                 self.complete = not in_array
-                if in_array:
-                    self.stopped_at, self.error = dropped + pos, "end of input before the closing ']'"
+                if in_array and last_at is not None and last == "]":  # that ']' closed a record, not the array
+                    stop(pos, "this record takes up the rest of the file, the array's closing ']' too (a '[' "
+                              "too many?)", True, last_at)
+                elif in_array:
+                    stop(pos, "end of input before the closing ']'", False)
                 return
             if in_array and buf[pos] == "]":
+                end = pos
+                pos += 1
+                if skip(self._WS):
+                    stop(pos, f"content after the array's closing ']' ({where(end)})", True)
+                    return
                 self.complete = True
                 return
+            bad = ""
             try:
                 value, end = decoder.raw_decode(buf, pos)
                 # A value ending exactly at the buffer's end may continue (a number cut in two).
                 needs_more = end == len(buf) and not eof
-            except json.JSONDecodeError as exc:
-                if eof:
-                    self.stopped_at, self.unparsed_chars = dropped + pos, len(buf) - pos
-                    self.error = str(exc)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                outcome, end, why = _record_extent(buf, pos, in_array)
+                needs_more = outcome == "more" and not eof
+                if outcome == "more" and eof and not (in_array and buf.rstrip(self._WS).endswith("]")):
+                    stop(pos, "end of input inside the record", False)  # a cut-off
                     return
-                needs_more = True
+                if not needs_more:
+                    bad = (f"{where(exc.pos)}: {exc.msg}" if isinstance(exc, json.JSONDecodeError)
+                           else f"record at {where(pos)}: {TOO_DEEP}")
+                if outcome == "broken":
+                    stop(pos, f"{bad}; at {where(end)}: {why}, so where this record ends cannot be told", True)
+                    return
+                if outcome == "more" and eof:  # yet the input ends in the array's ']'
+                    stop(pos, f"{bad}; the record never ends although the file ends in ']' (a closing bracket or "
+                              "quote is missing)", True)
+                    return
             if needs_more:
                 more(want)
                 want *= 2  # a long record: grow reads so re-decoding stays linear overall
@@ -193,13 +301,46 @@ class JsonRecordStream:
             want = self._chunk
             if self._mark is not None:
                 self.last_marks = buf.count(self._mark, pos, end)
-                if self.last_marks:
+                if self.last_marks and not bad:
                     value = decoder.raw_decode(buf[pos:end].replace(self._mark, REPLACEMENT))[0]
-            pos = end
-            yield value
+            pos, last, last_at = end, buf[end - 1], dropped + pos
+            yield Unparsable(bad) if bad else value
             if pos > self._chunk:  # keep memory bounded: drop what has been decoded
                 dropped += pos
                 buf, pos = buf[pos:], 0
+
+
+class _LineCounter:
+    """Line numbers (1-based) of character offsets in a text file, counted only when asked, on a
+    handle of its own that reads forward (the reader asks for increasing offsets)."""
+
+    def __init__(self, open_text: Callable[[], TextIO]):
+        self._open = open_text
+        self._fh: TextIO | None = None
+        self._pos, self._line = 0, 1
+
+    def __call__(self, offset: int) -> int:
+        if self._fh is None or offset < self._pos:
+            self.close()
+            self._fh, self._pos, self._line = self._open(), 0, 1
+        while self._pos < offset:
+            text = self._fh.read(min(1 << 20, offset - self._pos))
+            if not text:
+                break
+            self._pos += len(text)
+            self._line += text.count("\n")
+        return self._line
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> _LineCounter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @dataclass
@@ -268,14 +409,23 @@ class Source:
         return InvalidUtf8(marks) if self._reject_invalid else None
 
     def _json(self) -> Iterator[tuple[int, Any]]:
-        with self._open_text() as fh:
-            stream = JsonRecordStream(fh, mark=INVALID_MARK)
+        with self._open_text() as fh, _LineCounter(self._open_text) as line_of:
+            stream = JsonRecordStream(fh, mark=INVALID_MARK, line_of=line_of)
+            records = 0
             for index, row in enumerate(stream):
+                records += 1
                 rejected = self._invalid(stream.last_marks) if stream.last_marks else None
                 yield index, rejected or row
+            if stream.malformed:
+                raise PrepareError(
+                    f"source {self.location}: malformed JSON at line {stream.stopped_line} (character "
+                    f"{stream.stopped_at}): {stream.error}. The rest of the file cannot be read (records read: "
+                    f"{records}); fix the file, or write it as JSONL (one record per line: a bad line loses only "
+                    "itself)")
             if not stream.complete:
                 note = (f"JSON ends in an incomplete or malformed record at character {stream.stopped_at} "
-                        f"({stream.unparsed_chars} characters not decoded): kept the records before it")
+                        f"({stream.unparsed_chars} characters not decoded: the file is cut off): kept the records "
+                        "before it")
                 self.notes.append(note)
                 log.warning("%s: %s", self.location, note)
 
@@ -291,9 +441,12 @@ class Source:
                         continue
                     line = line.replace(INVALID_MARK, REPLACEMENT)
                 try:
-                    yield lineno, json.loads(line)
+                    row = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    yield lineno, Unparsable(str(exc))
+                    row = Unparsable(str(exc))
+                except RecursionError:
+                    row = Unparsable(TOO_DEEP)
+                yield lineno, row
 
     def _parquet(self) -> Iterator[tuple[int, Any]]:
         import pyarrow.parquet as pq
