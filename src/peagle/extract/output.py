@@ -18,6 +18,16 @@ extracts its sets in set order and publishes each as soon as its shards are writ
 (:func:`extract_sets`), so a streaming trainer (:mod:`peagle.train.stream`) can start on set 0
 while later sets are still being extracted.
 
+Reading the markers (:func:`consumed_info`, :func:`is_consumed`, :func:`read_stream`): a shard set
+is *consumed* when its ``_CONSUMED.json`` exists **and** the set is not published (no verified
+``_MANIFEST.json``/``_SUCCESS`` pair). A published set is data, whatever marker lies beside it: a stray
+or garbage marker next to a complete publication (of set 0 or any other) is ignored, so no reader
+(a rerun worker, back-pressure, the trainer opening set 0) skips or gives up a set whose data is
+there and verified. The trainer writes the marker before it retracts the set, so the set reads as
+present until its publication is gone, then as consumed. A marker or ``_STREAM.json`` that is read and
+is not what these functions write (not JSON, wrong types, over :data:`MAX_MARKER_BYTES`) raises
+:class:`ExtractError` naming the object: a command stops with exit status 2.
+
 A shard entry holds the shard's name, sha256, byte size, counts and the digest of its sample ids.
 The dataset manifest (:func:`build_manifest`) is the header, every entry in (set, index) order and
 totals. A shard set killed midway has no ``_SUCCESS``; a published one is reused shard by shard on
@@ -28,12 +38,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..progress import format_duration
 from ..storage import IncompletePrefixError, ObjectInfo, ObjectNotFoundError, PrefixWriter, Store, open_published
 from .errors import ExtractError
 from .rows import ExtractRow, CapturedHiddenStates, read_job_shards
@@ -43,6 +55,15 @@ log = logging.getLogger(__name__)
 SHARD_SUFFIX = ".safetensors"
 CONSUMED = "_CONSUMED.json"
 STREAM = "_STREAM.json"  # a streaming trainer that deletes consumed sets announces itself here
+SAY_PREFIX = "[peagle.extract] "  # lines for the user (see :func:`say`)
+DEFAULT_WAIT_TIMEOUT_S = 86400.0  # extract.max_sets_ahead_timeout_s
+WAIT_REPORT_S = 60.0  # a waiting shard set says what it waits for this often
+
+
+def say(message: str) -> None:
+    """A line for the user on stderr (``[peagle.extract] ...``), also logged."""
+    log.info("%s", message)
+    print(SAY_PREFIX + message, file=sys.stderr, flush=True)
 
 
 class HiddenStatesExtractor(Protocol):
@@ -145,20 +166,64 @@ def published_set(store: Store, shard_set: int, header: DatasetHeader,
 
 def mark_consumed(store: Store, shard_set: int, info: dict[str, Any]) -> None:
     """Record that a streaming trainer trained on shard set ``shard_set`` and is deleting it; a
-    rerun of its extraction worker then skips the set instead of extracting it again."""
+    rerun of its extraction worker then skips the set instead of extracting it again (once the set's
+    publication is retracted: see the module docstring)."""
     store.put_bytes(f"{set_prefix(shard_set)}/{CONSUMED}", json.dumps(info, sort_keys=True).encode())
 
 
-def is_consumed(store: Store, shard_set: int) -> bool:
-    return store.exists(f"{set_prefix(shard_set)}/{CONSUMED}")
+MAX_MARKER_BYTES = 1 << 20  # _CONSUMED.json / _STREAM.json: a few hundred bytes when written by peagle
+
+
+def _read_marker(store: Store, key: str, what: str) -> dict[str, Any] | None:
+    """The JSON object at ``key`` (None when there is none); anything else is an :class:`ExtractError`
+    naming the object, never a traceback."""
+    uri = store.uri_for(key)
+    try:
+        size = store.size(key)
+        if size > MAX_MARKER_BYTES:
+            raise ExtractError(f"{uri}: {size} bytes, not a {what} (at most {MAX_MARKER_BYTES}): remove it")
+        data = store.get_bytes(key)
+    except ObjectNotFoundError:
+        return None
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
+        raise ExtractError(f"{uri}: not a {what}: not JSON ({type(exc).__name__}: {str(exc)[:80]}); "
+                           "remove it") from None
+    if not isinstance(doc, dict):
+        raise ExtractError(f"{uri}: not a {what}: a JSON {type(doc).__name__}, expected an object; remove it")
+    return doc
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def consumed_info(store: Store, shard_set: int) -> dict[str, Any] | None:
-    """What :func:`mark_consumed` recorded for ``shard_set``, or None when it was not consumed."""
-    try:
-        return json.loads(store.get_bytes(f"{set_prefix(shard_set)}/{CONSUMED}"))
-    except ObjectNotFoundError:
+    """What :func:`mark_consumed` recorded for ``shard_set`` when the set is consumed: its marker
+    exists and the set is not published. None otherwise -- a published set wins over any marker
+    beside it (module docstring). A consumed set's marker that is not one raises :class:`ExtractError`
+    naming it; ``step`` (a count) and ``header`` (an object) are checked."""
+    key = f"{set_prefix(shard_set)}/{CONSUMED}"
+    if not store.exists(key):
         return None
+    try:
+        open_published(store, set_prefix(shard_set))
+        return None  # the set's data is complete and verified: a stray marker does not make it gone
+    except IncompletePrefixError:
+        pass
+    info = _read_marker(store, key, "consumed marker")
+    if info is None:  # removed while we looked
+        return None
+    if not _is_count(info.get("step")) or not isinstance(info.get("header"), dict):
+        raise ExtractError(f"{store.uri_for(key)}: not a consumed marker: it needs a step count and a header "
+                           "object, as a streaming trainer writes them; remove it")
+    return info
+
+
+def is_consumed(store: Store, shard_set: int) -> bool:
+    """True when a streaming trainer consumed ``shard_set`` and deleted it (:func:`consumed_info`)."""
+    return consumed_info(store, shard_set) is not None
 
 
 @dataclass(frozen=True)
@@ -186,38 +251,60 @@ def announce_stream(store: Store, *, min_sets_ahead: int, done: bool = False) ->
     store.put_bytes(STREAM, json.dumps({"min_sets_ahead": min_sets_ahead, "done": done}, sort_keys=True).encode())
 
 
-def wait_for_turn(store: Store, shard_set: int, max_sets_ahead: int | None, poll_s: float = 1.0) -> float:
+def read_stream(store: Store) -> dict[str, Any] | None:
+    """The trainer's announcement (:func:`announce_stream`): ``{"min_sets_ahead": int, "done": bool}``,
+    or None before there is one. Anything else raises :class:`ExtractError` naming ``_STREAM.json``."""
+    doc = _read_marker(store, STREAM, "streaming trainer's announcement")
+    if doc is None:
+        return None
+    if not _is_count(doc.get("min_sets_ahead")) or not isinstance(doc.get("done", False), bool):
+        raise ExtractError(f"{store.uri_for(STREAM)}: not a streaming trainer's announcement: it needs "
+                           "min_sets_ahead (a count) and done (true/false); remove it")
+    return {"min_sets_ahead": doc["min_sets_ahead"], "done": doc.get("done", False)}
+
+
+def wait_for_turn(store: Store, shard_set: int, max_sets_ahead: int | None, poll_s: float = 1.0,
+                  timeout_s: float = DEFAULT_WAIT_TIMEOUT_S, report_every_s: float = WAIT_REPORT_S,
+                  tell: Callable[[str], None] = say) -> float:
     """Back-pressure (``extract.max_sets_ahead`` N, for streaming runs that delete what they consumed):
     sets below N go at once; set s >= N waits for the trainer's announcement (:func:`announce_stream`),
     then until it has consumed set ``s - lag`` (lag = max(N, what the trainer's plan needs)) or is
-    done. Returns the seconds waited."""
+    done. Says what it waits for (to ``tell``) at once and every ``report_every_s``; past ``timeout_s``
+    raises :class:`ExtractError` naming the set and what it waited for. Returns the seconds waited."""
     if max_sets_ahead is None or shard_set < max_sets_ahead:
         return 0.0
-    t0, said = time.monotonic(), False
+    t0, said_at = time.monotonic(), None
     while True:
-        try:
-            stream = json.loads(store.get_bytes(STREAM))
-            lag = max(max_sets_ahead, int(stream["min_sets_ahead"]))
-            if stream.get("done") or shard_set < lag or is_consumed(store, shard_set - lag):
+        stream = read_stream(store)
+        if stream is None:
+            what = f"a streaming trainer announces itself ({store.uri_for(STREAM)})"
+        else:
+            lag = max(max_sets_ahead, stream["min_sets_ahead"])
+            if stream["done"] or shard_set < lag or is_consumed(store, shard_set - lag):
                 return time.monotonic() - t0
             what = f"the trainer has consumed set {shard_set - lag} (lag {lag})"
-        except ObjectNotFoundError:
-            what = f"a streaming trainer announces itself ({STREAM})"
-        if not said:
-            log.info("shard set %d waits until %s: extract.max_sets_ahead=%d", shard_set, what, max_sets_ahead)
-            said = True
-        time.sleep(poll_s)
+        waited = time.monotonic() - t0
+        if waited > timeout_s:
+            raise ExtractError(f"shard set {store.uri_for(set_prefix(shard_set))} waited {format_duration(waited)} "
+                               f"(extract.max_sets_ahead_timeout_s={timeout_s:g}) until {what}: is the streaming "
+                               f"trainer running? (extract.max_sets_ahead={max_sets_ahead})")
+        if said_at is None or time.monotonic() - said_at >= report_every_s:
+            tell(f"shard set {set_prefix(shard_set)} waits until {what} (extract.max_sets_ahead={max_sets_ahead}; "
+                 f"waited {format_duration(waited)})")
+            said_at = time.monotonic()
+        time.sleep(min(poll_s, max(timeout_s - waited, 0.01)))
 
 
 def extract_sets(extractor: HiddenStatesExtractor, jobs: list[SetJob], store: Store, header: DatasetHeader,
                  on_shard: Callable[[dict[str, Any], float], None] | None = None,
-                 max_sets_ahead: int | None = None) -> list[dict[str, Any]]:
+                 max_sets_ahead: int | None = None,
+                 wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> list[dict[str, Any]]:
     """Extract the shards of ``jobs`` set by set, publishing each set once its shards are written;
-    ``on_shard(entry, seconds)`` after each shard; each set first waits its turn (:func:`wait_for_turn`).
-    Returns the entries of the shards written."""
+    ``on_shard(entry, seconds)`` after each shard; each set first waits its turn (:func:`wait_for_turn`,
+    at most ``wait_timeout_s``). Returns the entries of the shards written."""
     written: list[dict[str, Any]] = []
     for job in sorted(jobs, key=lambda j: j.shard_set):
-        wait_for_turn(store, job.shard_set, max_sets_ahead)
+        wait_for_turn(store, job.shard_set, max_sets_ahead, timeout_s=wait_timeout_s)
         entries = list(job.reused)
         for name, rows in read_job_shards(Path(job.rows_file)):
             t0 = time.monotonic()

@@ -12,7 +12,7 @@ from .settings import TrainRunConfig, TrainSettings
 
 __all__ = [
     "CodElements", "DatasetError", "DatasetInfo", "Elements", "ListDataset", "SampleDataset", "SampleFileDataset",
-    "ShiftedRow", "TrainResult", "TrainRunConfig", "TrainSettings", "build_elements", "cod_depth_size",
+    "ShiftedRow", "TrainError", "TrainResult", "TrainRunConfig", "TrainSettings", "build_elements", "cod_depth_size",
     "open_dataset", "sample_cod", "sample_elements", "shift_row", "train", "write_sample_file",
 ]
 
@@ -20,7 +20,7 @@ __all__ = [
 def __getattr__(name: str):
     # The loop pulls in torch.distributed.checkpoint and the storage stack; import it only when used,
     # so that `import peagle.train.cod` stays cheap for the other stages.
-    if name in ("train", "TrainResult"):
+    if name in ("train", "TrainError", "TrainResult"):
         from . import loop
 
         return getattr(loop, name)

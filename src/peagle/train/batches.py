@@ -1,9 +1,12 @@
 """From samples to the element batches of each optimiser step, deterministically and ahead of time.
 
-* :func:`plan_run` — the whole run as a list of steps. Each epoch orders the training samples
+* :class:`RunPlan` — the steps of the run. Each epoch orders the training samples
   (:func:`epoch_order`, from seed + epoch), packs them greedily into rows of at most ``row_tokens``
   tokens (a longer sample is truncated to one full row), and groups ``global_batch_rows`` rows into
-  one step; the rows left over at the end of an epoch are dropped.
+  one step; the rows left over at the end of an epoch are dropped. An epoch is planned when it is
+  reached (at most two are held), so memory does not grow with ``train.epochs``: one pass at the
+  start plans each epoch in turn, keeping only its step count (the schedule and the ETA need the
+  total) and the plan's fingerprint. :func:`plan_run` is the same plan as a list (small runs, tests).
 * :func:`epoch_order` / :func:`shard_windows` — a dataset that fits the trainer's shard cache (and
   any dataset without shards) is shuffled globally, as it always was. A sharded dataset larger than
   the cache is shuffled *within windows of shards*: the epoch shuffles the shard order, cuts it into
@@ -24,6 +27,8 @@
 """
 from __future__ import annotations
 
+import bisect
+import copy
 import hashlib
 import json
 import queue
@@ -31,7 +36,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -131,17 +136,86 @@ def epoch_order(dataset: SampleDataset, train_indices: list[int], *, seed: int, 
     return order
 
 
+class RunPlan:
+    """The steps of a run (module docstring) as a read-only sequence of :class:`Step`, planned an epoch
+    at a time: ``plan[k]``, ``len(plan)``, iteration. Thread-safe (the prefetch thread and the loop both
+    read it). :attr:`fingerprint` is :func:`plan_fingerprint` of every step of every epoch, whatever
+    :meth:`head` later cuts off."""
+
+    HELD_EPOCHS = 2  # the loop reads the current epoch while the prefetch thread may be in the next
+
+    def __init__(self, dataset: SampleDataset, train_indices: list[int], *, row_tokens: int, global_batch_rows: int,
+                 epochs: int, seed: int, window_shards: int | None = None):
+        self.dataset, self.epochs = dataset, epochs
+        self._train = list(train_indices)
+        self._lengths = {i: dataset.num_tokens(i) for i in self._train}
+        self._row_tokens, self._global_batch_rows = row_tokens, global_batch_rows
+        self._seed, self._window_shards = seed, window_shards
+        self._lock = threading.Lock()
+        self._held: dict[int, list[Step]] = {}  # epoch -> its steps, least recently used first
+        h = hashlib.sha256()
+        starts = [0]  # index of each epoch's first step; starts[-1]: steps of the whole plan
+        for epoch in range(epochs):
+            steps = self.epoch_steps(epoch)
+            _hash_steps(h, dataset, steps)
+            starts.append(starts[-1] + len(steps))
+        self._starts = starts
+        self._limit = starts[-1]
+        self.fingerprint = h.hexdigest()
+
+    @property
+    def planned_steps(self) -> int:
+        """Steps of the whole plan (before :meth:`head`)."""
+        return self._starts[-1]
+
+    def head(self, n: int) -> "RunPlan":
+        """The first ``n`` steps (``train.max_steps``): the same plan, fingerprint and held epochs."""
+        view = copy.copy(self)
+        view._limit = min(n, self._starts[-1])
+        return view
+
+    def epoch_steps(self, epoch: int) -> list[Step]:
+        """Every step of ``epoch`` (planned now unless held)."""
+        with self._lock:
+            steps = self._held.pop(epoch, None)
+            if steps is None:
+                order = epoch_order(self.dataset, self._train, seed=self._seed, epoch=epoch,
+                                    window_shards=self._window_shards)
+                rows = pack_rows(order, self._lengths, self._row_tokens)
+                b = self._global_batch_rows
+                steps = [Step(epoch, tuple(rows[s * b:(s + 1) * b])) for s in range(len(rows) // b)]
+            self._held[epoch] = steps
+            while len(self._held) > self.HELD_EPOCHS:
+                del self._held[next(iter(self._held))]
+            return steps
+
+    def epoch_of(self, index: int) -> int:
+        """The epoch of step ``index`` (nothing is planned)."""
+        return bisect.bisect_right(self._starts, index) - 1
+
+    def __len__(self) -> int:
+        return self._limit
+
+    def __getitem__(self, index: int) -> Step:
+        if not isinstance(index, int) or not 0 <= index < self._limit:
+            raise IndexError(f"step {index!r} is not in a plan of {self._limit} steps")
+        epoch = self.epoch_of(index)
+        return self.epoch_steps(epoch)[index - self._starts[epoch]]
+
+    def __iter__(self) -> Iterator[Step]:
+        for epoch in range(self.epochs):
+            first = self._starts[epoch]
+            if first >= self._limit:
+                return
+            yield from self.epoch_steps(epoch)[:self._limit - first]
+
+
 def plan_run(dataset: SampleDataset, train_indices: list[int], *, row_tokens: int, global_batch_rows: int,
              epochs: int, seed: int, window_shards: int | None = None) -> list[Step]:
-    """Every step of every epoch (before ``max_steps`` truncation); ``window_shards`` as in :func:`shard_windows`."""
-    lengths = {i: dataset.num_tokens(i) for i in train_indices}
-    steps: list[Step] = []
-    for epoch in range(epochs):
-        order = epoch_order(dataset, train_indices, seed=seed, epoch=epoch, window_shards=window_shards)
-        rows = pack_rows(order, lengths, row_tokens)
-        for s in range(len(rows) // global_batch_rows):
-            steps.append(Step(epoch, tuple(rows[s * global_batch_rows:(s + 1) * global_batch_rows])))
-    return steps
+    """Every step of every epoch as a list (before ``max_steps`` truncation); ``window_shards`` as in
+    :func:`shard_windows`. The trainer uses :class:`RunPlan`, which holds two epochs at most."""
+    return list(RunPlan(dataset, train_indices, row_tokens=row_tokens, global_batch_rows=global_batch_rows,
+                        epochs=epochs, seed=seed, window_shards=window_shards))
 
 
 def rank_rows(step: Step, rank: int, world_size: int) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
@@ -149,12 +223,16 @@ def rank_rows(step: Step, rank: int, world_size: int) -> list[tuple[int, tuple[t
     return [(i, step.rows[i]) for i in range(rank, len(step.rows), world_size)]
 
 
-def plan_fingerprint(dataset: SampleDataset, steps: list[Step]) -> str:
+def plan_fingerprint(dataset: SampleDataset, steps: Iterable[Step]) -> str:
     """sha256 of the plan in sample ids: a resumed run must see the same data in the same order."""
     h = hashlib.sha256()
+    _hash_steps(h, dataset, steps)
+    return h.hexdigest()
+
+
+def _hash_steps(h, dataset: SampleDataset, steps: Iterable[Step]) -> None:
     for st in steps:
         h.update(json.dumps([st.epoch, [[[dataset.sample_id(i), n] for i, n in row] for row in st.rows]]).encode())
-    return h.hexdigest()
 
 
 def row_seed(*parts) -> int:

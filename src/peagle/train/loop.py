@@ -15,6 +15,11 @@
 5. validates, checkpoints every ``checkpoint_every`` steps and at the end, and finally publishes the
    vLLM-servable draft as ``final/``.
 
+A step whose loss or gradient norm is not finite (NaN or inf: a learning rate far too high, or data
+that overflows) stops the run on every rank with :class:`TrainError`, before that step's update;
+weights that turned non-finite stop it before the checkpoint that would hold them. Such a run publishes
+no draft; the checkpoints published before it stay valid resume points.
+
 Runs single-process or under ``torchrun`` (DDP or FSDP2; gloo on CPU, NCCL on CUDA).
 """
 from __future__ import annotations
@@ -29,14 +34,14 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError
+from ..errors import PeagleError
 from ..model import init_draft, inspect_target, resolve_spec
 from ..model.attention_mask import layer_masks
 from ..model.factory import load_tokenizer
 from ..model.target import fingerprint, read_target_tensors
 from ..progress import report as report_progress
 from ..storage import check_uri, open_store
-from .batches import (PreparedRow, Prefetcher, RowMaker, pack_rows, plan_fingerprint, plan_run, rank_rows,
-                      row_seed, shard_windows)
+from .batches import PreparedRow, Prefetcher, RowMaker, RunPlan, pack_rows, rank_rows, row_seed, shard_windows
 from .checkpoint import (ResumeError, export_final, load_checkpoint, prune_checkpoints, resume_plan, save_checkpoint,
                          step_prefix)
 from .data import (DatasetError, SampleDataset, check_dataset_matches, check_sample, open_dataset,
@@ -48,6 +53,10 @@ from .loss import EPS, Teacher, metrics_from_stats, row_loss
 from .optim import build_optimizer, build_scheduler
 from .settings import TrainRunConfig
 from .stream import StreamedExtraction
+
+
+class TrainError(PeagleError, RuntimeError):
+    """Training diverged (a non-finite loss, gradient or weight): the run stops and publishes no draft."""
 
 
 @dataclass
@@ -110,19 +119,19 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                                     count_tokens=count_tokens, env=env)
 
     # ---- 2. Plan, model, teacher, optimiser -----------------------------------------------------
-    steps = plan_run(dataset, train_idx, row_tokens=s.row_tokens, global_batch_rows=s.global_batch_rows,
-                     epochs=s.epochs, seed=s.seed, window_shards=s.shuffle_window_shards)
-    # Fingerprint the full plan: raising max_steps later may continue a run, changing its data may not.
-    fingerprint_of_plan = plan_fingerprint(dataset, steps)
-    if s.max_steps is not None:
-        steps = steps[:s.max_steps]
+    # Planned an epoch at a time (RunPlan). Fingerprint the full plan: raising max_steps later may
+    # continue a run, changing its data may not.
+    full_plan = RunPlan(dataset, train_idx, row_tokens=s.row_tokens, global_batch_rows=s.global_batch_rows,
+                        epochs=s.epochs, seed=s.seed, window_shards=s.shuffle_window_shards)
+    fingerprint_of_plan = full_plan.fingerprint
+    steps = full_plan.head(s.max_steps) if s.max_steps is not None else full_plan
     if not steps:
         raise DatasetError(f"{where}: {len(train_idx)} training samples pack into fewer than "
                            f"train.global_batch_rows={s.global_batch_rows} rows of {s.row_tokens} tokens: no full step")
     total_steps = len(steps)
     # Streaming with deletion: the step after which each shard set is read no more, and a checkpoint at
     # each window's end so that its sets can go (a restart never needs a deleted set).
-    last_use, release_at, min_ahead = (consumed_sets(dataset, steps) if streaming and s.stream.delete_consumed
+    last_use, release_at, min_ahead = (consumed_sets(dataset, full_plan) if streaming and s.stream.delete_consumed
                                        else ({}, set(), 0))
     if last_use and env.is_main:  # workers with extract.max_sets_ahead wait for the consumption
         dataset.announce(min_sets_ahead=min_ahead)
@@ -162,7 +171,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         metrics_path.parent.mkdir(parents=True, exist_ok=True)
         metrics_path.write_text("")  # a fresh run starts a fresh log
     if env.is_main:
-        rows = sum(len(st.rows) for st in steps)
+        rows = total_steps * s.global_batch_rows  # every step has global_batch_rows rows
         print(f"[peagle.train] {total_steps} steps ({s.epochs} epoch(s), {rows} rows of <= {s.row_tokens} tokens, "
               f"{len(train_idx)} train / {len(val_idx)} validation samples), world size {env.world_size} "
               f"({s.distributed if env.distributed else 'single process'}, {attention} attention, {device}, "
@@ -217,7 +226,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     last_metrics: dict = {}
     val_metrics: dict = {}
     final_sd, saved_last = None, False
-    prefetcher = Prefetcher(list(range(start, total_steps)), rows_of_step, s.prefetch)
+    prefetcher = Prefetcher(range(start, total_steps), rows_of_step, s.prefetch)
     t_start = time.perf_counter()
     t_last, tokens_since, wait_last, flops_since = t_start, 0.0, 0.0, 0.0
     peak_flops = device_peak_flops(device)  # None on CPU and unknown GPUs: no MFU then
@@ -238,20 +247,29 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                 stats += rl.stats.cpu()
             grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(trainable, s.grad_clip)).item()
             lr = scheduler.get_last_lr()[0]
+            # real tokens and model FLOPs (peagle.train.flops) of the step, summed over ranks, and the ranks
+            # whose loss or gradient norm is not finite: all ranks decide alike, before the update
+            diverged = not (math.isfinite(grad_norm) and math.isfinite(stats[0].item()))
+            tokens, flops, loads, nbytes, diverged_ranks = all_reduce_sum(torch.tensor(
+                [float(sum(r.num_tokens for r in rows)), float(sum(prepared_row_flops(spec, r) for r in rows)),
+                 float(step_loads), float(step_bytes), float(diverged)], dtype=torch.float64), env).tolist()
+            step_stats = all_reduce_sum(stats, env)
+            if diverged_ranks:
+                raise TrainError(f"step {step + 1}/{total_steps}: the training loss is "
+                                 f"{metrics_from_stats(step_stats, K)['loss']:.4g} and the gradient norm "
+                                 f"{grad_norm:.4g}: not finite, training diverged; stopping without publishing a "
+                                 f"draft. Lower train.lr ({s.lr:g}) or train.weight_decay ({s.weight_decay:g}), "
+                                 "or check the data")
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
 
-            # real tokens and model FLOPs (peagle.train.flops) of the step, summed over ranks
-            tokens, flops, loads, nbytes = all_reduce_sum(torch.tensor(
-                [float(sum(r.num_tokens for r in rows)), float(sum(prepared_row_flops(spec, r) for r in rows)),
-                 float(step_loads), float(step_bytes)], dtype=torch.float64), env).tolist()
             epoch = steps[step].epoch
             if not data_reads or data_reads[-1]["epoch"] != epoch:
                 data_reads.append({"epoch": epoch, "shard_loads": 0, "bytes_read": 0})
             data_reads[-1]["shard_loads"] += int(loads)
             data_reads[-1]["bytes_read"] += int(nbytes)
-            window += all_reduce_sum(stats, env)
+            window += step_stats
             tokens_since += tokens
             flops_since += flops
             done = step + 1
@@ -291,6 +309,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                     write_metrics(metrics_path, {"step": done, **val_metrics})
                     print_progress({"step": done, **val_metrics}, total_steps, K, prefix="val_")
             checkpoint_due = is_last or done % s.checkpoint_every == 0 or done in release_at
+            if checkpoint_due:  # never a checkpoint (or draft) holding NaN: it would resume or serve garbage
+                check_finite_state(wrapped, optimizer, env, done)
             if checkpoint_due and done in plan.damaged:
                 if env.is_main:  # kept as evidence: never published over (see peagle.train.checkpoint)
                     print(f"[peagle.train] not saving step {done}: {store.uri_for(step_prefix(done))} is a damaged "
@@ -314,6 +334,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     if not saved_last:  # resumed at the very end (killed between the last checkpoint and this export)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        check_finite_state(wrapped, optimizer, env, total_steps)
         final_sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     final_uri = ""
     if env.is_main:
@@ -330,26 +351,30 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     return TrainResult(total_steps, start, final_uri, last_metrics, val_metrics, data_reads)
 
 
-def consumed_sets(dataset, steps) -> tuple[dict[int, int], set[int], int]:
-    """Of a streaming plan: {shard set: index of the last step reading it}; the step counts at which a
-    window's sets are all read for good (the loop checkpoints there, then deletes them); and the lag
-    the workers need at least (``extract.max_sets_ahead``): releasing window [a, b] at step r needs
-    every set the steps before r read, up to M, so a worker may not wait on any set >= M - lag + 1 > a - 1."""
+def consumed_sets(dataset, plan) -> tuple[dict[int, int], set[int], int]:
+    """Of a streaming plan -- the full one, before ``train.max_steps``: a set goes only once no step
+    of the plan reads it any more, so a run stopped early by max_steps deletes only sets it has read
+    for good, and a rerun with a larger max_steps resumes and finds every set it still needs --
+    {shard set: index of the last step reading it}; the step counts at which a window's sets are all
+    read for good (the loop checkpoints there, then deletes them); and the lag the workers need at
+    least (``extract.max_sets_ahead``): releasing window [a, b] at step r needs every set the steps
+    before r read, up to M, so a worker may not wait on any set >= M - lag + 1 > a - 1. One pass over
+    the plan, holding a few numbers per set."""
     last_use: dict[int, int] = {}
-    highest: list[int] = []  # highest set read by steps 0..k
-    for k, st in enumerate(steps):
-        top = highest[-1] if highest else -1
-        for row in st.rows:
-            for i, _ in row:
-                last_use[dataset.set_of_sample(i)] = k
-                top = max(top, dataset.set_of_sample(i))
-        highest.append(top)
+    top_then: dict[int, int] = {}  # of each set: the highest set read by steps 0..last_use[set]
+    top = -1
+    for k, st in enumerate(plan):
+        sets = {dataset.set_of_sample(i) for row in st.rows for i, _ in row}
+        top = max(top, *sets)
+        for shard_set in sets:
+            last_use[shard_set], top_then[shard_set] = k, top
     release_at, min_ahead = set(), 1
     for w in dataset.set_windows():
-        used = [last_use[s] for s in w if s in last_use]
+        used = [shard_set for shard_set in w if shard_set in last_use]
         if used:
-            release_at.add(max(used) + 1)
-            min_ahead = max(min_ahead, highest[max(used)] - min(w) + 1)
+            last = max(used, key=last_use.__getitem__)
+            release_at.add(last_use[last] + 1)
+            min_ahead = max(min_ahead, top_then[last] - min(w) + 1)
     return last_use, release_at, min_ahead
 
 
@@ -365,6 +390,27 @@ def use_bf16(precision: str, device: torch.device) -> bool:
         return True
     # CPUs without native bf16 emulate it, which is slower than float32.
     return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def check_finite_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv, step: int) -> None:
+    """Raise :class:`TrainError` on every rank if a weight or optimiser state tensor of any rank holds NaN
+    or inf after ``step`` (collective: every rank calls). Reads each rank's own shard (FSDP2)."""
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    def finite(t) -> bool:
+        return not isinstance(t, torch.Tensor) or not t.is_floating_point() or bool(torch.isfinite(local(t)).all())
+
+    names = {p: n.removeprefix("module.") for n, p in model.named_parameters()}
+    bad = next((f"weight {names[p]}" for p in names if not finite(p.detach())), None)
+    if bad is None:
+        bad = next((f"optimizer state {names.get(p, '?')}/{key}" for p, state in optimizer.state.items()
+                    for key, value in state.items() if not finite(value)), None)
+    found = [b for b in all_gather_objects(bad, env) if b]
+    if found:
+        raise TrainError(f"after step {step}: {found[0]} holds NaN or infinite values: training diverged; "
+                         "stopping without publishing this checkpoint or a draft. Lower train.lr or "
+                         "train.weight_decay, or check the data")
 
 
 def scan_samples(dataset: SampleDataset, train_idx: list[int], val_idx: list[int], spec, *, validate: bool,

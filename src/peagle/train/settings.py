@@ -10,16 +10,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ..config import DraftSettings, StrictModel, TargetSettings
 from .cod import DEFAULT_MAX_ANCHORS, DEFAULT_RATIO, DEFAULT_RATIO_MIN
+
+# Upper bounds of the schema: far above any sane value, low enough that a typo (an extra exponent) is
+# refused by name here instead of failing or hanging the run later.
+MAX_LR = 10.0  # AdamW/Muon steps of this size already wreck a draft; 1e30 makes every loss NaN
+MAX_WEIGHT_DECAY = 10.0
+MAX_PAD_TO_MULTIPLE = 65536  # tokens: a row is padded up to a multiple of this
+MAX_POLL_INTERVAL_S = 3600.0  # time.sleep() overflows on huge values; an hour is already a slow poll
+MAX_WAIT_TIMEOUT_S = 30 * 86400.0
 
 
 class StreamSettings(StrictModel):
     """``train.data_mode=streaming``: train on an extraction while its workers are still publishing it
     (:mod:`peagle.train.stream`). The plan comes from the prepared rows the extraction reads; the
     hidden states of each shard set are read once it is published."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # NaN or inf is no setting for any float below
 
     prepared: str = Field("", description="the prepared data (peagle prepare output: directory or s3:// URI) "
                           "whose rows the extraction reads")
@@ -36,14 +46,17 @@ class StreamSettings(StrictModel):
         False, description="delete each shard set from the store once a published checkpoint covers every "
         "step that reads it (needs train.val_fraction=0: validation samples would be deleted with their sets); "
         "false: leave them, e.g. to a bucket lifecycle rule")
-    poll_interval_s: float = Field(2.0, gt=0, description="how often to look for the next shard set")
+    poll_interval_s: float = Field(2.0, gt=0, le=MAX_POLL_INTERVAL_S,
+                                   description="how often to look for the next shard set (seconds)")
     wait_timeout_s: float = Field(
-        86400.0, gt=0, description="fail when a needed shard set is not published after this long "
+        86400.0, gt=0, le=MAX_WAIT_TIMEOUT_S, description="fail when a needed shard set is not published after this long "
         "(an extraction worker that never comes back)")
 
 
 class TrainSettings(StrictModel):
     """How to train a draft on an extracted hidden-state dataset."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # NaN or inf is no setting for any float below
 
     data: str = Field("", description="hidden-state dataset to train on (see peagle.train.data.open_dataset)")
     data_mode: Literal["stored", "streaming"] = Field(
@@ -60,7 +73,7 @@ class TrainSettings(StrictModel):
     global_batch_rows: int = Field(
         8, ge=1, description="packed rows per optimiser step over all ranks (must be divisible by the world size)"
     )
-    pad_to_multiple: int = Field(64, ge=1, description="pad each packed row to a multiple of this many tokens")
+    pad_to_multiple: int = Field(64, ge=1, le=MAX_PAD_TO_MULTIPLE, description="pad each packed row to a multiple of this many tokens")
     val_fraction: float = Field(0.02, ge=0.0, lt=1.0, description="fraction of sample ids held out for validation")
     shuffle_window_shards: int | None = Field(
         None, ge=1, description="data order of an extracted dataset larger than the trainer's shard cache: each "
@@ -89,14 +102,15 @@ class TrainSettings(StrictModel):
     embeddings: Literal["train", "frozen"] = Field(
         "train", description="draft token embeddings: train them (the P-EAGLE recipe) or keep the target's "
         "(no optimiser state for the vocabulary-sized table)")
-    epochs: int = Field(1, ge=1, description="passes over the training split")
+    epochs: int = Field(1, ge=1, le=1000, description="passes over the training split (at most 1000: "
+                        "the plan of every epoch is made, one after the other, before step 1)")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps (default: all epochs)")
     optimizer: Literal["adamw", "muon"] = Field(
         "adamw", description="adamw, or muon: Muon on the draft's hidden weight matrices and AdamW on the rest "
         "(embeddings, norms), one learning rate for both (peagle.train.muon); needs distributed=ddp")
-    lr: float = Field(6e-4, gt=0.0, description="peak learning rate")
-    weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    lr: float = Field(6e-4, gt=0.0, le=MAX_LR, description="peak learning rate")
+    weight_decay: float = Field(0.01, ge=0.0, le=MAX_WEIGHT_DECAY, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1)")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="learning-rate decay after warmup")
     warmup_steps: int | None = Field(None, ge=0, description="linear warmup steps (default: one percent of all steps)")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="final learning rate as a fraction of lr")
@@ -129,10 +143,22 @@ class TrainSettings(StrictModel):
         10, ge=1, description="print progress and write a metrics line (pooled over those steps) every N steps"
     )
 
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        # the decay of a moving average: 1 never forgets (and bias correction divides by 1 - beta**t = 0)
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"each beta must be in [0, 1), got {betas[0]:g}, {betas[1]:g}")
+        return betas
+
     @model_validator(mode="after")
     def _ratios(self) -> "TrainSettings":
         if self.cod_ratio_min > self.cod_ratio:
             raise ValueError(f"cod_ratio_min {self.cod_ratio_min} exceeds cod_ratio {self.cod_ratio}")
+        if self.lr * self.weight_decay >= 1.0:
+            # decoupled decay multiplies every weight by 1 - lr * weight_decay per step: <= 0 flips or blows up
+            raise ValueError(f"train.lr * train.weight_decay = {self.lr:g} * {self.weight_decay:g} must be below 1 "
+                             "(each step scales the weights by 1 - lr * weight_decay)")
         if self.optimizer == "muon" and self.distributed == "fsdp":
             raise ValueError("train.optimizer=muon orthogonalises whole matrices; FSDP shards them: use "
                              "train.distributed=ddp")

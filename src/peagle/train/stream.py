@@ -6,9 +6,10 @@ The extraction workers and the trainer run at the same time and meet only in the
   order and places row i in shard set ``i % num_shard_sets`` (:func:`peagle.extract.output.plan_layout`);
   the trainer reads the same rows (ids, lengths, loss masks: no hidden states) and derives the same
   layout. So it knows every sample's shard, every sample's length (for packing) and the supervised
-  token counts (for the draft vocabulary) before a single hidden state exists, and plans every step
-  up front: the plan, the fingerprint a resume checks, and the learning-rate schedule are those of a
-  stored run over the same data.
+  token counts (for the draft vocabulary) before a single hidden state exists, and plans the run
+  before step 1 (:class:`peagle.train.batches.RunPlan`, an epoch at a time): the plan, the
+  fingerprint a resume checks, and the learning-rate schedule are those of a stored run over the
+  same data.
 * **Order.** The shard sets are cut, in set order (the order the workers publish them), into
   windows whose hidden states fit ``train.stream.window_bytes`` (estimated from token counts and the
   stored bytes per token); each epoch shuffles the samples within each window, deterministically
@@ -25,9 +26,16 @@ The extraction workers and the trainer run at the same time and meet only in the
   deletes every set whose last reading step the checkpoint covers (first the set's publication, then
   its shards), leaving ``hs-SSSSS/_CONSUMED.json`` so a rerun worker skips it. A restart resumes from
   that checkpoint and needs only sets that were never deleted: nothing is lost and the order is the
-  planned one. Several epochs read every set once per epoch, so sets are deleted during the last
-  epoch only: the bucket then holds the whole dataset until then (re-extracting each epoch would
-  cost a target forward pass per sample per epoch instead; see docs/capacity.md).
+  planned one. "Last reading step" is of the full plan, not of the steps ``train.max_steps`` keeps:
+  a run stopped early deletes only the sets it has read for good, so a rerun with a larger max_steps
+  resumes from its checkpoint and finds every set it still needs. Several epochs read every set once
+  per epoch, so sets are deleted during the last epoch only: the bucket then holds the whole dataset
+  until then (re-extracting each epoch would cost a target forward pass per sample per epoch instead;
+  see docs/capacity.md).
+* **Markers.** A set is gone only when its consumed marker is there *and* it is not published
+  (:mod:`peagle.extract.output`): a stray marker beside a published set 0 changes nothing, set 0's
+  verified manifest gives the header. A marker or ``_STREAM.json`` that is not what peagle writes
+  stops the run (exit 2) naming it.
 """
 from __future__ import annotations
 
@@ -42,8 +50,8 @@ from ..extract.errors import ExtractError, ShardChecksumError
 from ..extract.output import (CONSUMED, announce_stream, consumed_info, is_consumed, mark_consumed, plan_layout,
                               sample_ids_digest, set_of, set_prefix)
 from ..extract.shard_format import FORMAT as SHARD_FORMAT, decode_shard
-from ..storage import (ChecksumMismatchError, IncompletePrefixError, ObjectNotFoundError, Published, delete_published,
-                       open_published, open_store, unpublish)
+from ..storage import (ChecksumMismatchError, DamagedPrefixError, IncompletePrefixError, ObjectNotFoundError, Published,
+                       delete_published, open_published, open_store, unpublish)
 from .batches import fill_windows
 from .data import DatasetError, DatasetInfo, ShardCache, TrainSample, train_sample
 from .settings import StreamSettings
@@ -151,14 +159,15 @@ class StreamedExtraction:
     # ---- shard sets
 
     def _first_header(self) -> dict[str, Any]:
-        """Set 0's header: from its consumed marker if a resumed run already deleted it, else from its
-        publication (waiting for it)."""
-        info = consumed_info(self.store, 0)
-        if info is not None:
-            self.deleted_sets.append(0)
-            return info["header"]
+        """Set 0's header: from its publication (waiting for it), or from its consumed marker if a
+        resumed run already deleted it. A published set 0 wins over any marker beside it
+        (:func:`peagle.extract.output.consumed_info`)."""
         self.header = None
-        return self._open_set(0).manifest.metadata["header"]
+        info = consumed_info(self.store, 0)
+        if info is None:
+            return self._open_set(0).manifest.metadata["header"]
+        self.deleted_sets.append(0)
+        return _marker_header(info["header"], self.store.uri_for(f"{set_prefix(0)}/{CONSUMED}"))
 
     def _open_set(self, shard_set: int) -> Published:
         """The publication of ``shard_set``, waiting until it exists; checked against the plan."""
@@ -171,6 +180,8 @@ class StreamedExtraction:
             try:
                 published = open_published(self.store, prefix)
                 break
+            except DamagedPrefixError as e:  # published, then a shard went missing: waiting will not help
+                raise DatasetError(f"shard set {self.store.uri_for(prefix)}: {e}") from None
             except IncompletePrefixError:
                 pass
             if is_consumed(self.store, shard_set):
@@ -249,6 +260,24 @@ class StreamedExtraction:
                 self._sets.pop(s, None)
                 self._cache.drop([n for n in self._cache if set_of(n) == s])
             self.deleted_sets.append(s)
+
+
+def _marker_header(header: dict[str, Any], uri: str) -> dict[str, Any]:
+    """The shard header set 0's consumed marker recorded, checked where this module reads it."""
+    layer_ids, hidden = header.get("layer_ids"), header.get("hidden_size")
+    if header.get("format") != SHARD_FORMAT:
+        bad = "format"
+    elif not (isinstance(layer_ids, list) and len(layer_ids) >= 2
+              and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layer_ids)):
+        bad = "layer_ids"
+    elif not (isinstance(hidden, int) and not isinstance(hidden, bool) and hidden > 0):
+        bad = "hidden_size"
+    elif header.get("storage_dtype") not in ("bfloat16", "fp8"):
+        bad = "storage_dtype"
+    else:
+        return header
+    raise DatasetError(f"{uri}: the consumed marker's header has no valid {bad}: not a header of {SHARD_FORMAT} "
+                       "shards; remove the marker if set 0 is still to be extracted")
 
 
 def _read_prepared(uri: str, split: str) -> tuple[list[str], list[int], "PreparedTokens"]:
