@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from .config import DraftSettings, StrictModel, TargetSettings
+from .config import ConfigError, DraftSettings, StrictModel, TargetSettings
 from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
 from .evaluate.settings import EvaluateSettings
@@ -38,3 +38,23 @@ class RunConfig(StrictModel):
         elif d is None and e is not None:
             self.draft.aux_layer_ids = list(e)
         return self
+
+    @model_validator(mode="after")
+    def _back_pressure_needs_a_deleting_trainer(self) -> "RunConfig":
+        # The workers wait for a trainer that deletes what it consumed; with no such trainer they never go on.
+        n, t = self.extract.max_sets_ahead, self.train
+        if n is not None and not (t.data_mode == "streaming" and t.stream.delete_consumed):
+            missing = "train.data_mode=streaming" if t.data_mode != "streaming" else "train.stream.delete_consumed=true"
+            raise ValueError(f"extract.max_sets_ahead={n} needs {missing} (the workers wait for a trainer deleting "
+                             "consumed sets): set it or unset extract.max_sets_ahead")
+        return self
+
+
+def check_trainer_order(extract: ExtractSettings, *, trainer_beside_extract: bool, runner: str) -> None:
+    """Refuse ``extract.max_sets_ahead`` where training starts only once every extract worker has ended
+    (``runner`` names where): those workers would wait for a trainer that cannot start before them."""
+    n = extract.max_sets_ahead
+    if n is not None and not trainer_beside_extract:
+        raise ConfigError(f"extract.max_sets_ahead={n} makes the extract workers wait for the streaming trainer, but "
+                          f"{runner} starts training only after every worker has finished: they would wait for "
+                          "ever. Unset extract.max_sets_ahead (the trainer still deletes the sets it consumed)")

@@ -4,9 +4,10 @@
 and stderr on threads, relays progress marker lines (:mod:`peagle.progress`) to the caller's
 :class:`~peagle.progress.Progress`, and kills the whole group -- vLLM's engine core and workers
 included -- past ``timeout``, on Ctrl-C or any other error in the parent, and after the child exits
-(workers that outlived it). :func:`run_module` is the usual form: ``python -m MODULE`` with a JSON
-job on stdin and one ``MARKER {json}`` result line on stdout; a failure raises with the exit code
-(or the timeout) and the last lines of the child's stderr.
+(workers that outlived it). A guard process kills the group too when the parent dies without doing
+so (SIGKILL, the OOM killer): no engine outlives its parent. :func:`run_module` is the usual form:
+``python -m MODULE`` with a JSON job on stdin and one ``MARKER {json}`` result line on stdout; a
+failure raises with the exit code (or the timeout) and the last lines of the child's stderr.
 """
 from __future__ import annotations
 
@@ -27,6 +28,21 @@ from .. import progress as progress_mod
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 40  # lines of the child's stderr kept for the error message
+GUARD_POLL_S = 0.5  # how often the guard looks for its parent besides its pipe (a leaked write end)
+
+# The guard: kill process group argv[1] once the parent is gone. The parent holds the only write end of
+# the guard's stdin and never writes: end of file (or a new parent pid: the old one died) means the
+# parent died. A parent that ends normally kills the guard first.
+GUARD = """
+import os, select, signal, sys
+group, parent = int(sys.argv[1]), os.getppid()
+while os.getppid() == parent and not select.select([0], [], [], %r)[0]:
+    pass
+try:
+    os.killpg(group, signal.SIGKILL)
+except OSError:
+    pass
+""" % GUARD_POLL_S
 
 
 @dataclass
@@ -59,6 +75,24 @@ def _kill_group(pgid: int) -> None:
         pass  # the group is gone already
 
 
+def _start_guard(group: int) -> subprocess.Popen | None:
+    """A guard that kills process group ``group`` when this process dies (see :data:`GUARD`)."""
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", GUARD, str(group)], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)  # out of reach of the parent's Ctrl-C and group kills
+    except OSError as exc:  # out of processes: the child still runs, only without the guard
+        log.warning("no guard process for child group %d (%s): it may outlive a killed parent", group, exc)
+        return None
+
+
+def _stop_guard(guard: subprocess.Popen | None) -> None:
+    if guard is not None:
+        guard.kill()  # before it could see the end of its input: the parent is alive and reaps the group
+        guard.wait()
+        guard.stdin.close()  # type: ignore[union-attr]
+
+
 def run_child(args: list[str], stdin_text: str = "", *, progress: progress_mod.Progress | None = None,
               env: dict[str, str] | None = None, timeout: float | None = None,
               on_stderr: Callable[[str], bool] | None = None) -> ChildResult:
@@ -72,6 +106,7 @@ def run_child(args: list[str], stdin_text: str = "", *, progress: progress_mod.P
         env[progress_mod.RELAY_ENV] = "1"
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)  # its own group: killpg reaches workers
+    guard = _start_guard(proc.pid)
     out: list[str] = []
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
 
@@ -111,6 +146,7 @@ def run_child(args: list[str], stdin_text: str = "", *, progress: progress_mod.P
         proc.wait()
         raise
     finally:
+        _stop_guard(guard)
         _kill_group(proc.pid)  # reap workers that outlived the child (the group holds only its processes)
         for t in threads:
             t.join(timeout=10)

@@ -30,7 +30,7 @@ from ..scratch import owned_dir
 from ..storage import Store, open_store, unpublish
 from .errors import ExtractError
 from .output import (Planner, SetJob, extract_sets, finalize_if_complete, intact, is_consumed, publish_set,
-                     published_set, sample_ids_digest, set_prefix)
+                     published_set, sample_ids_digest, say, set_prefix)
 from .rows import ExtractRow, as_extract_row, sample_id_of, write_job_rows
 from .settings import ExtractSettings, LayerIds, resolve_layer_ids
 from .shard_format import DatasetHeader
@@ -130,7 +130,8 @@ def _extract_hf(target, layer_ids: LayerIds, header: DatasetHeader, settings: Ex
         with Progress("extract", num_rows, "samples") as progress:
             return extract_sets(extractor, jobs, store, header,
                                 on_shard=lambda entry, _s: progress.advance(entry["num_samples"]),
-                                max_sets_ahead=settings.max_sets_ahead)
+                                max_sets_ahead=settings.max_sets_ahead,
+                                wait_timeout_s=settings.max_sets_ahead_timeout_s)
     finally:
         extractor.close()
 
@@ -146,6 +147,19 @@ def _extract_vllm(target, layer_ids: LayerIds, header: DatasetHeader, settings: 
         return run_engine_job(job, settings, progress)
 
 
+class FanOutError(ExtractError, ValueError):
+    """``shard_index`` / ``num_shards`` name no extraction worker (a ValueError, as it always was)."""
+
+
+def check_shard_args(shard_index: int, num_shards: int, names: tuple[str, str] = ("shard_index", "num_shards")) -> None:
+    """Refuse a fan-out position that names no worker (``names``: how the caller calls the two)."""
+    index_name, count_name = names
+    if num_shards < 1:
+        raise FanOutError(f"{count_name} {num_shards}: must be at least 1 (the number of extraction workers)")
+    if not 0 <= shard_index < num_shards:
+        raise FanOutError(f"{index_name} {shard_index}: must be in [0, {num_shards - 1}] ({count_name} {num_shards})")
+
+
 def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | os.PathLike,
                 settings: ExtractSettings | None = None, *, shard_index: int = 0, num_shards: int = 1) -> ExtractResult:
     """Extract hidden states of ``rows`` (objects or mappings with sample_id, input_ids, loss_mask).
@@ -154,12 +168,12 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
     settings.sets_per_worker`` shard sets and this worker owns sets ``shard_index``,
     ``shard_index + num_shards``, ... It writes and publishes them one by one, in set order, and,
     once every planned shard set is published, the dataset. A set a streaming trainer has already
-    consumed (and deleted) is skipped. Raises :class:`ExtractError` naming the sample on a bad row,
-    a duplicate sample id or a token mismatch from the engine.
+    consumed (and deleted) is skipped, saying so. Raises :class:`ExtractError` naming the sample on a
+    bad row, a duplicate sample id or a token mismatch from the engine, or naming the argument on a
+    ``shard_index`` outside [0, ``num_shards``).
     """
     settings = settings or ExtractSettings()
-    if num_shards < 1 or not 0 <= shard_index < num_shards:
-        raise ValueError(f"shard_index {shard_index} must be in [0, num_shards={num_shards})")
+    check_shard_args(shard_index, num_shards)
     num_sets = num_shards * settings.sets_per_worker
     mine = list(range(shard_index, num_sets, num_shards))
     header, layer_ids, vocab_size = make_header(target, settings)
@@ -167,6 +181,9 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
     result = ExtractResult(str(out_dir), shard_index, num_shards)
     planner = Planner(num_sets, settings.samples_per_shard)
     consumed = {s for s in mine if is_consumed(store, s)}  # a streaming trainer trained on them and deleted them
+    for s in sorted(consumed):
+        say(f"shard set {store.uri_for(set_prefix(s))} skipped: a streaming trainer consumed it (trained on it "
+            "and deleted it)")
     published = {s: published_set(store, s, header)[0] for s in mine if s not in consumed}  # from an earlier run
     reused: dict[int, list[dict[str, Any]]] = {s: [] for s in mine}
     retracted: set[int] = set()

@@ -37,8 +37,12 @@ class ExtractSettings(StrictModel):
     max_sets_ahead: int | None = Field(
         None, ge=1, description="back-pressure for streaming runs that delete consumed sets "
         "(train.stream.delete_consumed): shard set s >= N waits until the trainer has consumed set s - N (N raised "
-        "to what its plan needs, which it announces). Bounds the hidden states in the bucket to about N sets; "
-        "without such a trainer the sets from N on wait for ever. Default: no waiting")
+        "to what its plan needs, which it announces). Bounds the hidden states in the bucket to about N sets. "
+        "Needs train.data_mode=streaming with train.stream.delete_consumed and a trainer running beside the "
+        "workers (peagle run trains after extraction: refused there). Default: no waiting")
+    max_sets_ahead_timeout_s: float = Field(
+        86400.0, gt=0, description="extract.max_sets_ahead: fail when a shard set has waited this long for the "
+        "trainer to announce itself or to consume the set it waits for (a trainer that died or never started)")
     storage_dtype: Literal["bfloat16", "fp8"] = Field(
         "bfloat16",
         description="dtype of stored hidden states; 'fp8' = float8_e4m3fn with a float32 scale per token "

@@ -33,7 +33,7 @@ from ..engine import child, llm as engine
 from ..engine.llm import KV_CACHE_ENV
 from ..storage import open_store
 from .errors import ExtractError
-from .output import SetJob, extract_sets
+from .output import SAY_PREFIX, SetJob, extract_sets
 from .rows import ExtractRow, CapturedHiddenStates
 from .settings import ExtractSettings, LayerIds
 from .shard_format import DatasetHeader
@@ -165,7 +165,8 @@ def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
 
     try:
         records = extract_sets(extractor, [SetJob.from_dict(j) for j in job["sets"]], store, header, shard_done,
-                               max_sets_ahead=settings.max_sets_ahead)
+                               max_sets_ahead=settings.max_sets_ahead,
+                               wait_timeout_s=settings.max_sets_ahead_timeout_s)
         reporter.flush()
     finally:
         extractor.close()
@@ -185,13 +186,17 @@ def run_engine_job(job: dict[str, Any], settings: ExtractSettings,
     """Run ``job`` in a fresh interpreter; return the entries of the shards it wrote (their sets published).
 
     The child's per-request progress goes to ``progress`` (samples done; its total is the caller's).
-    The child's stderr (vLLM's log) is logged at DEBUG, shard lines at INFO; on failure the error
+    The child's stderr (vLLM's log) is logged at DEBUG, shard lines at INFO, lines for the user
+    (:func:`.output.say`: what a shard set waits for) go to this process's stderr; on failure the error
     names the sample/shard when the child could, else the last lines of its log are included.
     Past ``settings.engine_timeout_s`` the engine and its workers are killed.
     """
     def shard_line(line: str) -> bool:
         if line.startswith(PROGRESS_MARKER):
             log.info("extracted %s", line[len(PROGRESS_MARKER):])
+            return True
+        if line.startswith(SAY_PREFIX):
+            print(line, file=sys.stderr, flush=True)
             return True
         return False
 
