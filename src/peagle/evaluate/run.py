@@ -6,8 +6,10 @@ Outputs in ``evaluate.out``: ``report.json`` (:mod:`peagle.evaluate.report`), ``
 prompt token ids, texts, timings and counter differences. The baseline's greedy outputs there are
 the target's own responses to the prompts (usable as regenerated training data).
 
-Checks run before any engine starts: prompt sets load, the draft matches the target, the K sweep
-is within the draft's trained depths (unless allowed), the hidden-state dataset (if any) was
+Checks run before any engine starts: prompt sets load, the draft is intact (a published draft
+matches its ``_MANIFEST.json``, every file re-hashed; every weight is finite), the draft matches the
+target, the K sweep is within the draft's trained depths (unless allowed), the context length fits
+the target and the prompts (:func:`context_length`), the hidden-state dataset (if any) was
 extracted from this target with the draft's layers.
 """
 from __future__ import annotations
@@ -31,6 +33,10 @@ from ..errors import PeagleError
 
 log = logging.getLogger(__name__)
 
+DEFAULT_MAX_MODEL_LEN = 4096  # when neither the target nor the prompts say (vLLM's own check applies)
+# Room beyond the longest prompt + max_tokens: the draft's K proposals near the end of a sequence, and a
+# chat template rendered by vLLM a few tokens apart from transformers'.
+CONTEXT_MARGIN = 64
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 ENGINE_OUTPUTS = "engine_outputs.json"  # offline mode: every engine's raw outputs and counters per workload
@@ -53,11 +59,143 @@ class EvaluationOutcome:
 def _draft_info(draft_dir: str) -> tuple[dict[str, Any], Any]:
     from ..model import read_spec
 
+    verified = verify_draft(draft_dir)
     spec = read_spec(draft_dir)
     info = {"path": str(Path(draft_dir).resolve()), "sha256": draft_fingerprint(draft_dir),
             "trained_depths": spec.num_depths, "mask_token_id": spec.mask_token_id, "arch": spec.arch,
-            "num_layers": spec.num_layers, "draft_vocab_size": spec.draft_vocab_size}
+            "num_layers": spec.num_layers, "draft_vocab_size": spec.draft_vocab_size,
+            "checksum_verified": verified}
     return info, spec
+
+
+def verify_draft(draft_dir: str | os.PathLike) -> bool:
+    """Refuse a draft that is damaged or cannot serve, before anything loads it (CheckpointError, exit 2).
+
+    A published draft (``_MANIFEST.json``/``_SUCCESS``, as ``save_draft`` and training write it) must
+    match its manifest, every file re-hashed; then every floating-point tensor of its safetensors files
+    must be finite (NaN or inf weights make vLLM emit garbage, not fail). Returns whether the checksums
+    were verified: a directory with no manifest (assembled by hand) gets the finite check only, and a
+    warning says it was not checksum-verified."""
+    from ..model import CheckpointError
+    from ..storage import (MANIFEST, SUCCESS, ChecksumMismatchError, IncompletePrefixError, LocalStore,
+                           open_published)
+
+    root = Path(draft_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"evaluate.draft {draft_dir} is not a directory")
+    published = (root / MANIFEST).exists() or (root / SUCCESS).exists()
+    if published:
+        try:
+            open_published(LocalStore(root), "", deep=True)
+        except (IncompletePrefixError, ChecksumMismatchError) as exc:
+            raise CheckpointError(f"evaluate.draft {draft_dir} is damaged: {exc}") from None
+    else:
+        log.warning("evaluate.draft %s has no %s: not checksum-verified (only its weights are checked for "
+                    "NaN/inf)", draft_dir, MANIFEST)
+    for f in sorted(root.glob("*.safetensors")):
+        check_finite(f)
+    return published
+
+
+def check_finite(path: Path) -> None:
+    """CheckpointError naming ``path`` and the tensor if a floating-point tensor holds NaN or inf."""
+    import torch
+    from safetensors import safe_open
+
+    from ..model import CheckpointError
+
+    try:
+        with safe_open(str(path), "pt") as fh:
+            for name in fh.keys():
+                t = fh.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad = int((~torch.isfinite(t)).sum())
+                    raise CheckpointError(f"{path}: tensor {name} holds {bad} NaN or infinite values; "
+                                          "this draft cannot serve (did training diverge?)")
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a broken file
+        raise CheckpointError(f"{path}: not a readable safetensors file ({type(exc).__name__}: "
+                              f"{str(exc)[:200]})") from None
+
+
+# The config.json keys vLLM derives a model's context length from (the smallest present wins), and the
+# RoPE types whose max_position_embeddings is already scaled (vLLM applies `factor` to the others).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def target_context_length(target_dir: str | os.PathLike) -> tuple[int, str] | None:
+    """The longest context the target serves, as vLLM derives it from ``config.json`` (the smallest of
+    :data:`CONTEXT_KEYS`, times a RoPE scaling factor), with the key it came from; None if it has none."""
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    found = [(int(cfg[k]), k) for k in CONTEXT_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0]
+    if not found:
+        return None
+    length, key = min(found)
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    params = [rope] if isinstance(rope, dict) and ("rope_type" in rope or "type" in rope) else [
+        p for p in (rope.values() if isinstance(rope, dict) else []) if isinstance(p, dict)]
+    factor = 1.0
+    for p in params:
+        if p.get("rope_type", p.get("type")) not in PRESCALED_ROPE and isinstance(p.get("factor"), (int, float)):
+            factor = float(p["factor"])
+    where = f"{key}={length}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
+    return int(length * factor), f"{where} in {Path(target_dir) / 'config.json'}"
+
+
+def _longest_prompt(target_dir: str, workloads: list, trust_remote_code: bool) -> tuple[int, str] | None:
+    """(tokens, workload and prompt id) of the longest chat prompt as the target's chat template renders it,
+    or None when it cannot be rendered here (vLLM then reports it)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=trust_remote_code)
+        longest, which, seen = 0, "", set()
+        for w in workloads:
+            for pid, chat in zip(w.prompt_ids, w.chats):
+                key = json.dumps(chat, sort_keys=True)
+                if key in seen:
+                    continue
+                seen.add(key)
+                text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                n = len(tok(text, add_special_tokens=False)["input_ids"])
+                if n > longest:
+                    longest, which = n, f"prompt {pid!r} of {w.category}"
+        return (longest, which) if which else None
+    except Exception as exc:  # noqa: BLE001 - e.g. no chat template: vLLM's own error says it better
+        log.warning("cannot count the prompts' tokens with %s's tokenizer (%s); max_model_len not fitted to them",
+                    target_dir, exc)
+        return None
+
+
+def context_length(settings: EvaluateSettings, target_dir: str, workloads: list,
+                   trust_remote_code: bool = False) -> int:
+    """The vLLM context length of the offline runs: ``evaluate.max_model_len`` when set, else what the
+    longest prompt plus the generated tokens needs (+ :data:`CONTEXT_MARGIN`), at most the target's own
+    context length (:func:`target_context_length`). A value above the target's, or one a prompt does not
+    fit in, is a ConfigError naming evaluate.max_model_len (vLLM would refuse it only after loading the
+    target)."""
+    limit = target_context_length(target_dir)
+    asked = settings.max_model_len
+    if asked is not None and limit is not None and asked > limit[0]:
+        raise ConfigError(f"evaluate.max_model_len {asked} exceeds the target's context length {limit[0]} "
+                          f"({limit[1]}); set at most {limit[0]}, or leave it unset to fit the prompts")
+    prompt = _longest_prompt(target_dir, workloads, trust_remote_code)
+    if asked is not None:
+        if prompt is not None and prompt[0] >= asked:
+            raise ConfigError(f"evaluate.max_model_len {asked} leaves no room to generate after {prompt[1]}, which "
+                              f"has {prompt[0]} tokens; raise it or shorten the prompts")
+        return asked
+    if prompt is not None and limit is not None and prompt[0] >= limit[0]:
+        raise ConfigError(f"{prompt[1]} has {prompt[0]} tokens, no fewer than the target's context length "
+                          f"({limit[1]}); shorten the prompts (evaluate.system_prompt, prompt sets)")
+    generated = max([w.max_tokens for w in workloads]
+                    + ([settings.lossless_check_max_tokens] if settings.lossless_check != "none" else []),
+                    default=settings.max_tokens)
+    need = prompt[0] + generated + CONTEXT_MARGIN if prompt is not None else DEFAULT_MAX_MODEL_LEN
+    return min(need, limit[0]) if limit is not None else need
 
 
 def sweep_ks(settings: EvaluateSettings, trained_depths: int | None) -> list[int]:
@@ -124,6 +262,9 @@ def evaluate(cfg: EvaluateRunConfig) -> EvaluationOutcome:
     ks = [] if s.endpoint else sweep_ks(s, draft["trained_depths"])
     if ks:
         headline_k(ks, draft["trained_depths"], s.headline_num_speculative_tokens)
+    if not s.endpoint:  # vLLM refuses a context beyond the target's only after loading it
+        s = s.model_copy(update={"max_model_len": context_length(s, target_dir, workloads,
+                                                                 cfg.target.trust_remote_code)})
 
     # ---- Offline agreement (no vLLM), before the long live runs so a bad dataset fails early ------
     offline = None

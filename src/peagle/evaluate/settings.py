@@ -68,7 +68,9 @@ class EvaluateSettings(StrictModel):
 
     # Engine (offline mode)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="dtype vLLM runs the target in")
-    max_model_len: int = Field(4096, ge=16, description="vLLM context length")
+    max_model_len: int | None = Field(
+        None, ge=16, description="vLLM context length; default: what the longest prompt plus max_tokens needs, "
+        "at most the target's context length (config.json max_position_embeddings)")
     max_num_seqs: int = Field(64, ge=1, description="vLLM concurrent sequences (each category is one batch)")
     enforce_eager: bool | None = Field(
         None, description="disable CUDA graphs / compilation; default: eager on CPU, compiled on GPU"

@@ -61,8 +61,9 @@ def requests_of(job: dict[str, Any] | list[dict[str, Any]]) -> int:
 
 def _run(job: dict[str, Any], reporter=None) -> dict[str, Any]:
     in_process = bool(job.get("in_process"))
+    max_len = job.get("max_model_len", 1024)  # None: vLLM's own, from the model's config
     kwargs = engine.engine_kwargs(
-        job["model"], seed=int(job.get("seed", 0)), max_model_len=int(job.get("max_model_len", 1024)),
+        job["model"], seed=int(job.get("seed", 0)), max_model_len=None if max_len is None else int(max_len),
         in_process=in_process, dtype=job.get("dtype", "bfloat16"), disable_log_stats=False,
         max_num_seqs=int(job.get("max_num_seqs", 16)))
     kwargs.update(job.get("engine_args") or {})

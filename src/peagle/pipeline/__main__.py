@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import ConfigError, parse_override
+from ..config import ConfigError, load_yaml_mapping, read_text_file, shorten
 from ..errors import PeagleError, report
 
 
@@ -37,12 +37,16 @@ def cmd_compile(ns: argparse.Namespace) -> int:
 
 
 def _arguments(ns: argparse.Namespace) -> dict:
+    """The run's pipeline arguments, every one validated here as the run would (errors name the parameter)."""
+    from .params import check_arguments, parse_argument
+
     args = {}
     for text in ns.param:
-        key, value = parse_override(text)
+        key, value = parse_argument(text)
         args[key] = value
-    if ns.config:
-        args["config"] = Path(ns.config).read_text()
+    if ns.config:  # sent as text, checked here: a mapping within the limits of user YAML
+        load_yaml_mapping(ns.config)
+        args["config"] = read_text_file(ns.config, "config file")
     if "target" not in args:
         raise ConfigError("submit needs the target: --param target=s3:///models/<dir> (or a .gguf path in the image)")
     from ..storage import check_uri
@@ -50,7 +54,7 @@ def _arguments(ns: argparse.Namespace) -> dict:
     for key in ("target", "output_root"):  # s3:/// takes the bucket of the cluster's data connection, not ours
         if isinstance(args.get(key), str):
             check_uri(args[key], f"--param {key}", bucket_from_env=False)
-    return args
+    return check_arguments(args)
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
@@ -73,7 +77,9 @@ def cmd_render(ns: argparse.Namespace) -> int:
     from .review import run_objects, write_objects
 
     rules.check_flags(ns, {"--namespace": rules.rule_of("dnsLabel"), "--data-connection": rules.rule_of("dnsSubdomain"),
-                           "--deploy-name": rules.rule_of("objectName")})
+                           "--deploy-name": rules.rule_of("objectName"), "--run-id": rules.rule_of("dnsLabel")})
+    _check_count("--num-nodes", ns.num_nodes, "num_nodes")
+    _check_count("--num-gpus", ns.num_gpus, "num_gpus")
     profile = load_profile(profile_path(ns.profile))
     objs = run_objects(profile, run_id=ns.run_id, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus,
                        namespace=ns.namespace, data_connection=ns.data_connection, output_root=ns.output_root,
@@ -81,6 +87,18 @@ def cmd_render(ns: argparse.Namespace) -> int:
     for path in write_objects(objs, ns.out):
         print(path)
     return 0
+
+
+def _check_count(flag: str, value: int, param: str) -> None:
+    """``value`` within the bounds of the pipeline parameter ``param`` (what a run accepts), else ConfigError."""
+    from .params import PipelineParams
+
+    meta = PipelineParams.model_fields[param].metadata
+    low = next(m.ge for m in meta if hasattr(m, "ge"))
+    high = next(m.le for m in meta if hasattr(m, "le"))
+    if not low <= value <= high:
+        raise ConfigError(f"{flag} {shorten(str(value), 24)} is out of range: {low} to {high} "
+                          f"(the bounds of the pipeline parameter {param})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--profile", default="default", help="compile for this profile first (default: default)")
     src.add_argument("--package", help="an already compiled pipeline YAML")
     s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="pipeline parameter (YAML-typed), e.g. --param num_gpus=8 (repeatable)")
+                   help="pipeline parameter (YAML-typed; a string parameter keeps the text), e.g. --param num_gpus=8 "
+                   "(repeatable); every parameter is validated here before submitting")
     s.add_argument("--config", help="YAML file passed as the `config` parameter (sections of the run config)")
     s.add_argument("--experiment", help="experiment name")
     s.add_argument("--run-name", help="display name of the run")

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ..config import StrictModel
+from ..config import MAX_DURATION_S, StrictModel
 from ..deploy.values import OptionalImageRef
 from .layout import RunLayout, bucket_and_key
 from .progress import stage
@@ -31,7 +31,7 @@ class ServingSettings(StrictModel):
     max_model_len: int | None = Field(None, ge=16)
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM flags")
     values: dict[str, Any] = Field(default_factory=dict, description="extra chart values, merged last")
-    timeout_s: float = Field(1800.0, gt=0, description="wait this long for Ready")
+    timeout_s: float = Field(1800.0, gt=0, le=MAX_DURATION_S, description="wait this long for Ready")
 
 
 def model_location(layout: RunLayout) -> tuple[str, str]:
@@ -74,7 +74,7 @@ def deploy(run_uri: str, name: str, mode: str, data_connection: str, num_specula
     with stage(f"deploy[{mode}]") as info:
         ns = namespace or current_namespace()
         objs = serving_objects(run_uri, name, mode, data_connection, num_speculative_tokens, s, ns)
-        with staged(layout.deploy) as out:
+        with staged(layout.deploy, kind="peagle-deploy") as out:
             write_manifests(objs, out)
         info["objects"] = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
         if mode == "render":

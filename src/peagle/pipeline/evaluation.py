@@ -39,7 +39,7 @@ def evaluate(run_uri: str, draft_uri: str, metrics: Any = None, html: Any = None
         draft = fetch(draft_uri)
         validation = layout.hidden_states("validation")
         hidden = validation if dataset_manifest(validation) is not None else ""
-        with staged(layout.evaluate) as out, scratch("evaluate-work") as work:
+        with staged(layout.evaluate, kind="peagle-evaluation") as out, scratch("evaluate-work") as work:
             settings = run.config.evaluate.model_copy(
                 update={"draft": str(draft), "out": str(out), "hidden_states": hidden})
             t = run.config.target

@@ -26,13 +26,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, get_args, get_origin
 
 import yaml
-from pydantic import Field
+from pydantic import Field, ValidationError
 
-from ..config import ConfigError, StrictModel, build_config
+from ..config import ConfigError, StrictModel, build_config, load_yaml, parse_override, shorten, short_repr
 from ..deploy.values import RULES
 from ..run_config import RunConfig
+from .layout import _RUN_NAME
 
 OBJECT_NAME = RULES["objectName"]  # the chart's and `peagle deploy --name`'s rule
+SECRET_NAME = RULES["dnsSubdomain"]  # a data connection is a Secret
 PIPELINE_OWNED = ("target.path", "train.data", "train.output", "work_dir",
                   "evaluate.draft", "evaluate.out", "evaluate.hidden_states")
 
@@ -68,8 +70,9 @@ class PipelineParams(StrictModel):
 class RunPlacement(StrictModel):
     """The pipeline parameters that place a run (storage, name) and carry the rest of its settings."""
 
-    data_connection: str = Field("aws-connection-peagle", description="OpenShift AI data connection (Secret) "
-                                 "with the object store's endpoint, bucket and credentials")
+    data_connection: str = Field("aws-connection-peagle", pattern=SECRET_NAME.pattern,
+                                 max_length=SECRET_NAME.max_length, description="OpenShift AI data connection "
+                                 "(Secret) with the object store's endpoint, bucket and credentials")
     output_root: str = Field("s3:///peagle/runs", description="where runs are written: s3://bucket/prefix "
                              "(s3:///prefix: the data connection's bucket) or a directory")
     run_name: str = Field("", description="the run's directory under output_root (default: the pipeline job "
@@ -134,10 +137,7 @@ def parse_config_text(text: str) -> dict[str, Any]:
     """The ``config`` parameter: YAML mapping of sections (empty text: no settings)."""
     if not text or not text.strip():
         return {}
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"pipeline parameter 'config' is not valid YAML: {exc}") from None
+    data = load_yaml(text, "pipeline parameter 'config'")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -158,7 +158,10 @@ def resolve_run(params: PipelineParams, config_text: str, run_uri: str) -> Pipel
             raise ConfigError(f"config sets '{c.key}' to {flat[c.key]!r} but pipeline parameter '{c.param}' "
                               f"({value!r}) covers it; set the parameter instead")
         flat[c.key] = wanted
-    cfg = build_config(RunConfig, values=flat)
+    try:
+        cfg = build_config(RunConfig, values=flat)
+    except ConfigError as exc:
+        raise ConfigError(f"pipeline parameter 'config': {exc}") from None
     if params.train_mode == "pod" and params.num_nodes != 1:
         raise ConfigError(f"num_nodes={params.num_nodes} needs train_mode=trainjob (a pod is one node)")
     world = params.num_gpus * params.num_nodes
@@ -166,6 +169,58 @@ def resolve_run(params: PipelineParams, config_text: str, run_uri: str) -> Pipel
         raise ConfigError(f"train.global_batch_rows={cfg.train.global_batch_rows} is not divisible by the "
                           f"{world} training processes (num_gpus x num_nodes)")
     return PipelineRun(run_uri=run_uri, params=params, config=cfg)
+
+
+def parameter_types() -> dict[str, type]:
+    """Every pipeline parameter's name -> its KFP Python type (str, int, float or bool)."""
+    return {n: _kfp_type(f.annotation) for model in PIPELINE_MODELS for n, f in model.model_fields.items()}
+
+
+def parse_argument(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` of ``pipeline submit --param``: the value YAML-typed, except that a string parameter
+    keeps the text as typed unless it is a YAML string (``run_name=2024`` is the name "2024", and
+    ``config=train: {lr: 1}`` the YAML text)."""
+    key, sep, raw = text.partition("=")
+    if sep and parameter_types().get(key.strip()) is str:
+        try:
+            value = parse_override(text)[1]
+        except ConfigError:
+            value = None
+        return key.strip(), value if isinstance(value, str) else raw.strip()
+    return parse_override(text)
+
+
+def _validated(model: type[StrictModel], data: dict[str, Any]) -> StrictModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        lines = []
+        for e in errors[:5]:
+            got = "" if e["type"] == "missing" else f" (got {short_repr(e.get('input'))})"
+            name = shorten(".".join(str(p) for p in e["loc"]) or "?", 60)
+            lines.append(f"pipeline parameter '{name}': {shorten(e['msg'], 200)}{got}")
+        more = f"; {len(errors) - 5} more errors" if len(errors) > 5 else ""
+        raise ConfigError("; ".join(lines) + more) from None
+
+
+def check_arguments(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a submission (pipeline parameter -> value), validated here as the run validates
+    them (``init_run``: the typed parameters, the placement, the ``config`` YAML with the parameters merged
+    in, :func:`resolve_run`), before anything is sent. Returns them as the parameters' types
+    (``num_gpus: 2.0`` -> 2). ConfigError names the parameter (or the config key) that is wrong."""
+    known = parameter_types()
+    unknown = [k for k in args if k not in known]
+    if unknown:
+        raise ConfigError(f"'{shorten(str(unknown[0]), 60)}' is not a pipeline parameter; the parameters are "
+                          + ", ".join(known))
+    params = _validated(PipelineParams, {k: v for k, v in args.items() if k in PipelineParams.model_fields})
+    placement = _validated(RunPlacement, {k: v for k, v in args.items() if k in RunPlacement.model_fields})
+    if placement.run_name and not _RUN_NAME.match(placement.run_name):
+        raise ConfigError(f"pipeline parameter 'run_name': {short_repr(placement.run_name)} must be 1-128 "
+                          "characters of letters, digits, '.', '_' or '-'")
+    resolve_run(params, placement.config, "/run")  # the run's place does not change what is valid
+    return {k: getattr(params if k in PipelineParams.model_fields else placement, k) for k in args}
 
 
 def config_text(data: dict[str, Any]) -> str:
@@ -242,8 +297,10 @@ def init_run_component_source() -> str:
     source, so the typed parameters are written out as a literal signature, generated here."""
     typed = [(n, _kfp_type(PipelineParams.model_fields[n].annotation).__name__) for n in init_run_parameters()]
     sig = [f"{n}: str" for n in ("output_root", "run_name", "job_id", "config")] + [f"{n}: {t}" for n, t in typed]
-    sig.append("target_model: Output[Model]")
+    # data_connection: the Secret's name, for init_run's check of its keys (optional: callers outside KFP)
+    sig += ["target_model: Output[Model]", 'data_connection: str = ""']
     call = [f"{n}={n}" for n in ("output_root", "run_name", "job_id", "config")] + [f"{n}={n}" for n, _ in typed]
+    call.append("data_connection=data_connection")
     lines = [INIT_RUN_HEADER, ""]
     lines += _wrapped("def init_run(", sig, ") -> str:", 13)
     lines += ['    """Returns the run URI (``<output_root>/<run_name or job_id>``) every later step works on;',

@@ -4,6 +4,11 @@ Host and token come from the arguments or the environment: ``KF_PIPELINES_ENDPOI
 variable ``kfp.Client`` itself reads) or ``KFP_HOST``; ``KF_PIPELINES_TOKEN`` or ``KFP_TOKEN``
 (e.g. ``oc whoami -t``). The token is handed to the client only, never printed.
 
+The host must be an ``http://`` or ``https://`` URL; it is checked, and a TCP connection to it
+opened within :data:`REQUEST_TIMEOUT_S`, before the client is built. Every request to the server is
+limited to :data:`REQUEST_TIMEOUT_S` (the generated client waits forever unless told), and a server
+that cannot be reached or answers with an error is a :class:`SubmitError` naming the host.
+
 Before it creates a run, :func:`submit` asks the server for its version (``/apis/v2beta1/healthz``)
 and refuses one older than the pipeline needs (:data:`peagle.support.MIN_KFP_BACKEND`).
 """
@@ -11,14 +16,21 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
+from ..config import shorten
 from ..errors import PeagleError
 
 HOST_ENV = ("KF_PIPELINES_ENDPOINT", "KFP_HOST")
 TOKEN_ENV = ("KF_PIPELINES_TOKEN", "KFP_TOKEN")
+SCHEMES = ("http", "https")
+REQUEST_TIMEOUT_S = 30.0  # connect, and then read, limit of every request to the pipeline server
 
 
 class SubmitError(PeagleError, RuntimeError):
@@ -31,30 +43,114 @@ class Submitted:
     url: str
 
 
-def _first_env(names: tuple[str, ...]) -> str | None:
+def _first_env(names: tuple[str, ...]) -> tuple[str, str] | tuple[None, None]:
+    """(value, variable) of the first variable set, or (None, None)."""
     for n in names:
         v = (os.environ.get(n) or "").strip()
         if v:
-            return v
-    return None
+            return v, n
+    return None, None
+
+
+def check_host(host: str, source: str = "--host") -> SplitResult:
+    """``host`` split, if it is an ``http(s)://host[:port][/path]`` URL; else SubmitError naming ``source``
+    (the flag or variable it came from). Never quotes the URL whole: it may carry credentials."""
+    try:
+        parts = urlsplit(host)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
+    except ValueError as exc:
+        raise SubmitError(f"{source}: not a valid URL ({exc})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        got = f"the scheme {shorten(scheme, 20)!r}" if scheme and "://" in host else "no scheme"
+        raise SubmitError(f"{source}: the pipeline server URL must start with http:// or https://; it has {got}")
+    if not parts.hostname:
+        raise SubmitError(f"{source}: the pipeline server URL names no host")
+    return parts
+
+
+def shown_host(parts: SplitResult) -> str:
+    """``scheme://host:port`` of a checked URL, for messages (no credentials, no path)."""
+    return f"{parts.scheme.lower()}://{parts.hostname}:{_port(parts)}"
+
+
+def _port(parts: SplitResult) -> int:
+    return parts.port or (443 if parts.scheme.lower() == "https" else 80)
+
+
+def _connect(parts: SplitResult) -> None:
+    """Open (and close) a TCP connection to the server within :data:`REQUEST_TIMEOUT_S`."""
+    try:
+        with socket.create_connection((parts.hostname, _port(parts)), timeout=REQUEST_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        why = f"no connection within {REQUEST_TIMEOUT_S:g}s" if isinstance(exc, TimeoutError) else (
+            exc.strerror or str(exc))
+        raise SubmitError(f"cannot reach the pipeline server {shown_host(parts)}: {why}") from None
 
 
 def make_client(host: str | None = None, token: str | None = None, namespace: str | None = None,
                 verify_ssl: bool = True) -> Any:
-    import kfp
+    """A ``kfp.Client`` for a checked, reachable ``host`` (default: the environment's).
 
-    host = host or _first_env(HOST_ENV)
+    Its constructor already asks the server (healthz): call it inside :func:`bounded_requests`."""
+    source = "--host"
+    if not host:
+        host, source = _first_env(HOST_ENV)
     if not host:
         raise SubmitError("no pipeline server: pass --host URL or set KF_PIPELINES_ENDPOINT")
-    token = token or _first_env(TOKEN_ENV)
+    _connect(check_host(host, source))
+    token = token or _first_env(TOKEN_ENV)[0]
+    import kfp  # slow to import: after the checks
+
     return kfp.Client(host=host, existing_token=token, namespace=namespace, verify_ssl=verify_ssl)
+
+
+@contextmanager
+def bounded_requests(timeout: float | None = None) -> Iterator[None]:
+    """Within the block, every request of the generated KFP REST client that sets no timeout of its own
+    gets ``timeout`` (default :data:`REQUEST_TIMEOUT_S`) to connect and to read: kfp.Client's calls set
+    none and would wait forever for a server that accepts the connection but never answers."""
+    from kfp_server_api import rest
+
+    limit = REQUEST_TIMEOUT_S if timeout is None else timeout
+    original = rest.RESTClientObject.request
+
+    def request(self, *args, _request_timeout=None, **kwargs):
+        return original(self, *args, _request_timeout=_request_timeout or (limit, limit), **kwargs)
+
+    rest.RESTClientObject.request = request
+    try:
+        yield
+    finally:
+        rest.RESTClientObject.request = original
+
+
+def _server_error(exc: BaseException, where: str) -> SubmitError | None:
+    """``exc`` (raised while talking to the server) as a SubmitError naming ``where``; None if it is not
+    a network or HTTP error."""
+    from kfp_server_api.exceptions import ApiException
+    from urllib3.exceptions import HTTPError, MaxRetryError
+    from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+    if isinstance(exc, ApiException):
+        return SubmitError(f"the pipeline server {where} answered {exc.status} {shorten(str(exc.reason), 200)}")
+    if not isinstance(exc, (HTTPError, ConnectionError, TimeoutError, socket.gaierror)):
+        return None
+    reason = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
+    if isinstance(reason, Urllib3Timeout):
+        why = f"no answer within {REQUEST_TIMEOUT_S:g}s"
+    else:
+        why = shorten(f"{type(reason).__name__}: {reason}", 300)
+    return SubmitError(f"the pipeline server {where} cannot be used: {why}")
 
 
 def server_healthz(client: Any) -> dict[str, Any]:
     """The raw ``/apis/v2beta1/healthz`` answer. (The SDK's typed model drops ``tag_name``, the version.)"""
     api_client = client._healthz_api.api_client
     resp = api_client.call_api("/apis/v2beta1/healthz", "GET", auth_settings=["Bearer"],
-                               _preload_content=False, _return_http_data_only=True, _request_timeout=30)
+                               _preload_content=False, _return_http_data_only=True,
+                               _request_timeout=(REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S))  # a float alone is ignored
     data = resp.data if hasattr(resp, "data") else resp
     return json.loads(data or b"{}")
 
@@ -66,7 +162,7 @@ def check_server(client: Any) -> str:
     try:
         healthz = server_healthz(client)
     except Exception as exc:  # noqa: BLE001 - an unreadable healthz is not proof of an old server
-        return f"pipeline server version unknown ({type(exc).__name__}: {exc})"
+        return f"pipeline server version unknown ({shorten(f'{type(exc).__name__}: {exc}', 300)})"
     return check_backend_version(healthz)
 
 
@@ -76,7 +172,33 @@ def submit(package: str | os.PathLike, arguments: dict[str, Any], *, client: Any
     """Create a run of the compiled ``package`` with ``arguments`` (pipeline parameters)."""
     if not Path(package).is_file():
         raise SubmitError(f"compiled pipeline not found: {package}")
-    client = client or make_client(host, token, namespace, verify_ssl)
+    where = _where(host or getattr(client, "_uihost", None) or _first_env(HOST_ENV)[0])
+    try:
+        with bounded_requests():
+            client = client or make_client(host, token, namespace, verify_ssl)
+            run = _create_run(package, arguments, client, experiment, run_name, namespace)
+    except SubmitError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - only network and HTTP errors are converted
+        error = _server_error(exc, where)
+        if error is None:
+            raise
+        raise error from None
+    run_id = getattr(run, "run_id", None) or str(run)
+    base = getattr(client, "_uihost", None) or host or _first_env(HOST_ENV)[0] or ""
+    return Submitted(run_id, f"{base.rstrip('/')}/#/runs/details/{run_id}" if base else run_id)
+
+
+def _where(url: str | None) -> str:
+    """The server as messages name it."""
+    try:
+        return shown_host(check_host(url or ""))
+    except SubmitError:
+        return "(unnamed)"
+
+
+def _create_run(package: str | os.PathLike, arguments: dict[str, Any], client: Any, experiment: str | None,
+                run_name: str | None, namespace: str | None) -> Any:
     if hasattr(client, "_healthz_api"):
         from ..support import BackendVersionError
 
@@ -84,9 +206,6 @@ def submit(package: str | os.PathLike, arguments: dict[str, Any], *, client: Any
             print(check_server(client), flush=True)
         except BackendVersionError as exc:
             raise SubmitError(str(exc)) from None
-    run = client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
-                                                  experiment_name=experiment, namespace=namespace,
-                                                  enable_caching=False)
-    run_id = getattr(run, "run_id", None) or str(run)
-    base = getattr(client, "_uihost", None) or host or _first_env(HOST_ENV) or ""
-    return Submitted(run_id, f"{base.rstrip('/')}/#/runs/details/{run_id}" if base else run_id)
+    return client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
+                                                   experiment_name=experiment, namespace=namespace,
+                                                   enable_caching=False)
