@@ -18,6 +18,9 @@ Control flow, and why it has this shape:
   upstream backend than KFP 2.5.0, the declared minimum (see ``peagle.support``). With the
   profile's ``train_beside_extract`` (for ``train.data_mode=streaming``), train runs ``.after()``
   prepare only: it starts beside the workers and reads each shard set as it is published.
+* Retries: the profile's policy is each step's KFP retry, except extract's: KFP ignores the retry policy
+  of a task inside a ParallelFor (kubeflow/pipelines #12389, #13897), so extract makes its attempts in
+  its own process (its shard sets are resumable).
 * Training runs either in its own pod (``torchrun``, accelerator limit = ``num_gpus``) or as a
   Kubeflow Trainer TrainJob created and watched by a light launcher pod that holds no GPU.
 * Deploy runs only when evaluate's gate verdict is True.
@@ -51,7 +54,8 @@ def build_pipeline(profile: ClusterProfile):
         p = SimpleNamespace(**dict(zip(signature.parameters, args)))
         data_connection, num_gpus, num_speculative_tokens = p.data_connection, p.num_gpus, p.num_speculative_tokens
         init_args = dict(output_root=p.output_root, run_name=p.run_name, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                         config=p.config, **{name: getattr(p, name) for name in init_run_parameters()})
+                         config=p.config, data_connection=data_connection,
+                         **{name: getattr(p, name) for name in init_run_parameters()})
 
         def step(task, name, display, gpus=None):
             return apply_step(task, name, profile, data_connection, gpus=gpus, display_name=display)
@@ -66,7 +70,9 @@ def build_pipeline(profile: ClusterProfile):
         prep = step(c.prepare(run_uri=run_uri), "prepare", "prepare data")
         # (unnamed: a named ParallelFor breaks dsl.Collected in the KFP 2.17 compiler)
         with dsl.ParallelFor(prep.outputs["Output"], parallelism=profile.extract_parallelism or None) as shard:
-            ext = step(c.extract(shard=shard), "extract", "extract hidden states")
+            # retried in its own process: KFP ignores the retry policy of a task inside a ParallelFor
+            ext = step(c.extract(shard=shard, retry=profile.retry.model_dump_json()), "extract",
+                       "extract hidden states")
         # Train after the whole loop, or (streaming runs) beside it, as soon as the prepared rows exist.
         data_ready = prep if profile.train_beside_extract else ext
 

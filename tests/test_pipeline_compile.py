@@ -1,6 +1,6 @@
 """The compiled pipeline (pipelines/compiled/peagle-default.yaml): current, loadable, and carrying the
 cluster profile -- GPU accelerator limits, tolerations, node selectors, /dev/shm, the data-connection
-secret as env by name -- and no credential literal."""
+secret mounted by name -- and no credential literal."""
 from __future__ import annotations
 
 import re
@@ -12,7 +12,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED = ROOT / "pipelines" / "compiled" / "peagle-default.yaml"
 GPU_EXECUTORS = {"exec-regenerate", "exec-extract", "exec-evaluate", "exec-train-2"}  # train-2: the pod branch
-DC_KEYS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET"}
 
 
 @pytest.fixture(scope="module")
@@ -90,21 +89,15 @@ def test_gpu_steps_get_accelerators_tolerations_selectors_and_shm(docs):
 
 
 def test_every_step_reads_the_data_connection_secret_by_parameter(docs):
+    """Mounted as files (every key optional: tests/test_issue25_pipeline.py), never as required env."""
     spec, k8s = docs
     assert set(k8s) == set(spec["deploymentSpec"]["executors"])
     for name, cfg in k8s.items():
-        keys = set()
-        for entry in cfg["secretAsEnv"]:
-            param = entry["secretNameParameter"]["componentInputParameter"]
-            assert param in ("data_connection", "pipelinechannel--data_connection"), (name, param)
-            assert "secretName" not in entry or not entry["secretName"], name  # never a fixed name
-            keys |= {k["secretKey"] for k in entry["keyToEnv"]}
-            assert all(k["secretKey"] == k["envVar"] for k in entry["keyToEnv"])
-        assert keys == DC_KEYS, name
-        # optional keys (AWS_DEFAULT_REGION) from the Secret mounted as files: no `optional` env (KFP >= 2.15)
-        assert not any(e.get("optional") for e in cfg["secretAsEnv"]), name
+        assert "secretAsEnv" not in cfg, name
         (vol,) = cfg["secretAsVolume"]
-        assert vol["secretNameParameter"]["componentInputParameter"].endswith("data_connection"), name
+        param = vol["secretNameParameter"]["componentInputParameter"]
+        assert param in ("data_connection", "pipelinechannel--data_connection"), (name, param)
+        assert "secretName" not in vol or not vol["secretName"], name  # never a fixed name
         assert vol["mountPath"] == "/var/run/secrets/peagle/data-connection"
 
 
@@ -154,7 +147,10 @@ def test_side_effecting_steps_are_not_cached_and_retry(docs):
                                      "train-2", "evaluate", "deploy"}
     for name, t in tasks:
         assert not t.get("cachingOptions", {}).get("enableCache"), name
-        assert t["retryPolicy"]["maxRetryCount"] == 2, name
+        if name == "extract":  # inside the ParallelFor KFP drops retries: extract retries in its own process
+            assert "retryPolicy" not in t and "retry" in t["inputs"]["parameters"], name
+        else:
+            assert t["retryPolicy"]["maxRetryCount"] == 2, name
 
 
 def test_control_flow(docs):

@@ -173,7 +173,7 @@ def test_the_pipeline_function_and_init_run_component_derive_from_the_definition
 
     params = inspect.signature(init_run).parameters
     typed = {n: p.annotation for n, p in params.items()
-             if n not in ("output_root", "run_name", "job_id", "config", "target_model")}
+             if n not in ("output_root", "run_name", "job_id", "config", "target_model", "data_connection")}
     assert typed == {n: definition[n][0] for n in PipelineParams.model_fields}
     assert Path(inspect.getsourcefile(init_run)).resolve() == init_run_component_path().resolve()
 

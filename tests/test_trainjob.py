@@ -185,10 +185,10 @@ def test_trainjob_carries_credentials_only_as_secret_references():
     job = build_trainjob(spec(env={"NCCL_DEBUG": "WARN"}))
     assert validate(job) == "crd"
     env = {e["name"]: e for e in job["spec"]["trainer"]["env"]}
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET"):
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET", "AWS_DEFAULT_REGION"):
         assert "value" not in env[key]
-        assert env[key]["valueFrom"]["secretKeyRef"] == {"name": "aws-connection-peagle", "key": key}
-    assert env["AWS_DEFAULT_REGION"]["valueFrom"]["secretKeyRef"]["optional"] is True
+        # optional: a key the Secret lacks must not hold the pod (the worker names it; test_issue25_pipeline)
+        assert env[key]["valueFrom"]["secretKeyRef"] == {"name": "aws-connection-peagle", "key": key, "optional": True}
     assert env["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "WARN"}
 
 
@@ -276,7 +276,9 @@ def test_timeout_suspends_the_job_and_raises():
     run.sleep = lambda s: now.__setitem__(0, now[0] + s)
     with pytest.raises(TrainJobTimeout, match="not complete after 100s"):
         run.run(build_trainjob(spec()))
-    assert ("patch", "peagle-train-abc", {"spec": {"suspend": True}}) in cluster.calls
+    (patch,) = [c for c in cluster.calls if c[0] == "patch"]
+    assert patch[1] == "peagle-train-abc" and patch[2]["spec"] == {"suspend": True}
+    assert patch[2]["metadata"]["annotations"]["peagle.io/suspended-by-launcher"] == "timeout"  # for a retry
     assert cluster.objects[("team-a", "peagle-train-abc")]["spec"]["suspend"] is True
 
 

@@ -42,9 +42,15 @@ MATRIX: tuple[Requirement, ...] = (
     Requirement("JobSet", "any (its webhook limits pod names to 63 characters)",
                 "TrainJob names are at most 43 characters: room for 256 nodes and 9 retries",
                 "tests/test_trainjob.py; kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go"),
-    Requirement("KServe", "v1beta1 InferenceService; >= 0.16 only for storage.type=uris",
-                "predictor.storageUris (separate target and draft locations) arrived in 0.16",
-                "kserve/kserve #4702; tests/test_chart.py against the KServe CRD"),
+    Requirement("KServe", "v1beta1 InferenceService; >= 0.16 only for storage.type=uris; a data connection on "
+                "OpenShift AI (default) or, with kserve.openshiftAI=false, on upstream KServe",
+                "predictor.storageUris (separate target and draft locations) arrived in 0.16; on OpenShift AI the "
+                "connection reaches KServe as `storage.key`, through the storage-config Secret only "
+                "odh-model-controller creates; upstream the chart renders `storageUri: s3://<bucket>/<path>` and a "
+                "ServiceAccount whose secret is the connection (KServe's S3 credential convention; the bucket must "
+                "be given)",
+                "kserve/kserve #4702, pkg/credentials (v0.15); tests/test_chart.py and "
+                "tests/test_issue25_cluster.py against the KServe CRD"),
     Requirement("vLLM", ">= 0.16.0 for P-EAGLE (pinned: 0.32.0)",
                 "`parallel_drafting` in the speculative config", "vllm-project/vllm #32887; tests/test_vllm_serving.py"),
     Requirement("NVIDIA driver", ">= 580.65.06 (CUDA 13.0: trainer image, cu130 torch)",
@@ -79,10 +85,21 @@ TOLERATIONS = Feature("kubernetes.add_toleration", (2, 1, 0), "#10471")
 NODE_SELECTOR = Feature("kubernetes.add_node_selector", (2, 0, 0), "#9132")
 POD_TIMEOUT = Feature("kubernetes.set_timeout", (2, 1, 0), "#10481")
 SECRET_VOLUME = Feature("kubernetes.use_secret_as_volume", (2, 0, 0), "#9178")
+OPTIONAL_SECRET_VOLUME = Feature("use_secret_as_volume(optional=True)", (2, 2, 0), "#10550")
+POD_METADATA = Feature("kubernetes.add_pod_label / add_pod_annotation", (2, 1, 0), "#10393")
+EPHEMERAL_VOLUME = Feature("kubernetes.add_ephemeral_volume", (2, 2, 0), "#10605")
 PARALLELISM = Feature("dsl.ParallelFor(parallelism=...)", (2, 4, 0), "#10798")
-# Below 2.14 upstream, retries of tasks inside conditions and loops are ignored (the run still works;
-# OpenShift AI 2.22+ has the fix backported): a degradation, reported, not required.
-NESTED_RETRY = Feature("retries of tasks inside conditions/loops", (2, 14, 0), "#11908; degrades to no retry")
+# Before #11908 the backend's compiler read retry policies of the root DAG's tasks only, so a task inside a
+# condition ran once. Upstream has it from 2.14.0; OpenShift AI 2.22's build (which reports 2.5.0) carries
+# it: red-hat-data-services/data-science-pipelines branch rhoai-2.22 contains its commit beae62fb5 (the
+# branches before it, rhoai-2.21 included, do not). Elsewhere the run still works, without those
+# retries: reported, not required.
+NESTED_RETRY = Feature("retries of tasks inside conditions", (2, 14, 0),
+                       "#11908 (commit beae62fb5, in OpenShift AI's rhoai-2.22 branch); degrades to no retry")
+# Inside a ParallelFor no backend retries a task: its retry policy is not carried to the iteration
+# (kubeflow/pipelines #12389 and #13897, open). Declaring one would promise retries that never happen.
+LOOP_RETRY = Feature("retries of tasks inside a ParallelFor", (99, 0, 0),
+                     "#12389, #13897: no backend honours them; retry inside the component")
 DEGRADING = {NESTED_RETRY}
 
 
@@ -115,7 +132,7 @@ def ir_features(spec: dict[str, Any], platform: dict[str, Any] | None = None) ->
         if name.startswith("comp-for-loop") and comp.get("outputDefinitions"):
             found.add(COLLECTED)
         if any("retryPolicy" in t for t in (comp.get("dag") or {}).get("tasks", {}).values()):
-            found |= {RETRY, NESTED_RETRY}  # a task inside a condition or loop
+            found |= {RETRY, LOOP_RETRY if name.startswith("comp-for-loop") else NESTED_RETRY}
     if any("retryPolicy" in t for t in spec.get("root", {}).get("dag", {}).get("tasks", {}).values()):
         found.add(RETRY)
     types = _parameter_types(spec)
@@ -133,8 +150,14 @@ def ir_features(spec: dict[str, Any], platform: dict[str, Any] | None = None) ->
                 found.add(SECRET_NAME_PARAMETER)
         for entry in cfg.get("secretAsVolume", []):
             found.add(SECRET_VOLUME)
+            if entry.get("optional"):
+                found.add(OPTIONAL_SECRET_VOLUME)
             if entry.get("secretNameParameter"):
                 found.add(SECRET_NAME_PARAMETER)
+        if cfg.get("podMetadata"):
+            found.add(POD_METADATA)
+        if cfg.get("genericEphemeralVolume"):
+            found.add(EPHEMERAL_VOLUME)
         if cfg.get("emptyDirMounts"):
             found.add(EMPTY_DIR)
         if cfg.get("tolerations"):

@@ -2,30 +2,69 @@
 
 One YAML file (``pipelines/profiles/*.yaml``) names the images, the GPU node pool (node selector,
 tolerations, accelerator resource), per-step CPU/memory/GPUs, the ``/dev/shm`` and scratch
-volumes, retries, the TrainJob settings and the serving settings. :func:`apply_step` puts a
-step's part on a KFP task; the compiled YAML then carries it, so one profile = one compiled
+volumes, retries, deadlines, the TrainJob settings and the serving settings. :func:`apply_step` puts
+a step's part on a KFP task; the compiled YAML then carries it, so one profile = one compiled
 pipeline per cluster flavour. Nothing here is a credential: S3 access comes from the data
-connection Secret, mounted as env by name (a pipeline parameter).
+connection Secret, mounted as files by name (a pipeline parameter; see :mod:`.connection`).
+
+Every field the compiled IR carries for a step is one a Kubeflow Pipelines 2.5 backend knows: its
+compiler parses a step's Kubernetes config strictly to read pod labels and annotations, and drops them
+all on one field it does not know (``tests/test_issue25_pipeline.py`` checks against the 2.5 schema).
 """
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
-from ..config import ConfigError, StrictModel
-from ..deploy.values import DnsLabel, ImageRef, LabelKey, LabelValue, Quantity, ResourceName
+from ..config import MAX_DURATION_S, ConfigError, StrictModel, load_yaml_mapping, short_repr, shorten
+from ..deploy.values import DnsLabel, DnsSubdomain, ImageRef, LabelKey, LabelValue, Quantity, ResourceName
 from .deployment import ServingSettings
 from ..storage.settings import DATA_CONNECTION_DIR_ENV
-from .trainjob import REQUIRED_KEYS  # OpenShift AI data-connection keys (values stay in the Secret)
+from .trainjob import QUEUE_LABEL
 from .training import TrainJobSettings
 
 DATA_CONNECTION_MOUNT = "/var/run/secrets/peagle/data-connection"  # the Secret as files (optional keys)
 STEPS = ("init_run", "regenerate", "prepare", "extract", "gpu_limit", "train", "train_launcher", "evaluate", "deploy")
 SCRATCH_MOUNT = "/scratch"
+IN_PROCESS_RETRY = ("extract",)  # retried by the component itself: KFP ignores retries inside a ParallelFor
+# A step that waits for something with its own timeout outlives it by this much, so that it is the step,
+# not Kubernetes, that gives up (and, for the TrainJob launcher, suspends the job).
+LAUNCHER_MARGIN_S = 3600
+DEPLOY_MARGIN_S = 1800
+
+
+_SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_UNIT_WORDS = {"s": ("s", "sec", "secs", "second", "seconds"), "m": ("m", "min", "mins", "minute", "minutes"),
+               "h": ("h", "hr", "hrs", "hour", "hours"), "d": ("d", "day", "days"), "w": ("w", "week", "weeks")}
+_UNITS = {word: _SECONDS_PER_UNIT[unit] for unit, words in _UNIT_WORDS.items() for word in words}
+_DURATION = re.compile(r"\s*([0-9]{1,12})\s*([A-Za-z]+)\s*")
+
+
+def _duration(value: Any) -> str:
+    """A KFP duration as ``"<seconds>s"``, from whole seconds (a number) or ``<whole number><unit>`` with unit
+    s, m, h, d or w (``"60s"``, ``"5 min"``, ``"1h"``: KFP's own forms); at most :data:`MAX_DURATION_S`."""
+    seconds = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value) and value == int(value):
+            seconds = int(value)
+    elif isinstance(value, str):
+        m = _DURATION.fullmatch(value)
+        if m and m.group(2).lower() in _UNITS:
+            seconds = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    if seconds is None or seconds < 0:
+        raise ValueError(f"{short_repr(value)} is not a duration (whole seconds, or a whole number with unit "
+                         "s, m, h, d or w, e.g. '60s', '5m', '1h')")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"{short_repr(value)} is longer than {MAX_DURATION_S} seconds (366 days)")
+    return f"{seconds}s"
+
+
+Duration = Annotated[str, BeforeValidator(_duration)]
 
 
 class Images(StrictModel):
@@ -43,7 +82,7 @@ class Toleration(StrictModel):
     operator: Literal["Equal", "Exists"] | None = None
     value: LabelValue | None = None
     effect: Literal["NoExecute", "NoSchedule", "PreferNoSchedule"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(None, ge=0, le=MAX_DURATION_S)
 
     def as_k8s(self) -> dict[str, Any]:
         out = {"key": self.key, "operator": self.operator, "value": self.value, "effect": self.effect,
@@ -58,6 +97,13 @@ class Accelerator(StrictModel):
     node_selector: dict[LabelKey, LabelValue] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
     tolerations: list[Toleration] = Field(
         default_factory=lambda: [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")])
+    queue_name: str = Field("", pattern=r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$", description=(
+        "Kueue LocalQueue of the pool's GPU workloads: label kueue.x-k8s.io/queue-name on the pipeline's GPU "
+        "steps and on the TrainJob (unless trainjob.queue_name names another); empty: not queued by Kueue"))
+    annotations: dict[LabelKey, str] = Field(default_factory=dict, description=(
+        "annotations of the pipeline's GPU step pods, e.g. OpenShift AI's hardware profile "
+        "(opendatahub.io/hardware-profile-name and -namespace, 3.x) or accelerator profile "
+        "(opendatahub.io/accelerator-name, 2.x)"))
 
 
 class StepResources(StrictModel):
@@ -65,19 +111,31 @@ class StepResources(StrictModel):
     cpu_limit: Quantity | None = None
     memory: Quantity | None = Field(None, description="memory request and limit")
     gpus: int = Field(0, ge=0, description="GPUs (0: runs off the GPU pool); the train pod uses num_gpus instead")
-    timeout_s: int | None = Field(None, ge=1, description="kill the step's pod after this long")
+    timeout_s: int = Field(86400, ge=1, le=MAX_DURATION_S, description=(
+        "deadline of the step's pod (activeDeadlineSeconds): Kubernetes fails it this long after it started; "
+        "each retry is a new pod"))
+    scratch: bool = Field(False, description=f"a scratch volume at {SCRATCH_MOUNT} (model downloads, temp files)")
 
 
-# GPU steps use the GPU pool even when a profile lists no resources for them.
-DEFAULT_STEPS = {name: StepResources(gpus=1 if name in ("regenerate", "extract", "evaluate") else 0)
-                 for name in STEPS}
+_H = 3600
+SCRATCH_STEPS = ("init_run", "regenerate", "prepare", "extract", "train", "evaluate")  # the steps that fetch models
+# GPU steps use the GPU pool even when a profile lists no resources for them. train_launcher's and
+# deploy's deadlines follow trainjob.timeout_s and serving.timeout_s (ClusterProfile.step).
+DEFAULT_STEPS = {name: StepResources(gpus=1 if name in ("regenerate", "extract", "evaluate") else 0,
+                                     scratch=name in SCRATCH_STEPS, timeout_s=timeout)
+                 for name, timeout in (("init_run", 6 * _H), ("regenerate", 24 * _H), ("prepare", 6 * _H),
+                                       ("extract", 24 * _H), ("gpu_limit", 900), ("train", 24 * _H),
+                                       ("train_launcher", 25 * _H), ("evaluate", 12 * _H), ("deploy", _H))}
 
 
 class Retry(StrictModel):
-    num_retries: int = Field(2, ge=0)
-    backoff_duration: str = "60s"
-    backoff_factor: float = 2.0
-    backoff_max_duration: str = "3600s"
+    """Attempts after a failure: KFP's retry of a step's pod, and extract's own attempts in its process
+    (KFP ignores retries inside a ParallelFor)."""
+
+    num_retries: int = Field(2, ge=0, le=100)
+    backoff_duration: Duration = Field("60s", description="wait before the first retry (seconds or e.g. '1m')")
+    backoff_factor: float = Field(2.0, gt=0, le=100, description="each further wait is this many times longer")
+    backoff_max_duration: Duration = Field("3600s", description="retry for at most this long")
 
 
 class ClusterProfile(StrictModel):
@@ -91,7 +149,10 @@ class ClusterProfile(StrictModel):
     accelerator: Accelerator = Field(default_factory=Accelerator)
     shm_size: Quantity = Field("16Gi", description="/dev/shm (memory-backed emptyDir) on GPU steps, for NCCL")
     scratch_size: Quantity | None = Field(
-        "200Gi", description=f"emptyDir at {SCRATCH_MOUNT} for model downloads and temp files (null: none)")
+        "200Gi", description=f"size of the scratch volume at {SCRATCH_MOUNT} (model downloads and temp files) of the "
+        "steps with scratch: a generic ephemeral volume, a claim of this size made with the pod (null: none)")
+    scratch_storage_class: DnsSubdomain | None = Field(
+        None, description="StorageClass of the scratch volume's claim (null: the cluster's default class)")
     steps: dict[str, StepResources] = Field(default_factory=dict)
     retry: Retry = Field(default_factory=Retry)
     extract_parallelism: int = Field(0, ge=0, description="extraction workers at once (0: all shards)")
@@ -108,9 +169,29 @@ class ClusterProfile(StrictModel):
             raise KeyError(f"unknown step {name!r}; expected one of {STEPS}")
         base = DEFAULT_STEPS[name]
         mine = self.steps.get(name)
+        derived = self._derived_timeout(name)
+        if derived and not (mine and "timeout_s" in mine.model_fields_set):
+            base = base.model_copy(update={"timeout_s": derived})
         if mine is None:
             return base
         return base.model_copy(update={k: getattr(mine, k) for k in mine.model_fields_set})
+
+    def _derived_timeout(self, name: str) -> int | None:
+        """The deadline of a step that waits with its own timeout: that timeout plus a margin."""
+        inner = {"train_launcher": (self.trainjob.timeout_s, LAUNCHER_MARGIN_S),
+                 "deploy": (self.serving.timeout_s, DEPLOY_MARGIN_S)}.get(name)
+        return min(MAX_DURATION_S, math.ceil(inner[0]) + inner[1]) if inner else None
+
+    @model_validator(mode="after")
+    def _deadlines_outlive_inner_timeouts(self) -> "ClusterProfile":
+        for step, inner, setting in (("train_launcher", self.trainjob.timeout_s, "trainjob.timeout_s"),
+                                     ("deploy", self.serving.timeout_s, "serving.timeout_s")):
+            mine = self.steps.get(step)
+            if mine is not None and "timeout_s" in mine.model_fields_set and mine.timeout_s <= inner:
+                raise ValueError(f"steps.{step}.timeout_s ({mine.timeout_s}) must be longer than {setting} "
+                                 f"({inner:g}): the step gives up at {setting} and cleans up, which it cannot do "
+                                 "once Kubernetes has killed its pod")
+        return self
 
     @field_validator("steps")
     @classmethod
@@ -127,6 +208,8 @@ class ClusterProfile(StrictModel):
             tj.node_selector = dict(self.accelerator.node_selector)
         if not tj.tolerations:
             tj.tolerations = [t.as_k8s() for t in self.accelerator.tolerations]
+        if not tj.queue_name:
+            tj.queue_name = self.accelerator.queue_name
         tj.accelerator = self.accelerator.type
         return tj
 
@@ -139,13 +222,11 @@ class ClusterProfile(StrictModel):
 
 
 def load_profile(path: str | Path | None) -> ClusterProfile:
-    """Read a profile YAML (None: all defaults); unknown keys are errors naming the key."""
+    """Read a profile YAML (None: all defaults); unknown keys are errors naming the key. Errors name the
+    file and never quote it (``--profile`` may name any file: only a mapping is read as a profile)."""
     if path is None:
         return ClusterProfile()
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"cluster profile not found: {path}") from None
+    data = load_yaml_mapping(path, "cluster profile")
     try:
         return ClusterProfile.model_validate(data)
     except ValidationError as exc:
@@ -155,13 +236,17 @@ def load_profile(path: str | Path | None) -> ClusterProfile:
 def _field_errors(exc: ValidationError) -> str:
     """``images.vllm: why; steps.train.cpu: why`` (pydantic's own text spans lines and links its docs)."""
     out = []
-    for e in exc.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "<profile>"
+    errors = exc.errors()
+    for e in errors[:10]:
+        where = shorten(".".join(str(p) for p in e["loc"]) or "<profile>", 120)
         if e["type"] == "extra_forbidden":
             out.append(f"{where}: unknown key")
             continue
-        msg = e["msg"].removeprefix("Value error, ")
-        out.append(f"{where}: {msg}" if e["type"] == "value_error" else f"{where}: {msg} (got {e.get('input')!r})")
+        msg = shorten(e["msg"].removeprefix("Value error, "), 200)
+        got = "" if e["type"] == "value_error" else f" (got {short_repr(e.get('input'))})"
+        out.append(f"{where}: {msg}{got}")
+    if len(errors) > 10:
+        out.append(f"{len(errors) - 10} more errors")
     return "; ".join(out)
 
 
@@ -171,9 +256,10 @@ def apply_step(task: Any, step: str, profile: ClusterProfile, data_connection: A
 
     ``gpus``: a STRING channel (the train pod's ``num_gpus`` as text) that replaces the profile's count:
     KFP's driver reads an accelerator count placeholder as a string and silently drops a number.
-    Every step: data-connection env, no caching (each step writes to the object store), retries,
-    CPU/memory, scratch volume. GPU steps: accelerator type and limit, node selector, tolerations,
-    ``/dev/shm``.
+    Every step: the data connection mounted as files, no caching (each step writes to the object store),
+    retries (but :data:`IN_PROCESS_RETRY`), CPU/memory, a deadline. Steps with ``scratch``: the scratch
+    volume. GPU steps: accelerator type and limit, node selector, tolerations, ``/dev/shm``, the Kueue
+    queue label and the pool's annotations.
     """
     from kfp import kubernetes
 
@@ -181,7 +267,7 @@ def apply_step(task: Any, step: str, profile: ClusterProfile, data_connection: A
     if display_name:
         task.set_display_name(display_name)
     task.set_caching_options(False)
-    if profile.retry.num_retries:
+    if profile.retry.num_retries and step not in IN_PROCESS_RETRY:
         task.set_retry(num_retries=profile.retry.num_retries, backoff_duration=profile.retry.backoff_duration,
                        backoff_factor=profile.retry.backoff_factor,
                        backoff_max_duration=profile.retry.backoff_max_duration)
@@ -189,15 +275,15 @@ def apply_step(task: Any, step: str, profile: ClusterProfile, data_connection: A
         task.set_cpu_request(r.cpu).set_cpu_limit(r.cpu_limit or r.cpu)
     if r.memory:
         task.set_memory_request(r.memory).set_memory_limit(r.memory)
-    kubernetes.use_secret_as_env(task, secret_name=data_connection,
-                                 secret_key_to_env={k: k for k in REQUIRED_KEYS})
-    # Optional keys (AWS_DEFAULT_REGION) come from the Secret mounted as files: KFP backends before
-    # 2.15 ignore `optional` on secret env, and a missing key would then stop the pod from starting.
-    kubernetes.use_secret_as_volume(task, secret_name=data_connection, mount_path=DATA_CONNECTION_MOUNT)
+    # Every connection key comes from the Secret as files, never as required env: a key the Secret lacks
+    # (a connection without a Bucket) would hold the pod in CreateContainerConfigError for ever. Optional,
+    # so that even a missing Secret reaches init_run's check, which names it.
+    kubernetes.use_secret_as_volume(task, secret_name=data_connection, mount_path=DATA_CONNECTION_MOUNT, optional=True)
     task.set_env_variable(DATA_CONNECTION_DIR_ENV, DATA_CONNECTION_MOUNT)
-    if profile.scratch_size:
-        kubernetes.empty_dir_mount(task, volume_name="scratch", mount_path=SCRATCH_MOUNT,
-                                   size_limit=profile.scratch_size)
+    if profile.scratch_size and r.scratch:
+        kubernetes.add_ephemeral_volume(task, volume_name="scratch", mount_path=SCRATCH_MOUNT,
+                                        access_modes=["ReadWriteOnce"], size=profile.scratch_size,
+                                        storage_class_name=profile.scratch_storage_class)
         task.set_env_variable("PEAGLE_CACHE", f"{SCRATCH_MOUNT}/cache")
         task.set_env_variable("TMPDIR", SCRATCH_MOUNT)
     if gpus is not None or r.gpus:
@@ -210,6 +296,9 @@ def apply_step(task: Any, step: str, profile: ClusterProfile, data_connection: A
                                       toleration_seconds=t.toleration_seconds)
         kubernetes.empty_dir_mount(task, volume_name="shm", mount_path="/dev/shm", medium="Memory",
                                    size_limit=profile.shm_size)
-    if r.timeout_s:
-        kubernetes.set_timeout(task, r.timeout_s)
+        if profile.accelerator.queue_name:
+            kubernetes.add_pod_label(task, label_key=QUEUE_LABEL, label_value=profile.accelerator.queue_name)
+        for key, value in profile.accelerator.annotations.items():
+            kubernetes.add_pod_annotation(task, annotation_key=key, annotation_value=value)
+    kubernetes.set_timeout(task, r.timeout_s)
     return task

@@ -9,18 +9,29 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, TypeVar
 
+from ..config import shorten
+from ..extract.errors import DatasetMismatchError, ShardChecksumError
 from ..scratch import scratch_dir
 from ..stage_io import fetched_input, is_remote
 from ..storage import check_uri, open_store, publish_dir
+from ..storage.errors import ChecksumMismatchError, IncompletePrefixError, PrefixExistsError
+from .connection import check_data_connection
 from .layout import SPLITS, RunLayout, run_uri as make_run_uri
 from .objects import is_published, read_json, write_json
 from .params import PipelineParams, PipelineRun, resolve_run
 from .progress import stage
 
 REGENERATED_FILE = "conversations.jsonl"
+T = TypeVar("T")
+# Failures another attempt would meet again: bad input or settings (ValueError: ConfigError,
+# StorageConfigError, ...), a missing or unpublished input, data damaged after publication. Everything
+# else (a storage timeout or outage, a crashed engine, a connection reset) is worth another attempt.
+PERMANENT_ERRORS = (ValueError, FileNotFoundError, IncompletePrefixError, ChecksumMismatchError, PrefixExistsError,
+                    ShardChecksumError, DatasetMismatchError, MemoryError)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,12 +83,18 @@ def ensure_target(source: str, target_uri: str, dtype: str, trust_remote_code: b
 # Steps
 
 
-def init_run(*, output_root: str, run_name: str, job_id: str, config: str, **params: Any) -> str:
+def init_run(*, output_root: str, run_name: str, job_id: str, config: str, data_connection: str = "",
+             **params: Any) -> str:
     """Resolve and validate the run's configuration, write ``<run>/run.json``, normalise the target.
 
-    Fails before any heavy work when a setting is invalid. Returns the run URI.
+    Fails before any heavy work when a setting is invalid, or when the data connection lacks a key the
+    run needs (:func:`~peagle.pipeline.connection.check_data_connection`). Returns the run URI.
     """
     with stage("init_run") as info:
+        uris = {"output_root": output_root, "target": str(params.get("target") or "")}
+        for i, source in enumerate(str(params.get("data_source") or "").split(",")):
+            uris[f"data_source[{i}]"] = source.strip()
+        check_data_connection(data_connection, uris)
         check_uri(output_root, "output_root")
         p = PipelineParams(**params)
         uri = make_run_uri(output_root, run_name, job_id)
@@ -136,18 +153,57 @@ def prepare(run_uri: str) -> list[str]:
     return [json.dumps({"run_uri": run_uri, "shard_index": i, "num_shards": n}) for i in range(n)]
 
 
-def extract(shard: str) -> str:
+def _seconds(duration: Any) -> float:
+    """A profile duration (``"60s"``, as :class:`peagle.pipeline.profile.Retry` normalises it) in seconds."""
+    return float(str(duration).strip().removesuffix("s") or 0)
+
+
+def retry_transient(fn: Callable[[], T], what: str, policy: Mapping[str, Any], *,
+                    sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                    out: Callable[[str], None] | None = None) -> T:
+    """``fn()``, tried again after a transient failure: at most ``1 + num_retries`` attempts, waiting
+    ``backoff_duration`` and then ``backoff_factor`` times longer each time, and never waiting past
+    ``backoff_max_duration`` after the first attempt (the profile's ``retry`` policy, KFP's meaning).
+    Errors in :data:`PERMANENT_ERRORS` are raised at once."""
+    say = out or (lambda line: print(line, flush=True))
+    attempts = 1 + int(policy.get("num_retries", 0))
+    wait, factor = _seconds(policy.get("backoff_duration", "60s")), float(policy.get("backoff_factor", 2.0))
+    give_up_at = clock() + _seconds(policy.get("backoff_max_duration", "3600s"))
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except PERMANENT_ERRORS:
+            raise
+        except Exception as exc:
+            if attempt == attempts or clock() + wait > give_up_at:
+                raise
+            say(f"{what}: attempt {attempt}/{attempts} failed ({type(exc).__name__}: {shorten(str(exc), 300)}); "
+                f"trying again in {wait:.0f}s")
+            sleep(wait)
+            wait *= factor
+    raise AssertionError("unreachable")
+
+
+def extract(shard: str, retry: str = "") -> str:
     """Extract this worker's shard set of both splits into ``<run>/hidden_states/<split>/``.
 
     Whichever worker publishes the last shard of a split writes its manifest (see
-    :func:`peagle.extract.run_extract`); a retried worker skips the shards it already published.
-    Returns a JSON summary (shards written/skipped per split).
+    :func:`peagle.extract.run_extract`); another attempt skips the shards already published. Attempts
+    happen here, in the step's own process (``retry``: the profile's policy as JSON; empty: one
+    attempt), because Kubeflow Pipelines ignores the retry policy of tasks inside a ParallelFor
+    (kubeflow/pipelines #12389, #13897). Returns a JSON summary (shards written/skipped per split).
     """
+    policy = json.loads(retry) if retry else {}
+    a = json.loads(shard)
+    index = int(a["shard_index"])  # kfp.local hands numbers over as floats
+    return retry_transient(lambda: _extract_once(a), f"extract[{index}]", policy)
+
+
+def _extract_once(a: dict[str, Any]) -> str:
     from ..data import read_rows
     from ..extract import run_extract
 
-    a = json.loads(shard)
-    index, count = int(a["shard_index"]), int(a["num_shards"])  # kfp.local hands numbers over as floats
+    index, count = int(a["shard_index"]), int(a["num_shards"])
     summary: dict[str, Any] = {"shard_index": index, "num_shards": count}
     with stage(f"extract[{index}]") as info:
         run, layout = load_run(a["run_uri"])

@@ -55,8 +55,10 @@ def command(config_path: str, nproc_per_node: int, env: dict[str, str] | os._Env
 
 def run_training(run_uri: str, nproc_per_node: int | None = None, work_dir: str | None = None) -> int:
     """Fetch, configure and run the training processes for ``run_uri``; returns their exit status."""
+    from .connection import DATA_CONNECTION_ENV, check_data_connection
     from .steps import fetch, load_run
 
+    check_data_connection(os.environ.get(DATA_CONNECTION_ENV, ""), {"the run": run_uri})
     run, layout = load_run(run_uri)
     nproc = nproc_per_node or int(os.environ.get("PET_NPROC_PER_NODE") or run.params.num_gpus)
     work = Path(work_dir or os.environ.get("PEAGLE_TRAIN_WORK")

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..config import StrictModel
+from ..config import MAX_DURATION_S, StrictModel
 from ..deploy.values import DnsSubdomain, ImageRef, LabelKey, LabelValue, Quantity, ResourceName
 from ..stage_io import join
 from .layout import RunLayout
@@ -41,12 +41,20 @@ class TrainJobSettings(StrictModel):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of the training processes")
     queue_name: str = Field("", description="Kueue LocalQueue for the TrainJob (label kueue.x-k8s.io/queue-name); "
-                            "empty: none", pattern=r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$")
-    timeout_s: float = Field(86400.0, gt=0, description="give up (and suspend the job) after this long; the "
-                             "launcher enforces it (not every Trainer API has a deadline field)")
-    startup_grace_s: float = Field(300.0, gt=0, description="fail when the job shows only Warning events "
+                            "empty: the profile's accelerator.queue_name",
+                            pattern=r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$")
+    timeout_s: float = Field(86400.0, gt=0, le=MAX_DURATION_S, description="give up (and suspend the job) this long "
+                             "after it was created, across attempts of the step; the launcher enforces it (not "
+                             "every Trainer API has a deadline field)")
+    startup_grace_s: float = Field(300.0, gt=0, le=MAX_DURATION_S, description="fail when the job shows only Warning events "
                                    "(e.g. its JobSet was refused) for this long")
-    poll_interval_s: float = Field(30.0, gt=0, description="status poll interval")
+    poll_interval_s: float = Field(30.0, gt=0, le=3600, description="status poll interval")
+    pod_error_grace_s: float = Field(600.0, gt=0, le=MAX_DURATION_S, description="fail (and suspend the job) when "
+                                     "a pod of it stays this long in CreateContainerConfigError, ImagePullBackOff "
+                                     "or ErrImagePull")
+    unschedulable_grace_s: float = Field(1800.0, gt=0, le=MAX_DURATION_S, description="fail (and suspend the job) "
+                                         "when a pod of it stays Pending unschedulable this long (room for a "
+                                         "cluster autoscaler to add a node)")
 
 
 def gpu_limit_text(num_gpus: int) -> str:
@@ -128,7 +136,9 @@ def train(run_uri: str, mode: str, num_gpus: int | None = None,
 
                 apis = Apis.from_environment()
                 launcher = TrainJobLauncher(apis.custom, apis.core, poll_interval_s=settings.poll_interval_s,
-                                            timeout_s=settings.timeout_s, startup_grace_s=settings.startup_grace_s)
+                                            timeout_s=settings.timeout_s, startup_grace_s=settings.startup_grace_s,
+                                            pod_error_grace_s=settings.pod_error_grace_s,
+                                            unschedulable_grace_s=settings.unschedulable_grace_s)
             done = launcher.run(job)
             info["trainjob"] = done["metadata"]["name"]
         else:

@@ -8,8 +8,9 @@ carry them differ between Trainer APIs -- ``runtimePatches`` upstream since v2.2
 ``podTemplateOverrides`` before and in OpenShift AI -- and an API server silently prunes the one it
 does not know), ``trainer`` with the image, nodes, processes per node, resources, the command
 ``python -m peagle.pipeline.train_worker --run-uri <run>`` and the data-connection keys as
-``secretKeyRef`` env (never values). The name is short enough for JobSet's pod names
-(:func:`trainjob_name`); the full pipeline run id is a label. The deadline is the launcher's own.
+optional ``secretKeyRef`` env (never values; the worker names a key the run needs and the Secret
+lacks). The name is short enough for JobSet's pod names (:func:`trainjob_name`); the full pipeline
+run id is a label. The deadline is the launcher's own.
 
 :class:`TrainJobLauncher` creates it and follows it to the end:
 
@@ -18,30 +19,43 @@ does not know), ``trainer`` with the image, nodes, processes per node, resources
 * idempotent create: HTTP 409 means a previous attempt of this step already created it. A job
   that is running or complete is adopted (watched, or returned at once); a *failed* one is left as
   evidence and the next attempt name (``<name>-r1``, ``-r2``, ...) is created -- training then
-  resumes from the last checkpoint under ``<run>/train``;
+  resumes from the last checkpoint under ``<run>/train``. A job an earlier attempt suspended (the
+  :data:`SUSPENDED_ANNOTATION` says why) is terminal when that was its timeout, stuck pods or a
+  refused JobSet: the step fails at once, instead of following it for another ``timeout_s``; one
+  suspended because its step was stopped (SIGTERM) is resumed;
 * the ClusterTrainingRuntime must exist (checked first, with a hint how to install it; skipped when
   the step may not read cluster-scoped objects);
 * watch: polls the TrainJob's ``Complete`` / ``Failed`` conditions; streams the logs of the
   node-0 pod into the step's log while it runs; prints every Warning event of the TrainJob and its
   JobSet; ``Failed`` raises :class:`TrainJobFailed` with the condition's reason and message. A job
-  whose JobSet cannot be created (Trainer records only a Warning event and never sets ``Failed``)
-  fails after ``startup_grace_s`` with the event's message; past ``timeout_s`` the job is suspended
-  (frees its GPUs) and :class:`TrainJobTimeout` is raised.
+  whose JobSet cannot be created (Trainer records a Warning event, and v2.0 a ``Created=False``
+  condition, and never sets ``Failed``) fails after ``startup_grace_s`` with that message. A pod of
+  the job that stays in CreateContainerConfigError, ImagePullBackOff/ErrImagePull (past
+  ``pod_error_grace_s``) or Pending unschedulable (past ``unschedulable_grace_s``) fails the step with
+  the pod's reason. ``timeout_s`` counts from the job's creation, across attempts of the step; past it
+  :class:`TrainJobTimeout` is raised. Whenever the launcher gives up, it first suspends the job, which
+  frees its GPUs (the step's Role may patch TrainJobs, not delete them);
+* SIGTERM (the run is terminated, the pod deleted or past its deadline) suspends the job too, and
+  the step ends with :class:`TrainJobTerminated`.
 
 All cluster access goes through two objects with the kubernetes client's method names
 (``CustomObjectsApi``, ``CoreV1Api``), so tests substitute a fake.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
+import signal
 import threading
 import time
+from datetime import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..deploy.kube import api_message, status_code, to_dict
+from .connection import DATA_CONNECTION_ENV
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +67,20 @@ TRAINER_NODE = "node"  # replicated job and container name in the peagle-torch r
 RUN_LABEL = "peagle.io/run"
 JOB_ID_LABEL = "peagle.io/pipeline-run-id"  # the KFP run's UUID, whole (the name holds only a prefix)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-# OpenShift AI data-connection keys the training pods read (values stay in the Secret).
-REQUIRED_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET")
-OPTIONAL_KEYS = ("AWS_DEFAULT_REGION",)
-DATA_CONNECTION_KEYS = REQUIRED_KEYS + OPTIONAL_KEYS
+# Set by the launcher when it suspends a TrainJob: why (timeout, stuck, refused, terminated) and the message.
+SUSPENDED_ANNOTATION = "peagle.io/suspended-by-launcher"
+SUSPENDED_MESSAGE_ANNOTATION = "peagle.io/suspended-message"
+TERMINAL_SUSPENSIONS = ("timeout", "stuck", "refused")  # a later attempt fails at once; "terminated" resumes
+# Pod states that do not end by themselves. ErrImagePull and ImagePullBackOff alternate: one category.
+STUCK_WAITING = {"CreateContainerConfigError": "config", "ErrImagePull": "image", "ImagePullBackOff": "image",
+                 "InvalidImageName": "image"}
+REFUSED_REASONS = ("JobsBuildFailed", "JobsCreationFailed")  # Trainer v2.0's Created=False reasons
+# OpenShift AI data-connection keys the training pods read (values stay in the Secret; each may be absent).
+DATA_CONNECTION_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET",
+                        "AWS_DEFAULT_REGION")
 MAX_ATTEMPTS = 10
 MAX_NODES = 256  # PipelineParams.num_nodes' bound
+MAX_PROC_PER_NODE = 64  # PipelineParams.num_gpus' bound
 # JobSet's webhook rejects a JobSet whose longest pod name, "<jobset>-<replicated job>-<job index>-
 # <pod index>-<5 random>", is not a DNS-1123 label (63 characters). Trainer names the JobSet after the
 # TrainJob and runs the nodes as one indexed Job ("node", index 0) with one pod per node; a retry of
@@ -77,6 +99,35 @@ class TrainJobFailed(TrainJobError):
 
 class TrainJobTimeout(TrainJobError):
     """Not complete within the timeout (the job was suspended)."""
+
+
+class TrainJobTerminated(TrainJobError):
+    """The step was stopped (SIGTERM) while its TrainJob ran; the job was suspended, freeing its GPUs."""
+
+
+class _Terminated(BaseException):
+    """Raised by the SIGTERM handler; a BaseException, so that no ``except Exception`` on the way swallows it."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While inside: the first SIGTERM raises :class:`_Terminated` in the main thread (a no-op elsewhere:
+    only the main thread may set signal handlers, and a test may run the launcher in another)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum, frame):  # noqa: ARG001
+        if not fired:  # a second SIGTERM must not interrupt the cleanup of the first
+            fired.append(signum)
+            raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 @dataclass
@@ -134,12 +185,17 @@ def longest_pod_name(trainjob: str, num_nodes: int) -> str:
 
 def build_trainjob(spec: TrainJobSpec) -> dict[str, Any]:
     """The TrainJob object for ``spec`` (see the module docstring)."""
+    for what, n, most in (("num_nodes", spec.num_nodes, MAX_NODES),
+                          ("num_proc_per_node", spec.num_proc_per_node, MAX_PROC_PER_NODE)):
+        if not 1 <= int(n) <= most:
+            raise TrainJobError(f"TrainJob {what}={n} is out of range: 1 to {most}")
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
+    # Every key optional: one the Secret lacks (a connection without a Bucket) would hold each node in
+    # CreateContainerConfigError; the worker checks what the run needs and names the key and connection.
+    env.append({"name": DATA_CONNECTION_ENV, "value": spec.data_connection})
     for key in DATA_CONNECTION_KEYS:
-        ref = {"name": spec.data_connection, "key": key}
-        if key in OPTIONAL_KEYS:
-            ref["optional"] = True
-        env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
+        env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": spec.data_connection, "key": key,
+                                                                "optional": True}}})
     trainer: dict[str, Any] = {
         "image": spec.image,
         "numNodes": int(spec.num_nodes),
@@ -177,19 +233,60 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return None
 
 
+def refusal(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """Trainer v2.0's ``Created=False`` condition saying the JobSet could not be built or created."""
+    for c in ((obj.get("status") or {}).get("conditions") or []):
+        if c.get("type") == "Created" and str(c.get("status")) == "False" and c.get("reason") in REFUSED_REASONS:
+            return c
+    return None
+
+
+def suspension(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """(why, message) when the launcher suspended ``obj`` and it is still suspended, else None."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    why = annotations.get(SUSPENDED_ANNOTATION)
+    if why and (obj.get("spec") or {}).get("suspend"):
+        return why, annotations.get(SUSPENDED_MESSAGE_ANNOTATION, "")
+    return None
+
+
+def pod_trouble(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of a pod in a state that does not end by itself (:data:`STUCK_WAITING`, or
+    Pending and unschedulable), else None."""
+    status = pod.get("status") or {}
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            return waiting["reason"], waiting.get("message") or ""
+    if status.get("phase", "Pending") == "Pending":
+        for c in status.get("conditions") or []:
+            if (c.get("type"), str(c.get("status")), c.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
+                return "Unschedulable", c.get("message") or ""
+    return None
+
+
+def _timestamp(text: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp() if text else None
+    except ValueError:
+        return None
+
 
 class TrainJobLauncher:
     """Create a TrainJob idempotently and follow it to completion (see the module docstring)."""
 
     def __init__(self, custom: Any, core: Any, *, poll_interval_s: float = 30.0, timeout_s: float = 86400.0,
-                 startup_grace_s: float = 300.0, out: Callable[[str], None] | None = None,
+                 startup_grace_s: float = 300.0, pod_error_grace_s: float = 600.0,
+                 unschedulable_grace_s: float = 1800.0, out: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 stream_logs: bool = True):
+                 wall: Callable[[], float] = time.time, stream_logs: bool = True):
         self.custom, self.core = custom, core
         self.poll_interval_s, self.timeout_s, self.startup_grace_s = poll_interval_s, timeout_s, startup_grace_s
+        self.pod_error_grace_s, self.unschedulable_grace_s = pod_error_grace_s, unschedulable_grace_s
         self._seen_events: set[tuple] = set()
+        self._stuck_since: dict[tuple[str, str], float] = {}
         self.out = out or (lambda line: print(line, flush=True))
-        self.clock, self.sleep, self.stream_logs = clock, sleep, stream_logs
+        self.clock, self.sleep, self.wall, self.stream_logs = clock, sleep, wall, stream_logs
         self._log_threads: dict[str, threading.Thread] = {}
 
     # ---- create ------------------------------------------------------------------------------
@@ -248,29 +345,42 @@ class TrainJobLauncher:
                 self.out(f"TrainJob {namespace}/{name} failed in an earlier attempt; creating the next attempt "
                          "(training resumes from the last checkpoint)")
                 continue
-            self.out(f"TrainJob {namespace}/{name} already exists (earlier attempt of this step); following it")
+            suspended = suspension(existing)
+            if suspended and suspended[0] in TERMINAL_SUSPENSIONS:
+                why, message = suspended
+                error = TrainJobTimeout if why == "timeout" else TrainJobFailed
+                raise error(f"TrainJob {namespace}/{name} was suspended by an earlier attempt of this step ({why}: "
+                            f"{message}); it is not followed again (delete it to train this run anew)")
+            if suspended:
+                self._resume(name, namespace, suspended[1])
+            else:
+                self.out(f"TrainJob {namespace}/{name} already exists (earlier attempt of this step); following it")
             return existing
         raise TrainJobError(f"{MAX_ATTEMPTS} attempts of TrainJob {namespace}/{base} exist and all failed")
 
     # ---- watch -------------------------------------------------------------------------------
 
-    def _node0_pod(self, name: str, namespace: str) -> dict[str, Any] | None:
+    def _pods(self, name: str, namespace: str) -> list[dict[str, Any]]:
+        """The pods of the TrainJob's JobSet, node 0 first (by completion index, then name)."""
         pods = to_dict(self.core.list_namespaced_pod(
             namespace=namespace, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}")).get("items") or []
-        if not pods:
-            return None
 
         def index(p: dict[str, Any]) -> tuple[str, str]:
             labels = (p.get("metadata") or {}).get("labels") or {}
             return (labels.get("batch.kubernetes.io/job-completion-index", "~"), p["metadata"]["name"])
 
-        return sorted(pods, key=index)[0]
+        return sorted(pods, key=index)
 
-    def _has_pods(self, name: str, namespace: str) -> bool:
+    def _node0_pod(self, name: str, namespace: str) -> dict[str, Any] | None:
+        pods = self._pods(name, namespace)
+        return pods[0] if pods else None
+
+    def _list_pods(self, name: str, namespace: str) -> list[dict[str, Any]]:
         try:
-            return self._node0_pod(name, namespace) is not None
-        except Exception:  # noqa: BLE001 - unknown counts as "not started"; the grace still applies
-            return False
+            return self._pods(name, namespace)
+        except Exception as exc:  # noqa: BLE001 - unknown counts as "no pods"; the graces still apply
+            self.out(f"(cannot list pods of {name}: {api_message(exc)})")
+            return []
 
     def _follow_logs(self, pod: str, namespace: str) -> None:
         try:
@@ -291,27 +401,38 @@ class TrainJobLauncher:
         except Exception as exc:  # logs are a convenience: never fail the step because of them
             self.out(f"(log stream of {pod} ended: {exc})")
 
-    def _maybe_stream(self, name: str, namespace: str) -> None:
-        if not self.stream_logs or name in self._log_threads:
+    def _maybe_stream(self, name: str, namespace: str, pods: list[dict[str, Any]]) -> None:
+        if not self.stream_logs or name in self._log_threads or not pods:
             return
-        try:
-            pod = self._node0_pod(name, namespace)
-        except Exception as exc:
-            self.out(f"(cannot list pods of {name}: {exc})")
-            return
-        if pod is None or ((pod.get("status") or {}).get("phase") or "Pending") == "Pending":
+        pod = pods[0]
+        if ((pod.get("status") or {}).get("phase") or "Pending") == "Pending":
             return
         t = threading.Thread(target=self._follow_logs, args=(pod["metadata"]["name"], namespace), daemon=True)
         self._log_threads[name] = t
         t.start()
 
-    def _suspend(self, name: str, namespace: str) -> None:
+    def _patch(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(group=GROUP, version=VERSION, namespace=namespace,
+                                                   plural=PLURAL, name=name, body=body)
+
+    def _suspend(self, name: str, namespace: str, why: str, message: str) -> None:
+        """Suspend the job (Trainer deletes its pods: the GPUs are free) and say why on it, for a later attempt."""
+        body = {"metadata": {"annotations": {SUSPENDED_ANNOTATION: why,
+                                             SUSPENDED_MESSAGE_ANNOTATION: message[:1000]}},
+                "spec": {"suspend": True}}
         try:
-            self.custom.patch_namespaced_custom_object(group=GROUP, version=VERSION, namespace=namespace,
-                                                       plural=PLURAL, name=name, body={"spec": {"suspend": True}})
-            self.out(f"suspended TrainJob {namespace}/{name}")
-        except Exception as exc:
-            self.out(f"could not suspend TrainJob {namespace}/{name}: {exc}")
+            self._patch(name, namespace, body)
+            self.out(f"suspended TrainJob {namespace}/{name} ({why})")
+        except Exception as exc:  # noqa: BLE001 - the step fails anyway; say that the GPUs may still be held
+            self.out(f"could not suspend TrainJob {namespace}/{name}: {api_message(exc)}; its pods may hold "
+                     "their GPUs until it is suspended or deleted")
+
+    def _resume(self, name: str, namespace: str, message: str) -> None:
+        self.out(f"TrainJob {namespace}/{name} was suspended when an earlier attempt of this step was stopped "
+                 f"({message}); resuming it (training continues from the last checkpoint)")
+        self._patch(name, namespace, {"metadata": {"annotations": {SUSPENDED_ANNOTATION: None,
+                                                                   SUSPENDED_MESSAGE_ANNOTATION: None}},
+                                      "spec": {"suspend": False}})
 
     def new_warnings(self, name: str, namespace: str) -> list[dict[str, Any]]:
         """Warning events about the TrainJob and its JobSet (same name) not reported before, printed."""
@@ -334,17 +455,44 @@ class TrainJobLauncher:
             fresh.append(e)
         return fresh
 
-    def wait(self, name: str, namespace: str) -> dict[str, Any]:
-        """Poll until ``Complete`` (returns the object), ``Failed`` or the timeout (raises).
+    def stuck_pod(self, pods: list[dict[str, Any]]) -> tuple[str, str, str, float] | None:
+        """(pod, reason, message, seconds) of a pod past its grace in a state that does not end by itself
+        (:func:`pod_trouble`); remembers since when each pod has been in one."""
+        now, seen = self.clock(), set()
+        found = None
+        for pod in pods:
+            trouble = pod_trouble(pod)
+            if trouble is None:
+                continue
+            reason, message = trouble
+            key = (pod["metadata"]["name"], STUCK_WAITING.get(reason, reason))
+            seen.add(key)
+            since = self._stuck_since.setdefault(key, now)
+            grace = self.unschedulable_grace_s if reason == "Unschedulable" else self.pod_error_grace_s
+            if found is None and now - since >= grace:
+                found = (pod["metadata"]["name"], reason, message, now - since)
+        for key in set(self._stuck_since) - seen:
+            del self._stuck_since[key]
+        return found
 
-        A job that shows no condition but Warning events for longer than ``startup_grace_s`` fails
-        with the last warning's message: that is how a JobSet the cluster refused looks (Trainer
-        records the refusal as an event and keeps retrying, never setting ``Failed``).
-        """
-        deadline = self.clock() + self.timeout_s
+    def _give_up(self, name: str, namespace: str, why: str, message: str, error: type[TrainJobError]) -> None:
+        self._suspend(name, namespace, why, message)
+        self._join_logs(name)
+        raise error(f"TrainJob {namespace}/{name} {message} (suspended: its GPUs are free)")
+
+    def wait(self, name: str, namespace: str, created_at: str | None = None) -> dict[str, Any]:
+        """Poll until ``Complete`` (returns the object), ``Failed``, a stuck pod, a refusal or the timeout
+        (raises; see the module docstring). ``created_at``: the job's creationTimestamp, from which
+        ``timeout_s`` counts (a job an earlier attempt created has used part of it)."""
+        created = _timestamp(created_at)
+        age = max(0.0, self.wall() - created) if created is not None else 0.0
+        if age:
+            self.out(f"TrainJob {namespace}/{name} was created {age:.0f}s ago; "
+                     f"{max(0.0, self.timeout_s - age):.0f}s of its {self.timeout_s:.0f}s timeout are left")
+        deadline = self.clock() + max(0.0, self.timeout_s - age)
         last_phase = None
-        first_warning_at: float | None = None
-        last_warning: dict[str, Any] | None = None
+        first_evidence_at: float | None = None
+        last_evidence = ""
         while True:
             obj = self._get(name, namespace)
             if obj is None:
@@ -358,31 +506,36 @@ class TrainJobLauncher:
                 self._join_logs(name)
                 raise TrainJobFailed(f"TrainJob {namespace}/{name} failed: {failed.get('reason', '')}: "
                                      f"{failed.get('message', '')}".rstrip(": "))
-            phase = [c.get("type") for c in ((obj.get("status") or {}).get("conditions") or [])
-                     if str(c.get("status")) == "True"]
+            status = obj.get("status") or {}
+            conditions = status.get("conditions") or []
+            phase = [c.get("type") for c in conditions if str(c.get("status")) == "True"]
             if phase != last_phase:
                 self.out(f"TrainJob {namespace}/{name}: {', '.join(phase) or 'created'}")
                 last_phase = phase
             warnings = self.new_warnings(name, namespace)
-            status = obj.get("status") or {}
-            started = bool(status.get("conditions") or status.get("jobsStatus"))
-            if not started and (warnings or first_warning_at is not None):
-                started = self._has_pods(name, namespace)  # a running JobSet need not set a condition
-            if warnings and not started:
-                last_warning = warnings[-1]
-                first_warning_at = self.clock() if first_warning_at is None else first_warning_at
+            pods = self._list_pods(name, namespace)
+            refused = refusal(obj)
+            # Started: a JobSet exists (pods, job status, or any condition but a Created=False refusal);
+            # a job Kueue holds suspended counts as started: waiting for quota is not a refusal.
+            started = bool(pods or status.get("jobsStatus") or any(c is not refused for c in conditions))
+            if not started and (warnings or refused):
+                evidence = warnings[-1] if warnings else refused
+                last_evidence = f"{evidence.get('reason', '')}: {evidence.get('message', '')}"
+                first_evidence_at = self.clock() if first_evidence_at is None else first_evidence_at
             if started:
-                first_warning_at = None
-            elif first_warning_at is not None and self.clock() - first_warning_at >= self.startup_grace_s:
-                self._join_logs(name)
-                raise TrainJobFailed(
-                    f"TrainJob {namespace}/{name} did not start: {(last_warning or {}).get('reason', '')}: "
-                    f"{(last_warning or {}).get('message', '')} (Warning events for "
-                    f"{self.clock() - first_warning_at:.0f}s and no JobSet)")
-            self._maybe_stream(name, namespace)
+                first_evidence_at = None
+            elif first_evidence_at is not None and self.clock() - first_evidence_at >= self.startup_grace_s:
+                self._give_up(name, namespace, "refused", f"did not start: {last_evidence} (for "
+                              f"{self.clock() - first_evidence_at:.0f}s, and no JobSet)", TrainJobFailed)
+            stuck = self.stuck_pod(pods)
+            if stuck:
+                pod, reason, message, seconds = stuck
+                self._give_up(name, namespace, "stuck", f"cannot run: pod {pod} {reason} for {seconds:.0f}s: "
+                              f"{message}".rstrip(": "), TrainJobFailed)
+            self._maybe_stream(name, namespace, pods)
             if self.clock() >= deadline:
-                self._suspend(name, namespace)
-                raise TrainJobTimeout(f"TrainJob {namespace}/{name} not complete after {self.timeout_s:.0f}s")
+                self._give_up(name, namespace, "timeout", f"not complete after {self.timeout_s:.0f}s",
+                              TrainJobTimeout)
             self.sleep(self.poll_interval_s)
 
     def _join_logs(self, name: str) -> None:
@@ -391,11 +544,24 @@ class TrainJobLauncher:
             t.join(timeout=30)
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
-        """Check the runtime, create (or adopt) ``job``, wait for it; returns the completed object."""
+        """Check the runtime, create (or adopt) ``job``, wait for it; returns the completed object.
+
+        On SIGTERM (main thread only) the job is suspended and :class:`TrainJobTerminated` raised."""
         self.check_runtime(job["spec"]["runtimeRef"]["name"])
-        live = self.create(job)
-        meta = live.get("metadata") or job["metadata"]
-        if condition(live, "Complete"):
-            self.out(f"TrainJob {meta['namespace']}/{meta['name']} already complete")
-            return live
-        return self.wait(meta["name"], meta.get("namespace") or job["metadata"]["namespace"])
+        namespace = job["metadata"]["namespace"]
+        name = job["metadata"]["name"]
+        with _sigterm_raises():
+            try:
+                live = self.create(job)
+                meta = live.get("metadata") or job["metadata"]
+                name = meta["name"]
+                if condition(live, "Complete"):
+                    self.out(f"TrainJob {namespace}/{name} already complete")
+                    return live
+                return self.wait(name, namespace, meta.get("creationTimestamp"))
+            except _Terminated:
+                self.out(f"stopped (SIGTERM) while following TrainJob {namespace}/{name}")
+                self._suspend(name, namespace, "terminated", "its pipeline step was stopped (SIGTERM)")
+                raise TrainJobTerminated(f"the step was stopped (SIGTERM) while TrainJob {namespace}/{name} ran; "
+                                         "the job is suspended (its GPUs are free; a retry of the step resumes "
+                                         "it)") from None
