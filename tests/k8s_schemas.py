@@ -126,17 +126,26 @@ def validate(obj: dict, crds: str = "upstream") -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# A tiny kustomize: `resources:` (files and directories with their own kustomization.yaml) and
-# `namespace:`. Anything else in a kustomization is refused, so this renderer can never silently
-# disagree with the real kustomize about a feature it does not implement.
+# A tiny kustomize: `resources:` (files and directories with their own kustomization.yaml),
+# `namespace:` and `replacements:` (source kind/name/fieldPath; targets select kind/name, fieldPaths
+# with `[key=value]` list selectors, options create/delimiter/index), in kustomize's order (namespace,
+# then replacements); objects annotated config.kubernetes.io/local-config are dropped at the end. Anything
+# else in a kustomization is refused, so this renderer can never silently disagree with the real
+# kustomize about a feature it does not implement (test_manifests.py cross-checks it with
+# `kubectl kustomize` where kubectl is installed).
 
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                   "ClusterTrainingRuntime", "ClusterServingRuntime", "PriorityClass", "StorageClass"}
-_KUSTOMIZE_KEYS = {"apiVersion", "kind", "resources", "namespace"}
+_KUSTOMIZE_KEYS = {"apiVersion", "kind", "resources", "namespace", "replacements"}
+LOCAL_CONFIG = "config.kubernetes.io/local-config"
 
 
 def kustomize_build(directory: Path) -> list[dict]:
-    directory = Path(directory)
+    objs = _build(Path(directory))
+    return [o for o in objs if (o.get("metadata", {}).get("annotations") or {}).get(LOCAL_CONFIG) != "true"]
+
+
+def _build(directory: Path) -> list[dict]:
     k = yaml.safe_load((directory / "kustomization.yaml").read_text())
     unknown = set(k) - _KUSTOMIZE_KEYS
     assert not unknown, f"{directory}/kustomization.yaml uses {sorted(unknown)}: extend kustomize_build first"
@@ -144,11 +153,64 @@ def kustomize_build(directory: Path) -> list[dict]:
     for res in k.get("resources") or []:
         path = directory / res
         if path.is_dir():
-            objs += kustomize_build(path)
+            objs += _build(path)
         else:
             objs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     if k.get("namespace"):
         for o in objs:
             if o["kind"] not in CLUSTER_SCOPED:
                 o.setdefault("metadata", {})["namespace"] = k["namespace"]
+    for r in k.get("replacements") or []:
+        _replace(objs, r, directory)
     return objs
+
+
+def _selected(objs: list[dict], select: dict) -> list[dict]:
+    assert set(select) <= {"kind", "name"}, f"replacement selector {select}: extend kustomize_build first"
+    return [o for o in objs if all((o["kind"] if k == "kind" else o["metadata"]["name"]) == v
+                                   for k, v in select.items())]
+
+
+def _path(field_path: str) -> list[str]:
+    """``subjects.[kind=ServiceAccount].namespace`` -> its segments (no dots inside a selector here)."""
+    return field_path.split(".")
+
+
+def _walk(node, segments: list[str], create: bool) -> list:
+    """The (parent, key) pairs ``segments`` reach from ``node``; ``create`` makes the last map key."""
+    if not segments:
+        return []
+    seg, rest = segments[0], segments[1:]
+    if seg.startswith("[") and seg.endswith("]"):
+        key, _, value = seg[1:-1].partition("=")
+        items = [i for i in (node or []) if isinstance(i, dict) and str(i.get(key)) == value]
+        return [hit for i in items for hit in _walk(i, rest, create)]
+    if isinstance(node, list):
+        return _walk(node[int(seg)], rest, create) if seg.isdigit() and int(seg) < len(node) else []
+    if not isinstance(node, dict):
+        return []
+    if not rest:
+        return [(node, seg)] if (seg in node or create) else []
+    if seg not in node:
+        return []
+    return _walk(node[seg], rest, create)
+
+
+def _replace(objs: list[dict], r: dict, directory: Path) -> None:
+    assert set(r) <= {"source", "targets"}, f"{directory}: replacement keys {sorted(r)}: extend kustomize_build"
+    src = r["source"]
+    (source,) = _selected(objs, {k: src[k] for k in ("kind", "name") if k in src})
+    ((parent, key),) = _walk(source, _path(src["fieldPath"]), create=False)
+    value = parent[key]
+    for t in r["targets"]:
+        opts = t.get("options") or {}
+        assert set(opts) <= {"create", "delimiter", "index"}, f"{directory}: options {opts}: extend kustomize_build"
+        for obj in _selected(objs, t["select"]):
+            for fp in t["fieldPaths"]:
+                for parent, key in _walk(obj, _path(fp), create=bool(opts.get("create"))):
+                    if "delimiter" in opts:
+                        parts = str(parent[key]).split(opts["delimiter"])
+                        parts[opts.get("index", 0)] = value
+                        parent[key] = opts["delimiter"].join(parts)
+                    else:
+                        parent[key] = value

@@ -128,6 +128,7 @@ def test_kserve_data_connection_wiring():
     assert "PodMonitor" not in objs and sr["spec"]["annotations"]["prometheus.kserve.io/port"] == "8080"
     v = load("kserve-data-connection")
     v.setdefault("kserve", {})["openshiftAI"] = False
+    v["storage"]["dataConnection"]["bucket"] = "team-runs"  # upstream KServe needs it (storageUri)
     plain = objs_for(v)
     assert plain["PodMonitor"]["spec"]["selector"]["matchLabels"] == {"serving.kserve.io/inferenceservice": "qwen3-peagle"}
     assert plain["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["port"] == c["ports"][0]["name"]

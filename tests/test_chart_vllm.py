@@ -26,7 +26,7 @@ import yaml
 
 from k8s_schemas import ROOT
 from peagle.deploy import render
-from peagle.deploy.smoke import chat, metrics
+from peagle.deploy.smoke import chat, metrics, require_model
 
 pytestmark = pytest.mark.vllm
 CHART = ROOT / "charts" / "peagle-serving"
@@ -91,10 +91,15 @@ def test_rendered_vllm_command_serves_target_and_draft(qwen3_target, tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, log)
+        # the served name, and the one naming the draft (its fingerprint is also the pods' label)
+        fingerprint = objs["Deployment"]["spec"]["template"]["metadata"]["labels"]["peagle.io/draft-fingerprint"]
         with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
-            assert [m["id"] for m in json.loads(resp.read())["data"]] == ["tiny-peagle"]
-        for prompt in ("Say hello in five words.", "Write a function that sums a list.", "What does argparse do?"):
-            reply = chat(url, "tiny-peagle", prompt=prompt, max_tokens=24)
+            assert [m["id"] for m in json.loads(resp.read())["data"]] == ["tiny-peagle", f"tiny-peagle:draft-{fingerprint}"]
+        require_model(url, f"tiny-peagle:draft-{fingerprint}")
+        for prompt, model in (("Say hello in five words.", "tiny-peagle"),
+                              ("Write a function that sums a list.", f"tiny-peagle:draft-{fingerprint}"),
+                              ("What does argparse do?", "tiny-peagle")):
+            reply = chat(url, model, prompt=prompt, max_tokens=24)
             assert reply["choices"][0]["message"]["content"] is not None
             assert reply["usage"]["completion_tokens"] > 0
         text = metrics(url)

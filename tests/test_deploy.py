@@ -105,6 +105,15 @@ class FakeCluster:
         return self._patch("Deployment", namespace, name, body)
 
     def read_namespaced_deployment(self, name, namespace):
+        isvc = self.store.get(("InferenceService", namespace, name.removesuffix("-predictor")))
+        if name.endswith("-predictor") and isvc is not None:
+            # KServe's RawDeployment predictor, reconciled at once: the InferenceService's pod labels,
+            # fully rolled out (tests/test_issue25_cluster.py scripts the rollout step by step).
+            self.calls.append(("read", "Deployment", name))
+            labels = (isvc["spec"]["predictor"].get("labels") or {})
+            return {"metadata": {"name": name, "generation": 1},
+                    "spec": {"replicas": 1, "template": {"metadata": {"labels": dict(labels)}}},
+                    "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}}
         return self._read("Deployment", namespace, name)
 
     def create_namespaced_service(self, namespace, body):
@@ -162,7 +171,7 @@ def test_deploy_waits_for_ready_and_prints_the_endpoint(cluster, apis):
     url = deploy(kserve_objs(), apis, timeout=60, smoke_test=False, interval=0, out=out)
     assert url == "https://qwen3-peagle-ml.apps.example.com"
     assert out.getvalue().splitlines()[-1] == f"endpoint: {url}"
-    reads = [c for c in cluster.calls if c[0] == "read"]
+    reads = [c for c in cluster.calls if c[:2] == ("read", "InferenceService")]
     assert len(reads) == 4
 
 
@@ -227,7 +236,7 @@ def test_cli_exit_codes_and_messages(cluster, apis, capsys):
 
 def test_plain_deployment_mode_waits_for_availability(cluster, apis):
     values = values_for(mode="deployment", pvc="model-cache", path="runs/1", gpus=0,
-                        extra_values=[{"route": {"enabled": True}}])
+                        extra_values=[{"route": {"enabled": True, "allowUnauthenticated": True}}])
     objs = render(values, "qwen3-peagle", "ml")
     assert [o["kind"] for o in objs] == ["Service", "Deployment", "Route"]
     cluster.statuses[("Deployment", "qwen3-peagle")] = [

@@ -33,6 +33,13 @@ def admin() -> dict[tuple[str, str], dict]:
 
 
 @pytest.fixture(scope="module")
+def extra() -> dict[tuple[str, str], dict]:
+    """The optional overlays with the rights a project admin cannot grant (rbac-extra/*)."""
+    return {(o["kind"], o["metadata"]["name"]): o for d in ("trainjob", "monitoring")
+            for o in kustomize_build(MANIFESTS / "rbac-extra" / d)}
+
+
+@pytest.fixture(scope="module")
 def runtime(admin) -> dict:
     (obj,) = [o for (kind, _), o in admin.items() if kind == "ClusterTrainingRuntime"]
     return obj
@@ -92,8 +99,9 @@ def test_role_verbs_are_the_ones_the_code_calls(objs):
     assert granted == used == {"create", "get", "patch", "list"}
 
 
-def test_rbac_is_least_privilege(objs, admin):
-    rules = [r for o in (*objs.values(), *admin.values()) if o["kind"] in ("Role", "ClusterRole") for r in o["rules"]]
+def test_rbac_is_least_privilege(objs, admin, extra):
+    rules = [r for o in (*objs.values(), *admin.values(), *extra.values()) if o["kind"] in ("Role", "ClusterRole")
+             for r in o["rules"]]
     for r in rules:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in r[field], r
@@ -113,16 +121,18 @@ def test_rbac_is_least_privilege(objs, admin):
     assert all(set(r["verbs"]) <= {"get"} for r in cluster["rules"])
 
 
-def test_runner_may_apply_every_kind_the_serving_chart_renders(objs):
-    """The pipeline's deploy step applies the chart's objects (any deploy mode) as the runner."""
+def test_runner_may_apply_every_kind_the_serving_chart_renders(objs, extra):
+    """The pipeline's deploy step applies the chart's objects (any deploy mode) as the runner: the base
+    Role, plus the monitoring overlay for the monitors (metrics.monitor.enabled)."""
     import re
 
     from peagle.deploy.kube import BUILTIN, CUSTOM_PLURALS
 
     plural = {kind: res for (_, kind), res in CUSTOM_PLURALS.items()}
-    plural |= {"Deployment": "deployments", "Service": "services"}
-    role = objs[("Role", "peagle-pipeline-runner")]
-    grants = {(g, res): set(r["verbs"]) for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]}
+    plural |= {"Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts"}
+    roles = [objs[("Role", "peagle-pipeline-runner")], extra[("Role", "peagle-pipeline-runner-monitors")]]
+    grants = {(g, res): set(r["verbs"]) for role in roles for r in role["rules"] for g in r["apiGroups"]
+              for res in r["resources"]}
     for template in sorted((ROOT / "charts" / "peagle-serving" / "templates").glob("*.yaml")):
         text = template.read_text()
         for api, kind in re.findall(r"^apiVersion: (\S+)\n(?:.*\n)*?^kind: (\w+)", text, re.M):
@@ -136,7 +146,7 @@ def test_bindings_grant_the_roles_to_the_pipeline_runner(objs, admin):
     for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
         (binding,) = [o for (k, _), o in both.items() if k == kind]
         assert binding["roleRef"]["kind"] == role_kind and (role_kind, binding["roleRef"]["name"]) in both
-        # kustomize rewrites only subjects named "default": the subject namespace must be spelt out.
+        # kustomize's namespace rewrites only subjects named "default": replacements fill this one in.
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RUNNER_SA, "namespace": NAMESPACE}]
 
 
@@ -199,7 +209,8 @@ def test_image_references_agree_with_the_build_script(runtime):
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed (optional cross-check)")
 def test_tiny_kustomize_agrees_with_kubectl_kustomize():
-    for d in (MANIFESTS, MANIFESTS / "admin", MANIFESTS / "data-connection"):
+    for d in (MANIFESTS, MANIFESTS / "admin", MANIFESTS / "data-connection", MANIFESTS / "rbac-extra" / "trainjob",
+              MANIFESTS / "rbac-extra" / "monitoring"):
         r = subprocess.run(["kubectl", "kustomize", str(d)], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         ref = sorted((yaml.safe_load_all(r.stdout)), key=lambda o: (o["kind"], o["metadata"]["name"]))

@@ -28,6 +28,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/*
+The draft fingerprint: speculative.draftFingerprint, else the first 12 hex digits of a sha256 over
+where the models come from and the speculative config (what decides which draft is served). It is a
+pod label and a second served model name, so the pods of a rollout and the endpoint's answer both
+say which draft they serve.
+*/}}
+{{- define "peagle-serving.draftFingerprint" -}}
+{{- if .Values.speculative.draftFingerprint -}}
+{{- .Values.speculative.draftFingerprint -}}
+{{- else -}}
+{{- $basis := dict "storage" .Values.storage "models" .Values.models "speculative" (omit .Values.speculative "draftFingerprint") -}}
+{{- toJson $basis | sha256sum | trunc 12 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of the serving pods beyond the selector: the draft fingerprint, the Kueue queue. */}}
+{{- define "peagle-serving.podLabels" -}}
+peagle.io/draft-fingerprint: {{ include "peagle-serving.draftFingerprint" . }}
+{{- with .Values.kueue.queueName }}
+kueue.x-k8s.io/queue-name: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/*
 An image reference repository[:tag][@digest] (the schema checks each part and that a tag or a digest is set).
 */}}
 {{- define "peagle-serving.imageRef" -}}
@@ -88,7 +111,9 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
 {{- define "peagle-serving.vllmArgs" -}}
 - {{ printf "--port=%d" (int .Values.vllm.port) | quote }}
 - {{ printf "--model=%s" (include "peagle-serving.targetPath" .) | quote }}
-- {{ printf "--served-model-name=%s" (include "peagle-serving.servedModelName" .) | quote }}
+- "--served-model-name"
+- {{ include "peagle-serving.servedModelName" . | quote }}
+- {{ printf "%s:draft-%s" (include "peagle-serving.servedModelName" .) (include "peagle-serving.draftFingerprint" .) | quote }}
 - {{ printf "--tensor-parallel-size=%d" (int .Values.vllm.tensorParallelSize) | quote }}
 {{- with .Values.vllm.maxModelLen }}
 - {{ printf "--max-model-len=%d" (int .) | quote }}
@@ -159,11 +184,48 @@ prometheus.io/port: {{ .Values.vllm.port | quote }}
 prometheus.io/path: /metrics
 {{- end -}}
 
+{{/* An endpoint exposed outside the cluster needs authentication, or an explicit opt-out. */}}
+{{- define "peagle-serving.checkExposure" -}}
+{{- if and .Values.route.enabled (not .Values.route.allowUnauthenticated) -}}
+{{- if eq .Values.mode "deployment" -}}
+{{- fail "route.enabled=true exposes the endpoint without authentication (deployment mode has no authentication): use mode=kserve with kserve.enableAuth=true, or set route.allowUnauthenticated=true to expose it anyway" -}}
+{{- else if not .Values.kserve.enableAuth -}}
+{{- fail "route.enabled=true with kserve.enableAuth=false exposes the endpoint without authentication: set kserve.enableAuth=true, or route.allowUnauthenticated=true to expose it anyway" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Upstream KServe reads a data connection through a ServiceAccount (no storage-config Secret there). */}}
+{{- define "peagle-serving.s3ServiceAccount" -}}
+{{- printf "%s-s3" (include "peagle-serving.fullname" .) -}}
+{{- end -}}
+
+{{- define "peagle-serving.upstreamS3" -}}
+{{- if and (eq .Values.mode "kserve") (eq .Values.storage.type "dataConnection") (not .Values.kserve.openshiftAI) }}true{{ end -}}
+{{- end -}}
+
+{{/* OpenShift AI's hardware (3.x) or accelerator (2.x) profile annotations. */}}
+{{- define "peagle-serving.profileAnnotations" -}}
+{{- $p := .Values.kserve.hardwareProfile -}}
+{{- if $p.kind -}}
+{{- if not $p.name }}{{ fail (printf "kserve.hardwareProfile.name is required with kserve.hardwareProfile.kind=%s" $p.kind) }}{{ end -}}
+{{- if eq $p.kind "hardwareProfile" }}
+opendatahub.io/hardware-profile-name: {{ $p.name }}
+{{- with $p.namespace }}
+opendatahub.io/hardware-profile-namespace: {{ . }}
+{{- end }}
+{{- else }}
+opendatahub.io/accelerator-name: {{ $p.name }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
 {{/* Fail early on an incomplete storage block, naming the missing value. */}}
 {{- define "peagle-serving.checkStorage" -}}
 {{- $s := .Values.storage -}}
 {{- if eq $s.type "dataConnection" -}}
 {{- if not $s.dataConnection.name }}{{ fail "storage.dataConnection.name is required for storage.type=dataConnection" }}{{ end -}}
+{{- if and (include "peagle-serving.upstreamS3" .) (not $s.dataConnection.bucket) }}{{ fail "storage.dataConnection.bucket is required with kserve.openshiftAI=false: upstream KServe reads the bucket from the storageUri, it cannot look into the connection" }}{{ end -}}
 {{- else if eq $s.type "uri" -}}
 {{- if not $s.uri.uri }}{{ fail "storage.uri.uri is required for storage.type=uri" }}{{ end -}}
 {{- if ne .Values.mode "kserve" }}{{ fail "storage.type=uri needs mode=kserve (use dataConnection or pvc with mode=deployment)" }}{{ end -}}

@@ -13,12 +13,11 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 
 from ..errors import PeagleError, report
-from .kube import Apis, apply, current_namespace, endpoint, wait_ready
+from .kube import Apis, apply, current_namespace, endpoint, fingerprint_of, wait_ready
 from .render import render, values_for, write_manifests
-from .smoke import chat
+from .smoke import chat, require_model
 from .values import check_flags, check_image, check_prefix, rule_of
 
 # Flags whose values land in the manifests, and their rule (the chart's schema holds the same ones).
@@ -65,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = p.add_argument_group("serving")
     srv.add_argument("--num-speculative-tokens", "-k", type=int, help="K (default: the chart's)")
+    srv.add_argument("--draft-fingerprint", metavar="ID",
+                     help="names the draft on the pods and as a served model name, e.g. the first 12 hex digits of "
+                          "its manifest's sha256 (default: derived from the model source and K)")
     srv.add_argument("--gpus", type=int, help="GPUs per replica (0 = CPU)")
     srv.add_argument("--tensor-parallel-size", type=int)
     srv.add_argument("--draft-tensor-parallel-size", type=int, help="1 or the target's tensor-parallel size")
@@ -97,14 +99,16 @@ def _namespace(ns: argparse.Namespace) -> str:
 
 def values_from_args(ns: argparse.Namespace) -> dict:
     import helm_python as helm
-    import yaml
 
-    extra = [yaml.safe_load(Path(f).read_text()) or {} for f in ns.values]
+    from ..config import load_yaml_mapping
+
+    extra = [load_yaml_mapping(f, "values file") for f in ns.values]
     extra += [helm.parse_set_string(s) for s in ns.sets]
     return values_for(
         mode=ns.mode, data_connection=ns.data_connection, path=ns.path, storage_uri=ns.storage_uri,
         target_uri=ns.target_uri, draft_uri=ns.draft_uri, pvc=ns.pvc, service_account=ns.service_account,
-        num_speculative_tokens=ns.num_speculative_tokens, gpus=ns.gpus, tensor_parallel_size=ns.tensor_parallel_size,
+        num_speculative_tokens=ns.num_speculative_tokens, draft_fingerprint=ns.draft_fingerprint,
+        gpus=ns.gpus, tensor_parallel_size=ns.tensor_parallel_size,
         draft_tensor_parallel_size=ns.draft_tensor_parallel_size, image=ns.image, max_model_len=ns.max_model_len,
         extra_args=ns.extra_args, extra_values=extra)
 
@@ -112,18 +116,27 @@ def values_from_args(ns: argparse.Namespace) -> dict:
 def deploy(objs: list[dict], apis: Apis, *, timeout: float, smoke_test: bool = True,
            endpoint_override: str | None = None, token: str | None = None, verify_tls: bool = True,
            interval: float = 10, out=None) -> str:
-    """Apply ``objs``, wait for readiness, optionally send one chat request; returns the endpoint."""
+    """Apply ``objs``, wait until the new rollout serves, optionally send one chat request; returns the endpoint.
+
+    The test request goes to the served name that carries the draft fingerprint, after checking that
+    the endpoint lists it: an older rollout answering fails with :class:`.smoke.SmokeTestError`."""
     out = out or sys.stdout
     for ref, action in apply(apis, objs):
         print(f"{ref} {action}", file=out)
     main_obj = next(o for o in objs if o["kind"] in ("InferenceService", "Deployment"))
     meta = main_obj["metadata"]
-    print(f"waiting up to {timeout:.0f}s for {main_obj['kind']}/{meta['name']} to be ready ...", file=out, flush=True)
+    fingerprint = fingerprint_of(main_obj)
+    print(f"waiting up to {timeout:.0f}s for {main_obj['kind']}/{meta['name']} to serve"
+          + (f" draft {fingerprint}" if fingerprint else "") + " ...", file=out, flush=True)
     ready = wait_ready(apis, main_obj["kind"], main_obj["apiVersion"], meta["name"], meta["namespace"],
-                       timeout=timeout, interval=interval)
+                       timeout=timeout, interval=interval, fingerprint=fingerprint)
     url = endpoint_override or endpoint(apis, objs, ready)
     if smoke_test:
-        model = _served_model_name(objs) or meta["name"]
+        names = served_names(objs) or [meta["name"]]
+        model = next((n for n in names if fingerprint and n.endswith(f":draft-{fingerprint}")), names[0])
+        if model != names[0]:
+            require_model(url, model, token=token, verify_tls=verify_tls)
+            print(f"the endpoint serves draft {fingerprint} ({model})", file=out)
         reply = chat(url, model, token=token, verify_tls=verify_tls)
         text = (reply["choices"][0].get("message") or {}).get("content", "")
         print(f"test request answered: {text[:80]!r}", file=out)
@@ -131,22 +144,35 @@ def deploy(objs: list[dict], apis: Apis, *, timeout: float, smoke_test: bool = T
     return url
 
 
-def _served_model_name(objs: list[dict]) -> str | None:
+def served_names(objs: list[dict]) -> list[str]:
+    """The vLLM ``--served-model-name`` values of the rendered server container (``--flag=a`` or ``--flag a b``)."""
     for o in objs:
         spec = o.get("spec") or {}
         containers = spec.get("containers") or ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
         for c in containers:
-            for a in c.get("args") or []:
+            args = c.get("args") or []
+            for i, a in enumerate(args):
                 if a.startswith("--served-model-name="):
-                    return a.split("=", 1)[1]
-    return None
+                    return [a.split("=", 1)[1]]
+                if a == "--served-model-name":
+                    names = []
+                    for value in args[i + 1:]:
+                        if value.startswith("-"):
+                            break
+                        names.append(value)
+                    return names
+    return []
 
 
 def main(argv: list[str] | None = None, apis: Apis | None = None) -> int:
+    from ..stage_io import check_writable, write_errors
+
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         check_arguments(ns)
+        if ns.render_only:
+            check_writable(ns.render_only, directory=True)  # an existing file there: exit 2, not a traceback
         namespace = _namespace(ns)
         values = values_from_args(ns)
         objs = render(values, ns.name, namespace, ns.chart)
@@ -156,7 +182,12 @@ def main(argv: list[str] | None = None, apis: Apis | None = None) -> int:
         print(f"peagle: error: {e}", file=sys.stderr)
         return 2
     if ns.render_only:
-        for path in write_manifests(objs, ns.render_only):
+        try:
+            with write_errors(ns.render_only, os.path.abspath(ns.render_only)):
+                paths = write_manifests(objs, ns.render_only)
+        except PeagleError as e:  # a full or read-only disk
+            return report(e)
+        for path in paths:
             print(path)
         return 0
     if apis is None:

@@ -6,9 +6,13 @@ Contract:
   re-running a deploy converges instead of failing. Built-in kinds go through the typed APIs
   (strategic merge patch); KServe, OpenShift and prometheus-operator kinds through
   ``CustomObjectsApi`` (JSON merge patch: lists such as the vLLM args are replaced as a whole).
-* :func:`wait_ready` polls until the InferenceService has ``Ready=True`` (or the Deployment is
-  available), raising :class:`DeployFailed` as soon as the status reports a terminal failure and
-  :class:`DeployTimeout` (with the last conditions) when ``timeout`` passes.
+* :func:`wait_ready` polls until the applied spec is what serves: the InferenceService has
+  ``Ready=True`` *and* its predictor runs the new rollout -- in RawDeployment the predictor
+  Deployment's new generation with all replicas updated and available and carrying the rendered draft
+  fingerprint, in Serverless the latest created revision ready with pods carrying it (right after a
+  patch ``Ready=True`` still describes the previous revision) -- or the plain Deployment is available.
+  It raises :class:`DeployFailed` as soon as the status reports a terminal failure and
+  :class:`DeployTimeout` (with the last conditions and what it was waiting for) when ``timeout`` passes.
 * :func:`endpoint` is the base URL clients use (no ``/v1``).
 
 All cluster access goes through :class:`Apis`, so tests can substitute a fake client.
@@ -43,6 +47,11 @@ BUILTIN = {
 }
 # KServe model states that will not recover without a change (status.modelStatus.states).
 FAILED_MODEL_STATES = {"FailedToLoad"}
+# The chart's pod label naming the draft a rollout serves (charts/peagle-serving, speculative.draftFingerprint).
+FINGERPRINT_LABEL = "peagle.io/draft-fingerprint"
+DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
+SERVERLESS_MODES = {"Serverless", "Knative"}  # KServe < 0.16 and >= 0.16 names
+REVISION_LABEL = "serving.knative.dev/revision"
 
 
 class DeployError(PeagleError, RuntimeError):
@@ -219,24 +228,118 @@ def deployment_state(obj: dict) -> tuple[bool, str | None]:
     return ok, None
 
 
+def fingerprint_of(obj: dict) -> str | None:
+    """The draft fingerprint an InferenceService puts on its predictor pods, or a Deployment on its pods."""
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "InferenceService":
+        labels = (spec.get("predictor") or {}).get("labels") or {}
+    else:
+        labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(FINGERPRINT_LABEL)
+
+
+def _serverless(isvc: dict) -> bool:
+    mode = ((isvc.get("status") or {}).get("deploymentMode")
+            or ((isvc.get("metadata") or {}).get("annotations") or {}).get(DEPLOYMENT_MODE))
+    if mode:
+        return mode in SERVERLESS_MODES
+    # the cluster's default mode: Serverless status names Knative revisions
+    return bool(_predictor_status(isvc).get("latestCreatedRevision"))
+
+
+def _predictor_status(isvc: dict) -> dict:
+    return ((isvc.get("status") or {}).get("components") or {}).get("predictor") or {}
+
+
+def _pod_ready(pod: dict) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False  # terminating: no longer what answers
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def _raw_rollout(apis: Apis, isvc: dict, namespace: str, fingerprint: str | None) -> tuple[bool, str | None, str]:
+    """KServe RawDeployment: the predictor Deployment ``<name>-predictor`` runs the new spec, fully."""
+    name = f"{isvc['metadata']['name']}-predictor"
+    dep = read(apis, "Deployment", "apps/v1", name, namespace)
+    if dep is None:
+        return False, None, f"Deployment/{name} to exist"
+    ok, failure = deployment_state(dep)
+    if failure:
+        return False, f"predictor {failure}", ""
+    running = fingerprint_of(dep)
+    if fingerprint and running != fingerprint:
+        return False, None, f"Deployment/{name} to roll out draft {fingerprint} (it runs {running or 'an unlabelled spec'})"
+    if not ok:
+        return False, None, f"Deployment/{name} to finish its rollout ({_rollout_progress(dep)})"
+    return True, None, ""
+
+
+def _serverless_rollout(apis: Apis, isvc: dict, namespace: str,
+                        fingerprint: str | None) -> tuple[bool, str | None, str]:
+    """KServe Serverless: the latest created revision is the ready one, and its ready pods carry the draft."""
+    pred = _predictor_status(isvc)
+    created, ready_rev = pred.get("latestCreatedRevision"), pred.get("latestReadyRevision")
+    if not created or created != ready_rev:
+        return False, None, f"the latest revision {created or '(none yet)'} to be ready (ready: {ready_rev or 'none'})"
+    if not fingerprint:
+        return True, None, ""
+    listing = to_dict(apis.core.list_namespaced_pod(namespace=namespace, label_selector=f"{REVISION_LABEL}={created}"))
+    pods = [p for p in listing.get("items") or [] if _pod_ready(p)]
+    carried = sorted({((p.get("metadata") or {}).get("labels") or {}).get(FINGERPRINT_LABEL) or "none" for p in pods})
+    if carried != [fingerprint]:
+        return False, None, (f"a ready pod of revision {created} serving draft {fingerprint}"
+                             + (f" (its ready pods carry {', '.join(carried)})" if pods else ""))
+    return True, None, ""
+
+
+def _rollout_progress(dep: dict) -> str:
+    spec, status = dep.get("spec") or {}, dep.get("status") or {}
+    return (f"generation {(dep.get('metadata') or {}).get('generation', '?')} observed "
+            f"{status.get('observedGeneration', 0)}; {status.get('updatedReplicas', 0)}/{spec.get('replicas', 1)} "
+            f"updated, {status.get('availableReplicas', 0)} available, {status.get('replicas', 0)} running")
+
+
+def rollout_state(apis: Apis, obj: dict, namespace: str,
+                  fingerprint: str | None = None) -> tuple[bool, str | None, str]:
+    """(ready, failure message or None, what is still awaited) for the applied ``obj``: an InferenceService
+    must be Ready *and* serve the new rollout; a Deployment must be available at its new generation."""
+    if obj.get("kind") == "InferenceService":
+        ready, failure = isvc_state(obj)
+        if failure or not ready:
+            return False, failure, "Ready=True"
+        if _serverless(obj):
+            return _serverless_rollout(apis, obj, namespace, fingerprint)
+        return _raw_rollout(apis, obj, namespace, fingerprint)
+    ready, failure = deployment_state(obj)
+    running = fingerprint_of(obj)
+    if fingerprint and running != fingerprint:
+        return False, failure, f"the Deployment to carry draft {fingerprint} (it carries {running or 'none'})"
+    return ready, failure, "" if ready else f"the rollout ({_rollout_progress(obj)})"
+
+
 def wait_ready(apis: Apis, kind: str, api_version: str, name: str, namespace: str, *, timeout: float = 1800,
                interval: float = 10, clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep) -> dict:
-    """Poll until ready; returns the ready object. ``clock``/``sleep`` are injectable for tests."""
-    check = isvc_state if kind == "InferenceService" else deployment_state
+               sleep: Callable[[float], None] = time.sleep, fingerprint: str | None = None) -> dict:
+    """Poll until the applied spec serves (:func:`rollout_state`); returns the ready object.
+
+    ``fingerprint``: the draft fingerprint of the rendered object (:func:`fingerprint_of`); without it
+    a Serverless rollout is judged by its revisions alone. ``clock``/``sleep`` are injectable for tests."""
     deadline = clock() + timeout
     last: dict | None = None
+    awaited = ""
     while True:
         last = read(apis, kind, api_version, name, namespace)
         if last is not None:
-            ready, failure = check(last)
+            ready, failure, awaited = rollout_state(apis, last, namespace, fingerprint)
             if ready:
                 return last
             if failure:
                 raise DeployFailed(f"{kind}/{name} in {namespace}: {failure}")
         if clock() >= deadline:
             where = _conditions((last or {}).get("status") or {}) if last else "object not found"
-            raise DeployTimeout(f"{kind}/{name} in {namespace} not ready after {timeout:.0f}s: {where}")
+            waiting = f"; waiting for {awaited}" if last and awaited else ""
+            raise DeployTimeout(f"{kind}/{name} in {namespace} not ready after {timeout:.0f}s: {where}{waiting}")
         sleep(interval)
 
 

@@ -59,7 +59,7 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
                pvc: str | None = None, service_account: str | None = None,
                num_speculative_tokens: int | None = None, gpus: int | None = None,
                tensor_parallel_size: int | None = None, draft_tensor_parallel_size: int | None = None,
-               image: str | None = None, max_model_len: int | None = None,
+               image: str | None = None, max_model_len: int | None = None, draft_fingerprint: str | None = None,
                extra_args: Iterable[str] = (), extra_values: Iterable[Mapping] = ()) -> dict:
     """Chart values for one deployment. Exactly one model source:
 
@@ -69,6 +69,8 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
     * ``target_uri`` + ``draft_uri``: KServe >= 0.16 ``storageUris`` (kserve mode);
     * ``pvc`` (+ ``path``): a PersistentVolumeClaim sub-path holding target/ and draft/.
 
+    ``draft_fingerprint`` names the draft (e.g. the first 12 hex digits of the sha256 of its manifest);
+    without it the chart derives one from the model source and the speculative config.
     ``image`` is a full reference ``registry[:port]/path:tag`` (or ``...@sha256:...``), checked by
     :func:`.values.parse_image`; every other string is checked by the chart's schema at :func:`render`.
     ``extra_values`` (parsed ``-f``/``--set`` maps) are merged last and win.
@@ -103,6 +105,8 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
         _set(v, "speculative.draftTensorParallelSize", int(draft_tensor_parallel_size))
     if max_model_len is not None:
         _set(v, "vllm.maxModelLen", int(max_model_len))
+    if draft_fingerprint:
+        _set(v, "speculative.draftFingerprint", draft_fingerprint)
     if image:
         try:
             repo, tag, digest = parse_image(image)

@@ -29,6 +29,20 @@ def chat(base_url: str, model: str, *, prompt: str = "Say hello in five words.",
         raise SmokeTestError(str(e)) from None
 
 
+def require_model(base_url: str, model: str, *, timeout: float = 60, token: str | None = None,
+                  verify_tls: bool = True) -> None:
+    """Raise :class:`SmokeTestError` unless ``GET {base_url}/v1/models`` lists ``model``: the proof that
+    the rollout serving the endpoint is the one whose served names include it (the draft fingerprint)."""
+    client = OpenAIClient(base_url.rstrip("/") + "/v1", token=token, verify_tls=verify_tls, timeout=timeout)
+    try:
+        served = client.models()
+    except EndpointError as e:
+        raise SmokeTestError(str(e)) from None
+    if model not in served:
+        raise SmokeTestError(f"the endpoint serves {', '.join(served) or 'no model'}, not {model}: "
+                             "an older rollout answered")
+
+
 def metrics(base_url: str, timeout: float = 30, token: str | None = None) -> str:
     """The Prometheus exposition text at ``{base_url}/metrics``."""
     try:
