@@ -20,6 +20,7 @@ from typing import Annotated, Any, Callable
 
 from pydantic import AfterValidator
 
+from ..config import short_repr
 from ..errors import PeagleError
 
 # -- building blocks (the OCI / Docker distribution reference grammar; Kubernetes' validation)
@@ -105,17 +106,18 @@ def _control_chars(value: str) -> str:
 
 
 def check(rule: str, value: Any) -> str:
-    """``value`` if it obeys ``RULES[rule]``, else :class:`InvalidValue` naming the rule."""
+    """``value`` if it obeys ``RULES[rule]``, else :class:`InvalidValue` naming the rule (and quoting at most
+    the start of ``value``: it may be any length)."""
     r = RULES[rule]
     if not isinstance(value, str):
-        raise InvalidValue(f"{value!r} is not a string; expected {r.description}")
+        raise InvalidValue(f"{short_repr(value)} is not a string; expected {r.description}")
     if len(value) > r.max_length:
-        raise InvalidValue(f"{value!r} is too long ({len(value)} characters, at most {r.max_length}); "
+        raise InvalidValue(f"{short_repr(value)} is too long ({len(value)} characters, at most {r.max_length}); "
                            f"expected {r.description}")
     if not _COMPILED[rule].fullmatch(value):
         ctl = _control_chars(value)
         why = f": it contains the control character {ctl}" if ctl else ""
-        raise InvalidValue(f"{value!r} is not {r.description}{why}")
+        raise InvalidValue(f"{short_repr(value)} is not {r.description}{why}")
     return value
 
 
@@ -124,18 +126,19 @@ def parse_image(ref: str) -> tuple[str, str, str]:
     (an image left to ``latest`` is not reproducible). Tag and digest are ``""`` when absent."""
     what = "an image reference registry[:port]/path:tag or path[:tag]@algorithm:hex"
     if not isinstance(ref, str) or len(ref) > 255 + 1 + 128 + 1 + 1024:
-        raise InvalidValue(f"{ref!r} is not {what}")
+        raise InvalidValue(f"{short_repr(ref)} is not {what}")
     m = _REFERENCE.fullmatch(ref)
     if not m:
         ctl = _control_chars(ref)
         why = f"it contains the control character {ctl}" if ctl else (
             "it contains a space" if " " in ref else "path components are lower case, tags [A-Za-z0-9_.-]")
-        raise InvalidValue(f"{ref!r} is not {what}: {why}")
+        raise InvalidValue(f"{short_repr(ref)} is not {what}: {why}")
     repo, tag, digest = m.group("repository"), m.group("tag") or "", m.group("digest") or ""
     if len(repo) > RULES["imageRepository"].max_length:
-        raise InvalidValue(f"{ref!r}: the repository is longer than 255 characters")
+        raise InvalidValue(f"{short_repr(ref)}: the repository is longer than 255 characters")
     if not tag and not digest:
-        raise InvalidValue(f"{ref!r} has neither a tag nor a digest; give REPOSITORY:TAG or REPOSITORY@sha256:...")
+        raise InvalidValue(f"{short_repr(ref)} has neither a tag nor a digest; give REPOSITORY:TAG or "
+                           "REPOSITORY@sha256:...")
     return repo, tag, digest
 
 

@@ -8,6 +8,11 @@ downloads that prefix). Modes:
   request (:func:`peagle.deploy.deploy`); returns the endpoint URL;
 * ``render``: only write the manifests to ``<run>/deploy/`` (no cluster needed; the local run);
 * ``none``: do nothing.
+
+The draft is named by its publication: the first :data:`FINGERPRINT_DIGITS` hex digits of the sha256 of
+``models/draft/_MANIFEST.json`` (what its ``_SUCCESS`` records, and the train step's lineage artifact
+shows as ``manifest_sha256``). The chart puts it on the serving pods and serves the model under a
+second name carrying it, so the smoke test's answer comes from the rollout of this run's draft.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from ..deploy.values import OptionalImageRef
 from .layout import RunLayout, bucket_and_key
 from .progress import stage
 
+FINGERPRINT_DIGITS = 12  # the chart's speculative.draftFingerprint: a label value, part of a model name
+
 
 class ServingSettings(StrictModel):
     """Cluster side of serving (from the cluster profile, fixed at compile time)."""
@@ -30,7 +37,9 @@ class ServingSettings(StrictModel):
     gpus: int | None = Field(None, ge=0, description="GPUs per replica (default: the chart's)")
     max_model_len: int | None = Field(None, ge=16)
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM flags")
-    values: dict[str, Any] = Field(default_factory=dict, description="extra chart values, merged last")
+    values: dict[str, Any] = Field(default_factory=dict, description=(
+        "extra chart values, merged last. The compiled pipeline carries the GPU pool's kueue.queueName and "
+        "kserve.hardwareProfile here (ClusterProfile.resolved_serving); values set here win"))
     timeout_s: float = Field(1800.0, gt=0, le=MAX_DURATION_S, description="wait this long for Ready")
 
 
@@ -43,9 +52,22 @@ def model_location(layout: RunLayout) -> tuple[str, str]:
     return "", layout.models.lstrip("/")
 
 
+def draft_fingerprint(layout: RunLayout) -> str:
+    """The published draft's name (see the module docstring); :class:`~peagle.storage.IncompletePrefixError`
+    naming the prefix when the draft is not (completely) published."""
+    from ..storage import SUCCESS, open_published, open_store
+
+    store = open_store(layout.draft)
+    open_published(store, "")  # _SUCCESS matches the manifest, and every object is there
+    sha = str(json.loads(store.get_bytes(SUCCESS))["manifest_sha256"])
+    return sha[:FINGERPRINT_DIGITS]
+
+
 def serving_objects(run_uri: str, name: str, mode: str, data_connection: str, num_speculative_tokens: int,
-                    settings: ServingSettings, namespace: str) -> list[dict[str, Any]]:
-    """The objects that serve the run's target + draft (``mode`` kserve or deployment; render = kserve)."""
+                    settings: ServingSettings, namespace: str, draft_fingerprint: str | None = None
+                    ) -> list[dict[str, Any]]:
+    """The objects that serve the run's target + draft (``mode`` kserve or deployment; render = kserve).
+    ``draft_fingerprint``: see :func:`draft_fingerprint` (None: the chart derives one from the settings)."""
     from ..deploy import render, values_for
 
     bucket, path = model_location(RunLayout(run_uri))
@@ -53,7 +75,8 @@ def serving_objects(run_uri: str, name: str, mode: str, data_connection: str, nu
     values = values_for(mode="kserve" if mode == "render" else mode, data_connection=data_connection,
                         path=path, bucket=bucket, num_speculative_tokens=int(num_speculative_tokens),
                         gpus=s.gpus, image=s.image or None, max_model_len=s.max_model_len,
-                        extra_args=s.extra_args, extra_values=[s.values] if s.values else [])
+                        draft_fingerprint=draft_fingerprint, extra_args=s.extra_args,
+                        extra_values=[s.values] if s.values else [])
     return render(values, name, namespace)
 
 
@@ -73,7 +96,9 @@ def deploy(run_uri: str, name: str, mode: str, data_connection: str, num_specula
     layout = RunLayout(run_uri)
     with stage(f"deploy[{mode}]") as info:
         ns = namespace or current_namespace()
-        objs = serving_objects(run_uri, name, mode, data_connection, num_speculative_tokens, s, ns)
+        fingerprint = draft_fingerprint(layout)
+        info["draft_fingerprint"] = fingerprint
+        objs = serving_objects(run_uri, name, mode, data_connection, num_speculative_tokens, s, ns, fingerprint)
         with staged(layout.deploy, kind="peagle-deploy") as out:
             write_manifests(objs, out)
         info["objects"] = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]

@@ -22,7 +22,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from ..config import MAX_DURATION_S, ConfigError, StrictModel, load_yaml_mapping, short_repr, shorten
-from ..deploy.values import DnsLabel, DnsSubdomain, ImageRef, LabelKey, LabelValue, Quantity, ResourceName
+from ..deploy.render import deep_merge
+from ..deploy.values import (DnsLabel, DnsSubdomain, ImageRef, InvalidValue, LabelKey, LabelValue, Quantity,
+                             ResourceName, check)
 from .deployment import ServingSettings
 from ..storage.settings import DATA_CONNECTION_DIR_ENV
 from .trainjob import QUEUE_LABEL
@@ -36,6 +38,13 @@ IN_PROCESS_RETRY = ("extract",)  # retried by the component itself: KFP ignores 
 # not Kubernetes, that gives up (and, for the TrainJob launcher, suspends the job).
 LAUNCHER_MARGIN_S = 3600
 DEPLOY_MARGIN_S = 1800
+# OpenShift AI's profile annotations (3.x hardware profile, 2.x accelerator profile), with the rule the
+# serving chart's kserve.hardwareProfile applies to each value.
+HARDWARE_PROFILE_NAME = "opendatahub.io/hardware-profile-name"
+HARDWARE_PROFILE_NAMESPACE = "opendatahub.io/hardware-profile-namespace"
+ACCELERATOR_NAME = "opendatahub.io/accelerator-name"
+_PROFILE_ANNOTATIONS = {HARDWARE_PROFILE_NAME: "dnsSubdomain", HARDWARE_PROFILE_NAMESPACE: "dnsLabel",
+                        ACCELERATOR_NAME: "dnsSubdomain"}
 
 
 _SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -99,11 +108,37 @@ class Accelerator(StrictModel):
         default_factory=lambda: [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")])
     queue_name: str = Field("", pattern=r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$", description=(
         "Kueue LocalQueue of the pool's GPU workloads: label kueue.x-k8s.io/queue-name on the pipeline's GPU "
-        "steps and on the TrainJob (unless trainjob.queue_name names another); empty: not queued by Kueue"))
+        "steps, on the TrainJob (unless trainjob.queue_name names another) and on the serving objects (chart "
+        "value kueue.queueName, unless serving.values sets it; not when serving.gpus is 0); empty: not queued "
+        "by Kueue"))
     annotations: dict[LabelKey, str] = Field(default_factory=dict, description=(
         "annotations of the pipeline's GPU step pods, e.g. OpenShift AI's hardware profile "
         "(opendatahub.io/hardware-profile-name and -namespace, 3.x) or accelerator profile "
-        "(opendatahub.io/accelerator-name, 2.x)"))
+        "(opendatahub.io/accelerator-name, 2.x). A hardware or accelerator profile named here also goes on "
+        "the InferenceService (chart value kserve.hardwareProfile, unless serving.values sets it; the 3.x one "
+        "when both are named)"))
+
+    @field_validator("annotations")
+    @classmethod
+    def _profile_names(cls, v: dict[str, str]) -> dict[str, str]:
+        """A hardware/accelerator profile name the serving chart (and Kubernetes) would refuse fails here."""
+        for key, rule in _PROFILE_ANNOTATIONS.items():
+            if key in v:
+                try:
+                    check(rule, v[key])
+                except InvalidValue as e:
+                    raise ValueError(f"{key}: {e}") from None
+        return v
+
+    def hardware_profile(self) -> dict[str, str] | None:
+        """The serving chart's ``kserve.hardwareProfile`` for the profile the annotations name, else None."""
+        a = self.annotations
+        if a.get(HARDWARE_PROFILE_NAME):
+            return {"kind": "hardwareProfile", "name": a[HARDWARE_PROFILE_NAME],
+                    "namespace": a.get(HARDWARE_PROFILE_NAMESPACE, "")}
+        if a.get(ACCELERATOR_NAME):
+            return {"kind": "acceleratorProfile", "name": a[ACCELERATOR_NAME], "namespace": ""}
+        return None
 
 
 class StepResources(StrictModel):
@@ -217,8 +252,27 @@ class ClusterProfile(StrictModel):
         """The TrainJob settings as the train component's ``cluster`` input (GPU pool filled in)."""
         return json.dumps(self.resolved_trainjob().model_dump(mode="json"), sort_keys=True)
 
+    def resolved_serving(self) -> ServingSettings:
+        """The serving settings with the GPU pool filled in as chart values: its Kueue queue
+        (``kueue.queueName``) and the OpenShift AI profile its annotations name (``kserve.hardwareProfile``),
+        under ``serving.values``, which win. Serving with 0 GPUs per replica is no GPU workload: left as is."""
+        s = self.serving.model_copy(deep=True)
+        gpu = s.values.get("gpu")
+        gpus = gpu["count"] if isinstance(gpu, dict) and "count" in gpu else s.gpus  # None: the chart's (1)
+        if gpus == 0:
+            return s
+        pool: dict[str, Any] = {}
+        if self.accelerator.queue_name:
+            pool["kueue"] = {"queueName": self.accelerator.queue_name}
+        hardware = self.accelerator.hardware_profile()
+        if hardware:
+            pool["kserve"] = {"hardwareProfile": hardware}
+        s.values = deep_merge(pool, s.values)
+        return s
+
     def serving_json(self) -> str:
-        return json.dumps(self.serving.model_dump(mode="json"), sort_keys=True)
+        """The serving settings as the deploy component's ``serving`` input (GPU pool filled in)."""
+        return json.dumps(self.resolved_serving().model_dump(mode="json"), sort_keys=True)
 
 
 def load_profile(path: str | Path | None) -> ClusterProfile:

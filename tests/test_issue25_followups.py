@@ -1,0 +1,212 @@
+"""Issue #25 follow-ups: the pipeline's own deploy step and ``peagle pipeline render``.
+
+* 8: with a Kueue queue in the cluster profile, the serving objects the pipeline's deploy step renders
+  (InferenceService; Deployment and pods in deployment mode) carry ``kueue.x-k8s.io/queue-name``, and
+  the pool's OpenShift AI hardware (3.x) or accelerator (2.x) profile goes on the InferenceService.
+* 6: the deploy step names the draft it serves by the published draft's manifest sha256 (what its
+  ``_SUCCESS`` records), so the smoke test proves that the pipeline's own draft answered.
+* Errors of :func:`peagle.deploy.values.check` never quote a long user value in full.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k8s_schemas import CRD_SETS, crd_dir, validate
+
+QUEUE = "kueue.x-k8s.io/queue-name"
+FP_LABEL = "peagle.io/draft-fingerprint"
+HW_NAME = "opendatahub.io/hardware-profile-name"
+HW_NAMESPACE = "opendatahub.io/hardware-profile-namespace"
+ACCEL_NAME = "opendatahub.io/accelerator-name"
+QUEUED = ("accelerator:\n  queue_name: gpu-queue\n  annotations:\n"
+          f"    {HW_NAME}: h100\n    {HW_NAMESPACE}: redhat-ods-applications\n")
+
+
+def profile_file(tmp_path: Path, text: str) -> Path:
+    prof = tmp_path / "profile.yaml"
+    prof.write_text("name: q\n" + text)
+    return prof
+
+
+def load(tmp_path: Path, text: str):
+    from peagle.pipeline.profile import load_profile
+
+    return load_profile(profile_file(tmp_path, text))
+
+
+def publish_draft(run: Path, weights: bytes = b"weights") -> str:
+    """A published ``<run>/models/draft`` (the files a trained draft has; the deploy step reads only its
+    publication). Returns the sha256 of its ``_MANIFEST.json``."""
+    from peagle.storage import open_store, publish_dir
+
+    src = run.parent / f"draft-src-{hashlib.sha256(weights).hexdigest()[:8]}"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "config.json").write_text('{"architectures": ["Eagle3Speculator"]}')
+    (src / "model.safetensors").write_bytes(weights)
+    publish_dir(open_store(str(run / "models" / "draft")), "", src, overwrite=True)
+    return hashlib.sha256((run / "models" / "draft" / "_MANIFEST.json").read_bytes()).hexdigest()
+
+
+def rendered(run: Path) -> dict[str, dict]:
+    return {o["kind"]: o for o in (yaml.safe_load(p.read_text()) for p in sorted((run / "deploy").glob("*.yaml")))}
+
+
+def objects(profile, mode: str) -> dict[str, dict]:
+    """What the deploy component renders for ``profile``: its settings travel as ``serving_json()``."""
+    from peagle.pipeline.deployment import ServingSettings, serving_objects
+
+    settings = ServingSettings.model_validate(json.loads(profile.serving_json()))
+    objs = serving_objects("s3://bucket/runs/r1", "qwen3-peagle", mode, "aws-connection-peagle", 4, settings, "ml")
+    return {o["kind"]: o for o in objs}
+
+
+def served_names(objs: dict[str, dict]) -> list[str]:
+    args = objs["ServingRuntime"]["spec"]["containers"][0]["args"]
+    flag = next(i for i, a in enumerate(args) if a.startswith("--served-model-name"))
+    names = []
+    for a in args[flag + 1:]:
+        if a.startswith("--"):
+            break
+        names.append(a)
+    return names
+
+
+# ---- 8. the queue and the hardware profile reach the serving objects -----------------------------------
+
+
+def test_the_deploy_step_queues_the_inferenceservice_and_names_the_hardware_profile(tmp_path):
+    from peagle.pipeline.deployment import deploy
+
+    crd_dir()
+    run = tmp_path / "runs" / "r1"
+    publish_draft(run)
+    profile = load(tmp_path, QUEUED)
+    assert deploy(str(run), "qwen3-peagle", "render", "aws-connection-peagle", 4, profile.serving_json(),
+                  namespace="ml") == str(run / "deploy")
+    objs = rendered(run)
+    isvc = objs["InferenceService"]
+    assert isvc["metadata"]["labels"][QUEUE] == "gpu-queue"
+    assert isvc["metadata"]["annotations"][HW_NAME] == "h100"
+    assert isvc["metadata"]["annotations"][HW_NAMESPACE] == "redhat-ods-applications"
+    for o in objs.values():
+        assert validate(o) in ("builtin", "crd", "unchecked"), o["kind"]
+
+
+def test_deployment_mode_pods_carry_the_queue_label(tmp_path):
+    objs = objects(load(tmp_path, QUEUED), "deployment")
+    dep = objs["Deployment"]
+    assert dep["metadata"]["labels"][QUEUE] == "gpu-queue"
+    assert dep["spec"]["template"]["metadata"]["labels"][QUEUE] == "gpu-queue"
+    assert validate(dep) == "builtin"
+
+
+def test_an_accelerator_profile_2x_goes_on_the_inferenceservice_and_runtime(tmp_path):
+    objs = objects(load(tmp_path, f"accelerator:\n  annotations:\n    {ACCEL_NAME}: nvidia-gpu\n"), "kserve")
+    assert objs["InferenceService"]["metadata"]["annotations"][ACCEL_NAME] == "nvidia-gpu"
+    assert objs["ServingRuntime"]["metadata"]["annotations"][ACCEL_NAME] == "nvidia-gpu"
+    assert QUEUE not in objs["InferenceService"]["metadata"]["labels"]  # no queue set: not queued
+
+
+def test_serving_values_win_and_cpu_serving_is_not_a_gpu_workload(tmp_path):
+    own = load(tmp_path, QUEUED + "serving:\n  values:\n    kueue: {queueName: serving-queue}\n")
+    assert objects(own, "kserve")["InferenceService"]["metadata"]["labels"][QUEUE] == "serving-queue"
+    cpu = objects(load(tmp_path, QUEUED + "serving:\n  gpus: 0\n"), "kserve")["InferenceService"]["metadata"]
+    assert QUEUE not in cpu["labels"] and HW_NAME not in cpu["annotations"]
+    default = objects(load(tmp_path, ""), "kserve")["InferenceService"]["metadata"]
+    assert QUEUE not in default["labels"] and HW_NAME not in default["annotations"]
+
+
+def test_a_hardware_profile_name_kubernetes_refuses_is_a_profile_error(tmp_path):
+    from peagle.config import ConfigError
+    from peagle.pipeline.profile import load_profile
+
+    prof = profile_file(tmp_path, f"accelerator:\n  annotations:\n    {HW_NAME}: H100 GPUs\n")
+    with pytest.raises(ConfigError, match=rf"accelerator\.annotations: {HW_NAME}: 'H100 GPUs' is not a DNS-1123 "
+                                          "subdomain"):
+        load_profile(prof)
+
+
+@pytest.mark.parametrize("crds", sorted(CRD_SETS))
+@pytest.mark.parametrize("mode", ["kserve", "deployment"])
+def test_pipeline_render_queues_the_serving_objects(tmp_path, crds, mode, capsys):
+    from peagle.pipeline.__main__ import main
+
+    crd_dir()
+    out = tmp_path / "objs"
+    assert main(["render", "--out", str(out), "--profile", str(profile_file(tmp_path, QUEUED)),
+                 "--deploy-mode", mode]) == 0
+    objs = {o["kind"]: o for o in (yaml.safe_load(p.read_text()) for p in sorted(out.glob("*.yaml")))}
+    assert objs["TrainJob"]["metadata"]["labels"][QUEUE] == "gpu-queue"
+    if mode == "kserve":
+        assert objs["InferenceService"]["metadata"]["labels"][QUEUE] == "gpu-queue"
+        assert objs["InferenceService"]["metadata"]["annotations"][HW_NAME] == "h100"
+    else:
+        assert objs["Deployment"]["spec"]["template"]["metadata"]["labels"][QUEUE] == "gpu-queue"
+    for o in objs.values():
+        if o["apiVersion"].startswith("trainer.kubeflow.org"):
+            assert validate(o, crds) == "crd", o["kind"]
+        else:
+            assert validate(o) in ("builtin", "crd", "unchecked"), o["kind"]
+
+
+# ---- 6. the deploy step names the draft it serves -------------------------------------------------------
+
+
+def test_the_deploy_step_fingerprints_the_published_draft(tmp_path):
+    from peagle.pipeline.deployment import deploy
+    from peagle.pipeline.profile import ClusterProfile
+
+    run = tmp_path / "runs" / "r1"
+    sha = publish_draft(run)
+    assert json.loads((run / "models" / "draft" / "_SUCCESS").read_text())["manifest_sha256"] == sha
+    deploy(str(run), "qwen3-peagle", "render", "aws-connection-peagle", 4, ClusterProfile().serving_json(),
+           namespace="ml")
+    objs = rendered(run)
+    assert objs["InferenceService"]["spec"]["predictor"]["labels"][FP_LABEL] == sha[:12]
+    assert f"qwen3-peagle:draft-{sha[:12]}" in served_names(objs)  # the name the smoke test asks for
+
+    new_sha = publish_draft(run, b"retrained weights")  # a new draft: a new name, so a redeploy waits for it
+    deploy(str(run), "qwen3-peagle", "render", "aws-connection-peagle", 4, ClusterProfile().serving_json(),
+           namespace="ml")
+    assert new_sha != sha
+    assert rendered(run)["InferenceService"]["spec"]["predictor"]["labels"][FP_LABEL] == new_sha[:12]
+
+
+def test_the_deploy_step_refuses_a_draft_that_is_not_published(tmp_path):
+    from peagle.errors import PeagleError
+    from peagle.pipeline.deployment import deploy
+
+    run = tmp_path / "runs" / "r1"
+    (run / "models" / "draft").mkdir(parents=True)
+    (run / "models" / "draft" / "config.json").write_text("{}")
+    with pytest.raises(PeagleError, match=r"runs/r1/models/draft/? is not published \(no _SUCCESS\)"):
+        deploy(str(run), "qwen3-peagle", "render", "aws-connection-peagle", 4, "", namespace="ml")
+    assert not (run / "deploy").exists()
+
+
+# ---- values.check never quotes a long value in full -------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule, value", [("dnsLabel", "x" * 5000), ("dnsLabel", "a b" * 2000),
+                                         ("text", "z" * 1000 + "\n"), ("dnsLabel", ["label"] * 5000),
+                                         ("image", "Q" * 1000 + ":1"), ("image", "q" * 1000 + " :1")])
+def test_value_errors_shorten_the_value(rule, value):
+    from peagle.deploy import values as rules
+
+    with pytest.raises(rules.InvalidValue) as err:
+        rules.parse_image(value) if rule == "image" else rules.check(rule, value)
+    assert len(str(err.value)) < 400 and str(value)[:200] not in str(err.value)
+
+
+def test_a_long_run_id_is_reported_short(tmp_path, capsys):
+    from peagle.pipeline.__main__ import main
+
+    assert main(["render", "--out", str(tmp_path / "o"), "--run-id", "r" * 10_000]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("peagle: error: --run-id: 'rrr") and "(10000 characters, at most 63)" in err
+    assert len(err) < 400
