@@ -112,7 +112,8 @@ def cmd_regenerate(ns: argparse.Namespace) -> int:
     out = ns.out or str(Path(cfg.work_dir) / "regenerated.jsonl")
     path = check_writable(out, directory=False)  # a JSONL file, appended to: before any work
     with write_errors(out, path.absolute().parent):
-        result = run_regenerate(cfg.regenerate, cfg.target.path or None, out)
+        result = run_regenerate(cfg.regenerate, cfg.target.path or None, out,
+                                template_time_limit_s=cfg.prepare.template_time_limit_s)
     print(f"regenerated into {out}: " + ", ".join(f"{k}={v}" for k, v in result.counts.items()))
     return 0
 

@@ -216,6 +216,11 @@ class ChatRenderer:
             raise RowRejected(TEMPLATE_ERROR, f"template rendered a {type(text).__name__}, not text")
         return text
 
+    def prompt(self, messages: list[dict[str, str]]) -> str:
+        """The text a chat server renders for ``messages`` (generation prompt added), within the time limit:
+        :class:`TemplateTimeout` past it, :class:`RowRejected` when the template refuses the conversation."""
+        return self._text(messages, True)
+
     def _is_blank(self, tid: int) -> bool:
         if tid not in self._blank:
             text = self.tokenizer.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)

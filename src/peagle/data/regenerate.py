@@ -11,6 +11,10 @@ Two generators, one contract (``generate(list of message lists) -> list of (text
 * ``endpoint``: an OpenAI-compatible ``/v1/chat/completions`` server, e.g. a deployed KServe
   InferenceService, with bounded concurrency and retries. The API key comes from the environment.
 
+The vllm backend renders each prompt with the target's chat template (to count its tokens) within the
+time limit prepare's renders have (``prepare.template_time_limit_s``: one target, one template, one
+limit); a template that passes it stops the stage with :class:`~peagle.data.errors.TemplateTimeout`.
+
 Resumable by sample id: records are appended and flushed one conversation at a time; a rerun skips
 ids already in the output (a torn last line from a crash is cut off first).
 
@@ -37,12 +41,16 @@ from .. import progress as progress_mod
 from ..config import StrictModel
 from ..engine import child, llm as engine
 from ..engine.client import EndpointError, OpenAIClient
+from .chat import TEMPLATE_TIME_LIMIT_S, ChatRenderer
 from .errors import PrepareError, RowRejected
 from .rows import Conversation, parse_row, row_id_of
 from .settings import PrepareSettings
 from .sources import resolve_sources
 
 log = logging.getLogger(__name__)
+
+RESULT_MARKER = "PEAGLE_RESULT "
+ERROR_MARKER = "PEAGLE_REGENERATE_ERROR "
 
 
 class RegenerateSettings(StrictModel):
@@ -200,10 +208,28 @@ def child_env(settings: RegenerateSettings) -> dict[str, str]:
     return env
 
 
+class PromptCounter:
+    """Tokens of a prompt as vLLM's ``chat()`` counts them, the chat template rendered by
+    :class:`~peagle.data.chat.ChatRenderer` (within ``time_limit_s``; ``source`` names the template's owner)."""
+
+    def __init__(self, tokenizer: Any, time_limit_s: float | None, source: str):
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer, time_limit_s=time_limit_s, source=source)
+
+    def __call__(self, messages: list[dict]) -> int | None:
+        """The prompt's tokens; None when the template refuses the conversation (raise_exception)."""
+        try:
+            text = self.renderer.prompt(messages)
+        except RowRejected:
+            return None
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 class VllmGenerator:
     """Offline batches with real vLLM; only constructed inside the child interpreter."""
 
-    def __init__(self, settings: RegenerateSettings, target: str):
+    def __init__(self, settings: RegenerateSettings, target: str,
+                 template_time_limit_s: float | None = TEMPLATE_TIME_LIMIT_S):
         from vllm import SamplingParams
 
         # log stats on: the progress meter reads vLLM's generated-token counter (peagle.progress)
@@ -211,21 +237,20 @@ class VllmGenerator:
                                     kv_cache_gib=settings.cpu_kv_cache_gib)
         self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
                                      seed=settings.seed)
-        self.tokenizer = self.llm.get_tokenizer()
+        self.prompt_tokens = PromptCounter(self.llm.get_tokenizer(), template_time_limit_s, f"target {target}")
         self.max_prompt = self.llm.llm_engine.model_config.max_model_len - 1
         if settings.max_prompt_tokens is not None:
             self.max_prompt = min(self.max_prompt, settings.max_prompt_tokens)
 
-    def _prompt_tokens(self, messages: list[dict]) -> int:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # as vLLM's chat() counts
-
     def generate(self, batch: list[list[dict]], progress=None) -> list[tuple[str, str]]:
         """Replies in batch order; each finished request advances ``progress`` by 1."""
         # vLLM refuses a whole batch when one prompt exceeds the context; such a prompt (or one over
-        # max_prompt_tokens) gets an empty reply instead, which ends its conversation (_regenerate_batch).
-        replies = [("", "prompt_too_long")] * len(batch)
-        kept = [i for i, m in enumerate(batch) if self._prompt_tokens(m) <= self.max_prompt]
+        # max_prompt_tokens, or one the template refuses) gets an empty reply instead, which ends its
+        # conversation (_regenerate_batch).
+        with self.prompt_tokens.renderer.time_limits():
+            sizes = [self.prompt_tokens(m) for m in batch]
+        replies = [("", "prompt_too_long" if n is not None else "template_error") for n in sizes]
+        kept = [i for i, n in enumerate(sizes) if n is not None and n <= self.max_prompt]
         hook = (progress_mod.vllm_tqdm(progress, llm=self.llm, max_tokens=self.params.max_tokens)
                 if progress is not None else False)
         for i, o in zip(kept, self.llm.chat([batch[i] for i in kept], self.params, use_tqdm=hook)):
@@ -396,9 +421,11 @@ def regenerate_into(settings: RegenerateSettings, output: Path, make_generator, 
 
 
 def run_regenerate(settings: RegenerateSettings, target: str | os.PathLike | None, output: str | os.PathLike,
-                   progress: progress_mod.Progress | None = None) -> RegenerateResult:
+                   progress: progress_mod.Progress | None = None, *,
+                   template_time_limit_s: float | None = TEMPLATE_TIME_LIMIT_S) -> RegenerateResult:
     """Regenerate into ``output`` (JSONL). ``target`` is the model directory for the vllm backend;
-    ``progress`` replaces the stage's own meter (a benchmark reads when the engine was ready)."""
+    ``progress`` replaces the stage's own meter (a benchmark reads when the engine was ready);
+    ``template_time_limit_s``: seconds one chat-template render may take (``prepare.template_time_limit_s``)."""
     output = Path(output)
     if progress is None:
         progress = progress_mod.Progress("regenerate", settings.max_conversations, "conversations")
@@ -408,9 +435,10 @@ def run_regenerate(settings: RegenerateSettings, target: str | os.PathLike | Non
         return RegenerateResult(output, counts)
     if not target:
         raise PrepareError("regenerate backend 'vllm' needs a target directory")
-    job = {"settings": settings.model_dump(), "target": str(target), "output": str(output)}
+    job = {"settings": settings.model_dump(), "target": str(target), "output": str(output),
+           "template_time_limit_s": template_time_limit_s}
     with progress:
-        counts = child.run_module("peagle.data.regenerate", job, marker="PEAGLE_RESULT ",
+        counts = child.run_module("peagle.data.regenerate", job, marker=RESULT_MARKER, error_marker=ERROR_MARKER,
                                   what="offline regeneration", error=PrepareError, progress=progress,
                                   env=child_env(settings), timeout=settings.engine_timeout_s)
     return RegenerateResult(output, counts)
@@ -420,9 +448,15 @@ def _child_main() -> None:
     job: dict[str, Any] = json.loads(sys.stdin.read())
     settings = RegenerateSettings.model_validate(job["settings"])
     reporter = progress_mod.child_reporter()
-    counts = regenerate_into(settings, Path(job["output"]), lambda: VllmGenerator(settings, job["target"]), reporter)
+    limit = job.get("template_time_limit_s", TEMPLATE_TIME_LIMIT_S)
+    try:
+        counts = regenerate_into(settings, Path(job["output"]), lambda: VllmGenerator(settings, job["target"], limit),
+                                 reporter)
+    except PrepareError as exc:  # one the child can name (a template past its time limit, a missing source)
+        print(ERROR_MARKER + json.dumps(str(exc)), flush=True)
+        sys.exit(2)
     reporter.flush()
-    print("PEAGLE_RESULT " + json.dumps(counts), flush=True)
+    print(RESULT_MARKER + json.dumps(counts), flush=True)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ class PrepareSettings(StrictModel):
     shard_rows: int = Field(5000, ge=1, description="rows per parquet shard")
     template_time_limit_s: float = Field(
         10.0, gt=0, description="seconds the chat template may take to render one conversation; a template that "
-        "takes longer (one that loops for ever) ends the stage",
+        "takes longer (one that loops for ever) ends the stage; regenerate (vllm backend) renders with this limit too",
     )
     chat_template_args: list[str] = Field(
         default_factory=list,

@@ -7,7 +7,9 @@ everything else is set through the ``config`` parameter, a YAML document with th
 writes ``<run>/run.json``; later steps read that file.
 
 A key that a typed parameter covers (see :data:`COVERAGE`) may appear in ``config`` only with the
-same value: two places disagreeing about one setting is an error, not a silent precedence rule.
+same value: two places disagreeing about one setting is an error, not a silent precedence rule. Such a
+parameter takes its bounds from the schema field of its key (:func:`covered_bounds`) and is validated as
+that key is, so a bad value is refused naming the parameter wherever the parameters are validated.
 Paths the pipeline owns (``target.path``, ``train.data``, ``train.output``, ``work_dir``,
 ``evaluate.draft/out/hidden_states``) are set by the steps and may not be configured.
 
@@ -23,10 +25,13 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, get_args, get_origin
+from functools import lru_cache
+from typing import Annotated, Any, Callable, Literal, get_args, get_origin
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 from ..config import ConfigError, StrictModel, build_config, load_yaml, parse_override, shorten, short_repr
 from ..deploy.values import RULES
@@ -37,51 +42,6 @@ OBJECT_NAME = RULES["objectName"]  # the chart's and `peagle deploy --name`'s ru
 SECRET_NAME = RULES["dnsSubdomain"]  # a data connection is a Secret
 PIPELINE_OWNED = ("target.path", "train.data", "train.output", "work_dir",
                   "evaluate.draft", "evaluate.out", "evaluate.hidden_states")
-
-
-class PipelineParams(StrictModel):
-    """The typed pipeline parameters that shape a run (what the dashboard's run form shows)."""
-
-    target: str = Field(..., description="target: s3:// prefix of a Hugging Face directory, a local directory "
-                        "or .gguf file, or 'smollm2' (the embedded SmolLM2-135M-Instruct)")
-    data_source: str = Field("sharegpt", description="comma-separated prepare sources (files, hf:<id>, 'sharegpt')")
-    num_samples: int = Field(5000, ge=0, description="training rows to prepare (0: all); also caps regeneration")
-    max_length: int = Field(2048, ge=8, description="tokens per training row")
-    regenerate: bool = Field(False, description="let the target rewrite the assistant turns first (vLLM)")
-    num_speculative_tokens: int = Field(4, ge=1, le=16, description="K: parallel draft depths trained and served")
-    draft_layers: int = Field(1, ge=1, le=64, description="decoder layers of the draft")
-    extract_shards: int = Field(2, ge=1, le=256, description="parallel extraction workers (ParallelFor fan-out)")
-    train_mode: Literal["pod", "trainjob"] = Field("pod", description="'pod': torchrun in the step's pod; "
-                                                  "'trainjob': a Kubeflow Trainer TrainJob (multi-node)")
-    num_gpus: int = Field(1, ge=1, le=64, description="GPUs (and torchrun processes) per training node")
-    num_nodes: int = Field(1, ge=1, le=256, description="training nodes (train_mode=trainjob)")
-    train_epochs: int = Field(1, ge=1, description="passes over the training data")
-    train_max_steps: int = Field(0, ge=0, description="stop after this many optimiser steps (0: all epochs)")
-    min_acceptance_length: float = Field(1.5, ge=0.0, description="deploy only if the vLLM-measured acceptance "
-                                         "length reaches this (0: no gate)")
-    # Checked here, before hours of training, although only the deploy step uses them.
-    deploy_mode: Literal["kserve", "deployment", "render", "none"] = Field(
-        "kserve", description="how to serve: 'kserve' (InferenceService), 'deployment' (a plain Deployment), "
-        "'render' (write the manifests only) or 'none'")
-    deploy_name: str = Field("peagle", pattern=OBJECT_NAME.pattern, max_length=OBJECT_NAME.max_length,
-                             description="InferenceService / Deployment name (DNS-1035 label)")
-
-
-class RunPlacement(StrictModel):
-    """The pipeline parameters that place a run (storage, name) and carry the rest of its settings."""
-
-    data_connection: str = Field("aws-connection-peagle", pattern=SECRET_NAME.pattern,
-                                 max_length=SECRET_NAME.max_length, description="OpenShift AI data connection "
-                                 "(Secret) with the object store's endpoint, bucket and credentials")
-    output_root: str = Field("s3:///peagle/runs", description="where runs are written: s3://bucket/prefix "
-                             "(s3:///prefix: the data connection's bucket) or a directory")
-    run_name: str = Field("", description="the run's directory under output_root (default: the pipeline job "
-                          "id); rerunning a name reuses its finished stages")
-    config: str = Field("", description="YAML of further settings by section (prepare, extract, train, "
-                        "evaluate, ...), as `peagle config show` prints them")
-
-
-PIPELINE_MODELS = (PipelineParams, RunPlacement)
 
 
 @dataclass(frozen=True)
@@ -112,6 +72,110 @@ COVERAGE: tuple[Covered, ...] = (
     Covered("min_acceptance_length", "evaluate.min_acceptance_length", lambda v: v or None, lambda v: v or 0.0),
 )
 COVERED_KEYS = tuple(c.key for c in COVERAGE)
+
+
+_LOWER, _UPPER = ("gt", "ge"), ("lt", "le")
+
+
+def schema_field(key: str) -> FieldInfo:
+    """The :class:`RunConfig` field of a dotted config key (``train.epochs``)."""
+    model: Any = RunConfig
+    for part in key.split("."):
+        field = model.model_fields[part]
+        model = field.annotation
+    return field
+
+
+def _schema_bounds(key: str) -> dict[str, Any]:
+    return {b: getattr(m, b) for m in schema_field(key).metadata for b in (*_LOWER, *_UPPER)
+            if getattr(m, b, None) is not None}
+
+
+def covered_bounds(param: str) -> dict[str, Any]:
+    """The bounds (``ge``, ``le``, ...) of the config keys a typed parameter sets: the schema is the one place
+    they are written (the tightest of each where the parameter sets several keys). Where the parameter's 0
+    leaves its keys unset (``num_samples=0``: all), the lower bound is that 0; :class:`PipelineParams` checks
+    each value as its keys are checked besides (``min_acceptance_length=0.5`` is refused)."""
+    covered = [c for c in COVERAGE if c.param == param]
+    out: dict[str, Any] = {}
+    for c in covered:
+        for b, v in _schema_bounds(c.key).items():
+            out[b] = v if b not in out else (max if b in _LOWER else min)(out[b], v)
+    if any(c.to_config(0) is None for c in covered) and any(b in out for b in _LOWER):
+        out = {b: v for b, v in out.items() if b in _UPPER} | {"ge": 0}
+    return out
+
+
+@lru_cache(maxsize=None)
+def _key_adapter(key: str) -> TypeAdapter:
+    """Validates one value as the config key ``key`` is validated (its type and bounds; no NaN or inf)."""
+    f = schema_field(key)
+    kind = Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation
+    return TypeAdapter(kind, config=ConfigDict(allow_inf_nan=False))
+
+
+class PipelineParams(StrictModel):
+    """The typed pipeline parameters that shape a run (what the dashboard's run form shows)."""
+
+    target: str = Field(..., description="target: s3:// prefix of a Hugging Face directory, a local directory "
+                        "or .gguf file, or 'smollm2' (the embedded SmolLM2-135M-Instruct)")
+    data_source: str = Field("sharegpt", description="comma-separated prepare sources (files, hf:<id>, 'sharegpt')")
+    num_samples: int = Field(5000, **covered_bounds("num_samples"),
+                             description="training rows to prepare (0: all); also caps regeneration")
+    max_length: int = Field(2048, **covered_bounds("max_length"), description="tokens per training row")
+    regenerate: bool = Field(False, description="let the target rewrite the assistant turns first (vLLM)")
+    num_speculative_tokens: int = Field(4, **covered_bounds("num_speculative_tokens"),
+                                        description="K: parallel draft depths trained and served")
+    draft_layers: int = Field(1, **covered_bounds("draft_layers"), description="decoder layers of the draft")
+    extract_shards: int = Field(2, ge=1, le=256, description="parallel extraction workers (ParallelFor fan-out)")
+    train_mode: Literal["pod", "trainjob"] = Field("pod", description="'pod': torchrun in the step's pod; "
+                                                  "'trainjob': a Kubeflow Trainer TrainJob (multi-node)")
+    num_gpus: int = Field(1, ge=1, le=64, description="GPUs (and torchrun processes) per training node")
+    num_nodes: int = Field(1, ge=1, le=256, description="training nodes (train_mode=trainjob)")
+    train_epochs: int = Field(1, **covered_bounds("train_epochs"), description="passes over the training data")
+    train_max_steps: int = Field(0, **covered_bounds("train_max_steps"),
+                                 description="stop after this many optimiser steps (0: all epochs)")
+    min_acceptance_length: float = Field(1.5, **covered_bounds("min_acceptance_length"),
+                                         description="deploy only if the vLLM-measured acceptance "
+                                         "length reaches this (0: no gate)")
+    # Checked here, before hours of training, although only the deploy step uses them.
+    deploy_mode: Literal["kserve", "deployment", "render", "none"] = Field(
+        "kserve", description="how to serve: 'kserve' (InferenceService), 'deployment' (a plain Deployment), "
+        "'render' (write the manifests only) or 'none'")
+    deploy_name: str = Field("peagle", pattern=OBJECT_NAME.pattern, max_length=OBJECT_NAME.max_length,
+                             description="InferenceService / Deployment name (DNS-1035 label)")
+
+    @field_validator(*dict.fromkeys(c.param for c in COVERAGE))
+    @classmethod
+    def _valid_for_its_config_keys(cls, value: Any, info) -> Any:
+        # Checked here, not only once merged into the run's config, so that the error names the parameter.
+        for c in COVERAGE:
+            if c.param == info.field_name:
+                try:
+                    _key_adapter(c.key).validate_python(c.to_config(value))
+                except ValidationError as exc:
+                    raise PydanticCustomError("config_key", "{msg} (config key {key})",
+                                              {"msg": exc.errors()[0]["msg"], "key": c.key}) from None
+        return value
+
+
+class RunPlacement(StrictModel):
+    """The pipeline parameters that place a run (storage, name) and carry the rest of its settings."""
+
+    data_connection: str = Field("aws-connection-peagle", pattern=SECRET_NAME.pattern,
+                                 max_length=SECRET_NAME.max_length, description="OpenShift AI data connection "
+                                 "(Secret) with the object store's endpoint, bucket and credentials")
+    output_root: str = Field("s3:///peagle/runs", description="where runs are written: s3://bucket/prefix "
+                             "(s3:///prefix: the data connection's bucket) or a directory")
+    run_name: str = Field("", description="the run's directory under output_root (default: the pipeline job "
+                          "id); rerunning a name reuses its finished stages")
+    config: str = Field("", description="YAML of further settings by section (prepare, extract, train, "
+                        "evaluate, ...), as `peagle config show` prints them")
+
+
+PIPELINE_MODELS = (PipelineParams, RunPlacement)
+
+
 
 
 class PipelineRun(StrictModel):

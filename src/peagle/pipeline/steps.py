@@ -122,7 +122,8 @@ def regenerate(run_uri: str) -> str:
             out = work / REGENERATED_FILE
             if is_published(layout.regenerated):
                 shutil.copy(fetch(layout.regenerated) / REGENERATED_FILE, out)
-            result = run_regenerate(run.config.regenerate, target, out)
+            result = run_regenerate(run.config.regenerate, target, out,
+                                    template_time_limit_s=run.config.prepare.template_time_limit_s)
             info.update(result.counts)
             print("regenerated: " + ", ".join(f"{k}={v}" for k, v in result.counts.items()), flush=True)
             publish_dir(open_store(layout.regenerated), "", work, {"counts": result.counts}, overwrite=True)
