@@ -71,3 +71,26 @@ def pytest_collection_modifyitems(config, items):
         for tier in set(tiers) - markers:
             item.add_marker(tier)
         seen[item.nodeid] = tiers
+
+
+@pytest.fixture(autouse=True)
+def _no_log_handler_outlives_its_test():
+    """Commands set up logging with ``logging.basicConfig`` (a handler on the stream that is stderr at
+    that moment, and the root level). Under pytest that stream is a test's capture, closed after it:
+    a later record (any library's INFO line) then prints ``--- Logging error ---`` into another test's
+    stderr. Put the root logger back as it was before each test, and drop any handler whose stream
+    has been closed."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        if h not in handlers and not type(h).__module__.startswith("_pytest"):
+            root.removeHandler(h)
+    root.setLevel(level)
+    for logger in [root, *(lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger))]:
+        for h in list(logger.handlers):
+            stream = getattr(h, "stream", None)
+            if stream is not None and getattr(stream, "closed", False):
+                logger.removeHandler(h)
