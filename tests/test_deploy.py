@@ -17,23 +17,12 @@ import json
 import pytest
 from kubernetes.client import ApiException
 
+from fake_kube import merge_patch
+
 from peagle.deploy import Apis, DeployError, DeployFailed, DeployTimeout, kube, render, values_for
 from peagle.deploy.cli import deploy, main
 
 pytestmark = pytest.mark.integration  # the objects come from the real chart (Helm SDK)
-
-
-def merge_patch(target, patch):
-    """RFC 7386 JSON merge patch (what CustomObjectsApi.patch sends for a dict body)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
 
 
 class FakeCluster:

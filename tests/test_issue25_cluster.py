@@ -24,6 +24,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
+from fake_kube import merge_patch
 from k8s_schemas import ROOT, kustomize_build, validate
 
 MANIFESTS = ROOT / "manifests"
@@ -169,18 +170,6 @@ def test_real_kustomize_fills_the_subjects_too(tmp_path):
 
 # ==============================================================================================
 # 6. A redeploy waits for the new model (fake API: no Kubernetes API server runs here)
-
-def merge_patch(target, patch):
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
-
 
 class Timeline:
     """A FAKE API server whose cluster state is a script: ``steps[i]`` (a function that changes the

@@ -18,6 +18,8 @@ import yaml
 
 from k8s_schemas import CRD_SETS, crd_dir, validate
 
+from peagle.deploy.cli import served_names
+
 QUEUE = "kueue.x-k8s.io/queue-name"
 FP_LABEL = "peagle.io/draft-fingerprint"
 HW_NAME = "opendatahub.io/hardware-profile-name"
@@ -63,17 +65,6 @@ def objects(profile, mode: str) -> dict[str, dict]:
     settings = ServingSettings.model_validate(json.loads(profile.serving_json()))
     objs = serving_objects("s3://bucket/runs/r1", "qwen3-peagle", mode, "aws-connection-peagle", 4, settings, "ml")
     return {o["kind"]: o for o in objs}
-
-
-def served_names(objs: dict[str, dict]) -> list[str]:
-    args = objs["ServingRuntime"]["spec"]["containers"][0]["args"]
-    flag = next(i for i, a in enumerate(args) if a.startswith("--served-model-name"))
-    names = []
-    for a in args[flag + 1:]:
-        if a.startswith("--"):
-            break
-        names.append(a)
-    return names
 
 
 # ---- 8. the queue and the hardware profile reach the serving objects -----------------------------------
@@ -168,7 +159,7 @@ def test_the_deploy_step_fingerprints_the_published_draft(tmp_path):
            namespace="ml")
     objs = rendered(run)
     assert objs["InferenceService"]["spec"]["predictor"]["labels"][FP_LABEL] == sha[:12]
-    assert f"qwen3-peagle:draft-{sha[:12]}" in served_names(objs)  # the name the smoke test asks for
+    assert f"qwen3-peagle:draft-{sha[:12]}" in served_names([objs["ServingRuntime"]])  # the name the smoke test asks for
 
     new_sha = publish_draft(run, b"retrained weights")  # a new draft: a new name, so a redeploy waits for it
     deploy(str(run), "qwen3-peagle", "render", "aws-connection-peagle", 4, ClusterProfile().serving_json(),

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from fake_kube import merge_patch
 from peagle.pipeline.trainjob import (RUN_LABEL, SUSPENDED_ANNOTATION, SUSPENDED_MESSAGE_ANNOTATION, TrainJobFailed,
                                       TrainJobLauncher, TrainJobSpec, TrainJobTimeout, build_trainjob)
 
@@ -67,19 +68,6 @@ def pod(job: str, index: int = 0, phase: str = "Running", waiting: tuple[str, st
 
 
 RUNNING = {"conditions": [], "jobsStatus": [{"name": "node", "active": 1}], "pods": [pod(NAME)]}
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (what the API server applies for application/merge-patch+json)."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
 
 
 class StandInKubeApiServer:

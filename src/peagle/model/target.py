@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import shorten, short_repr
 from ..errors import PeagleError
 from ..stage_io import staged
 from ..storage import MANIFEST as PUBLISHED_MANIFEST
@@ -144,8 +145,7 @@ SHARD_INDEX = "model.safetensors.index.json"
 
 def _clip(value: Any, n: int = 60) -> str:
     """``value`` for an error message, at most ``n`` characters (file contents can be anything)."""
-    s = repr(value) if isinstance(value, str) else str(value)
-    return s if len(s) <= n else s[:n] + "..."
+    return short_repr(value, n) if isinstance(value, str) else shorten(str(value), n)
 
 
 def _is_count(v: Any) -> bool:

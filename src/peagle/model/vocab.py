@@ -12,10 +12,10 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from ..config import short_repr
 from ..errors import PeagleError
 
 TOKEN_ID = re.compile(r"-?[0-9]{1,18}")  # a JSON object key naming a token id (bounded: ids are int64)
@@ -25,9 +25,6 @@ class VocabError(PeagleError, ValueError):
     """A token frequency table is unusable; the message names the file and the offending entry."""
 
 
-def _clip(value: Any, n: int = 40) -> str:
-    s = repr(value)
-    return s if len(s) <= n else s[:n] + "..."
 
 
 def read_token_counts(path: str | os.PathLike, vocab_size: int) -> dict[int, int]:
@@ -49,15 +46,15 @@ def read_token_counts(path: str | os.PathLike, vocab_size: int) -> dict[int, int
     counts: dict[int, int] = {}
     for key, count in raw.items():
         if not TOKEN_ID.fullmatch(key):
-            raise VocabError(f"token frequency file {f}: key {_clip(key)} is not an integer token id")
+            raise VocabError(f"token frequency file {f}: key {short_repr(key, 40)} is not an integer token id")
         tid = int(key)
         if not 0 <= tid < vocab_size:
             raise VocabError(f"token frequency file {f}: token id {tid} is outside the target's vocabulary "
                              f"0..{vocab_size - 1}")
         if tid in counts:
-            raise VocabError(f"token frequency file {f}: token {tid} appears twice (key {_clip(key)})")
+            raise VocabError(f"token frequency file {f}: token {tid} appears twice (key {short_repr(key, 40)})")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise VocabError(f"token frequency file {f}: count of token {tid} is {_clip(count)}, "
+            raise VocabError(f"token frequency file {f}: count of token {tid} is {short_repr(count, 40)}, "
                              "not a non-negative integer")
         counts[tid] = count
     return counts
