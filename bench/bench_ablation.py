@@ -37,19 +37,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from peagle.pipeline.local import embedded  # noqa: E402
+from harness import banner, choose, format_table, parse_spec, parse_value, run_logged
+from peagle.evaluate.report import Interval, Report
+from peagle.pipeline.local import embedded
 
 # name -> overrides ("section.key": value) on top of the embedded recipe
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -82,31 +78,14 @@ def recipe() -> dict[str, Any]:
     return {"draft": draft, "train": train}
 
 
-def parse_value(text: str) -> Any:
-    """A YAML scalar, with numbers like ``1e-3`` read as floats (YAML 1.1 reads them as strings)."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return yaml.safe_load(text)
-
-
 def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
-    """``name:key=value,key=value`` -> (name, overrides); keys are ``draft.x`` or ``train.x``."""
-    name, sep, body = spec.partition(":")
-    if not sep or not name or not body:
-        raise ValueError(f"--variant {spec!r}: use name:section.key=value[,section.key=value]")
-    out = {}
-    for item in body.split(","):
-        key, eq, value = item.partition("=")
-        if not eq or key.split(".")[0] not in ("draft", "train", "data") or "." not in key:
-            raise ValueError(f"--variant {spec!r}: {item!r} is not draft.<key>=<value>, train.<key>=<value> "
-                             "or data.human_replies=true")
-        if key.split(".")[0] == "data" and key.strip() not in DATA_KEYS:
-            raise ValueError(f"--variant {spec!r}: the data keys are {', '.join(DATA_KEYS)}")
-        out[key.strip()] = parse_value(value)
-    return name, out
+    """``name:key=value,key=value`` -> (name, overrides); keys are ``draft.x``, ``train.x`` or
+    ``data.human_replies``."""
+    name, raw = parse_spec(spec, "--variant", sections=("draft", "train", "data"), body_required=True)
+    bad = [key for key in raw if key.startswith("data.") and key not in DATA_KEYS]
+    if bad:
+        raise ValueError(f"--variant {spec!r}: the data keys are {', '.join(DATA_KEYS)}")
+    return name, {key: parse_value(value) for key, value in raw.items()}
 
 
 DATA_KEYS = ("data.human_replies",)
@@ -166,22 +145,12 @@ def eval_config(target: str, draft: str, out: Path, k: int, heldout: int, mtbenc
     sets = [f"sharegpt-heldout@{heldout}"] + ([f"mtbench@{mtbench}"] if mtbench else [])
     ev = {"draft": draft, "out": str(out), "prompt_sets": sets, "max_tokens": max_tokens, "temperatures": [0.0],
           "num_speculative_tokens": [k], "measure_baseline": False, "self_consistency": False,
-          "max_model_len": 1024, "cpu_kv_cache_gib": 2, "engine_in_process": True}
+          "engine": {"max_model_len": 1024, "cpu_kv_cache_gib": 2, "in_process": True}}
     cfg = {"target": {"path": target}, "evaluate": ev, "work_dir": str(out)}
     from peagle.evaluate import EvaluateRunConfig
 
     EvaluateRunConfig.model_validate(cfg)
     return cfg
-
-
-def run_python(args: list[str], log: Path, timeout: float) -> tuple[int, float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    t0 = time.monotonic()
-    with open(log, "w") as fh:
-        rc = subprocess.run([sys.executable, *args], stdout=fh, stderr=subprocess.STDOUT, env=env,
-                            timeout=timeout).returncode
-    return rc, time.monotonic() - t0
 
 
 def tiny_dataset(target: str, out: Path, rows: int = 8) -> str:
@@ -209,21 +178,20 @@ def tiny_dataset(target: str, out: Path, rows: int = 8) -> str:
     return str(out)
 
 
-def _ci(bounds: list[float] | None, pct: bool = False) -> str:
-    if not bounds:
+def _ci(bounds: Interval | None, pct: bool = False) -> str:
+    if bounds is None:
         return ""
-    return f" [{100 * bounds[0]:.1f}-{100 * bounds[1]:.1f}]" if pct else f" [{bounds[0]:.3f}-{bounds[1]:.3f}]"
+    return (f" [{100 * bounds.low:.1f}-{100 * bounds.high:.1f}]" if pct
+            else f" [{bounds.low:.3f}-{bounds.high:.3f}]")
 
 
-def figures(report: dict[str, Any], name: str) -> tuple[str, str]:
-    f = (report["summary"].get("sets") or {}).get(name)
-    if not f or f["acceptance_length"] is None:
+def figures(report: Report, name: str) -> tuple[str, str]:
+    f = report.summary.sets.get(name)
+    if f is None or f.acceptance_length is None:
         return "-", "-"
-    ci = f.get("confidence") or {}
-    first = (f["per_position_acceptance"] or [None])[0]
-    first_ci = (ci.get("per_position_acceptance") or [None])[0]
-    return (f"{f['acceptance_length']:.3f}{_ci(ci.get('acceptance_length'))}",
-            "-" if first is None else f"{100 * first:.1f}%{_ci(first_ci, pct=True)}")
+    first = f.first_position_acceptance
+    return (f"{f.acceptance_length:.3f}{_ci(f.acceptance_length_interval)}",
+            "-" if first is None else f"{100 * first:.1f}%{_ci(f.first_position_interval, pct=True)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,11 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     try:
-        chosen = {}
-        for name in [v.strip() for v in a.variants.split(",") if v.strip()]:
-            if name not in VARIANTS:
-                return usage(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
-            chosen[name] = VARIANTS[name]
+        chosen = choose(a.variants, VARIANTS, "variant")
         for spec in a.variant:
             name, overrides = parse_variant(spec)
             chosen[name] = overrides
@@ -297,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # pydantic's ValidationError names the key
             return usage(f"variant {name!r}: {exc}")
         (out / "train.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        rc, wall = run_python(["-m", "peagle.train", "--config", str(out / "train.yaml")], out / "train.log",
-                              a.timeout_s)
+        rc, wall = run_logged([sys.executable, "-m", "peagle.train", "--config", out / "train.yaml"],
+                              out / "train.log", timeout=a.timeout_s)
         if rc != 0:
             rows.append([name, _describe(overrides), f"{wall:.0f}", "-", f"training failed (exit {rc}, {out / 'train.log'})",
                          "", ""])
@@ -313,21 +277,22 @@ def main(argv: list[str] | None = None) -> int:
             n = sum(len(s.prompts) for s in load_prompt_sets(ev["evaluate"]["prompt_sets"]).values())
             rows.append([name, _describe(overrides), f"{wall:.0f}", str(steps), f"dry run ({n} prompts)", "dry run", ""])
             continue
-        rc, ev_wall = run_python(["-m", "peagle.evaluate", "--config", str(out / "evaluate.yaml")],
-                                 out / "evaluate.log", a.timeout_s)
+        rc, _ = run_logged([sys.executable, "-m", "peagle.evaluate", "--config", out / "evaluate.yaml"],
+                           out / "evaluate.log", timeout=a.timeout_s)
         report_path = out / "evaluate" / "report.json"
         if not report_path.is_file():
             rows.append([name, _describe(overrides), f"{wall:.0f}", str(steps),
                          f"evaluation failed (exit {rc}, {out / 'evaluate.log'})", "", ""])
             continue
-        report = json.loads(report_path.read_text())
+        report = Report.read(report_path)
         al, first = figures(report, "sharegpt-heldout")
         mt = figures(report, "mtbench")[0] if a.mtbench else ""
         rows.append([name, _describe(overrides), f"{wall:.0f}", str(steps), al, first, mt])
 
     headers = ["variant", "overrides", "train s", "steps", f"held-out AL (K={k}) [95% CI]",
                "first-position acceptance [95% CI]", "MT-Bench AL" if a.mtbench else ""]
-    print(_format(headers, rows))
+    print(banner())
+    print(format_table(headers, rows))
     print(f"data {data}; target {target}; recipe: peagle.pipeline.local.embedded"
           + (f"; epochs {a.epochs}" if a.epochs else "") + (f"; max_steps {max_steps}" if max_steps else ""))
     return 0 if all("failed" not in r[4] for r in rows) else 1
@@ -346,14 +311,6 @@ def _steps(metrics: Path) -> int | None:
             except (ValueError, TypeError, AttributeError):
                 continue
     return steps
-
-
-def _format(headers: list[str], rows: list[list[str]]) -> str:
-    cols = [i for i, h in enumerate(headers) if h or any(r[i] for r in rows)]
-    widths = {i: max(len(headers[i]), *(len(str(r[i])) for r in rows)) for i in cols}
-    line = lambda cells: "  ".join(str(cells[i]).ljust(widths[i]) for i in cols).rstrip()  # noqa: E731
-    return "\n".join([line(headers), line(["-" * widths.get(i, 0) for i in range(len(headers))]),
-                      *(line(r) for r in rows)])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Each point is a whole ``peagle run`` (kfp.local, every stage: regenerate, prepare, extract, train,
 evaluate, render) on the embedded default with the point's overrides, so its minutes are what a
 user waits for. A point is ``name:key=value,key=value`` (keys as for ``peagle run --set``), e.g.
-``n1200:regenerate.max_conversations=1200,train.epochs=2``; ``--point default`` is the embedded
+``n1200:prepare.max_samples=1200,train.epochs=2``; ``--point default`` is the embedded
 default as it ships. Points run one after another, in order, in ``--work``.
 
 Printed per point: pipeline minutes (total wall of the run), minutes per stage (regenerate,
@@ -18,7 +18,7 @@ be the last one started in that work directory); its minutes are the stage times
 start-up (about 25 s) is missing from that row, and it says so.
 
     .venv/bin/python bench/bench_budget.py --point default \\
-        --point n2400:regenerate.max_conversations=2400,train.epochs=2
+        --point n2400:prepare.max_samples=2400,train.epochs=2
 """
 from __future__ import annotations
 
@@ -29,38 +29,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from harness import banner, format_table, parse_spec
+from peagle.evaluate.report import Report
 
 
 def parse_point(spec: str) -> tuple[str, list[str]]:
-    """``name`` or ``name:key=value,...`` -> (name, ["key=value", ...])."""
-    name, _, body = spec.partition(":")
-    if not name:
-        raise ValueError(f"--point {spec!r}: use name[:section.key=value,...]")
-    sets = [s.strip() for s in body.split(",") if s.strip()] if body else []
-    for s in sets:
-        if "=" not in s or "." not in s.split("=", 1)[0]:
-            raise ValueError(f"--point {spec!r}: {s!r} is not section.key=value")
-    return name, sets
+    """``name`` or ``name:key=value,...`` -> (name, ["key=value", ...]), as ``peagle run --set`` takes them."""
+    name, sets = parse_spec(spec, "--point", dotted=True)
+    return name, [f"{key}={value}" for key, value in sets.items()]
 
 
-def held_out(report: dict[str, Any]) -> dict[str, Any]:
+def figures(report: Report) -> dict[str, Any]:
     """Acceptance figures of the held-out ShareGPT set (or the overall figures if it has no sets)."""
-    s = report["summary"]
-    sets = s.get("sets") or {}
-    key = next((k for k in sets if "heldout" in k), None)
-    return sets[key] if key else s
-
-
-def figures(report: dict[str, Any]) -> dict[str, Any]:
-    h = held_out(report)
-    conf = h.get("confidence") or {}
-    al_ci = conf.get("acceptance_length") or [None, None]
-    pos_ci = (conf.get("per_position_acceptance") or [[None, None]])[0]
-    mt = next((v for k, v in (report["summary"].get("sets") or {}).items() if "mtbench" in k), None)
-    return {"al": h["acceptance_length"], "al_ci": list(al_ci), "first": (h["per_position_acceptance"] or [None])[0],
-            "first_ci": list(pos_ci), "mtbench_al": mt["acceptance_length"] if mt else None}
+    s = report.summary
+    h = next((f for k, f in s.sets.items() if "heldout" in k), s.overall)
+    mt = next((f for k, f in s.sets.items() if "mtbench" in k), None)
+    al_ci, first_ci = h.acceptance_length_interval, h.first_position_interval
+    return {"al": h.acceptance_length, "al_ci": [al_ci.low, al_ci.high] if al_ci else [None, None],
+            "first": h.first_position_acceptance,
+            "first_ci": [first_ci.low, first_ci.high] if first_ci else [None, None],
+            "mtbench_al": mt.acceptance_length if mt else None}
 
 
 def run_row(run_dir: Path) -> dict[str, Any]:
@@ -113,18 +101,18 @@ def fmt_ci(v: float | None, ci: list, pct: bool = False) -> str:
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = ("point", "min", "regen", "extract", "train", "eval", "conv", "rows", "sup. tokens", "ep", "steps",
             "held-out AL (K=4) [95% CI]", "first position [95% CI]", "MT-Bench AL")
-    print(" | ".join(head))
+    cells = []
     for r in rows:
         st = r.get("stage_min") or {}
-        cells = (r["point"], f"{r['minutes']:.1f}{'*' if r.get('stages_only') else ''}",
-                 *(f"{st[k]:.1f}" if st.get(k) is not None else "-" for k in ("regenerate", "extract", "train",
-                                                                           "evaluate")),
-                 str(r.get("conversations") or "-"), str(r.get("rows") or "-"),
-                 f"{r['supervised_tokens']:,}" if r.get("supervised_tokens") else "-", str(r.get("epochs") or "-"),
-                 str(r.get("steps") or "-"), fmt_ci(r.get("al"), r.get("al_ci")),
-                 fmt_ci(r.get("first"), r.get("first_ci"), pct=True),
-                 f"{r['mtbench_al']:.3f}" if r.get("mtbench_al") is not None else "-")
-        print(" | ".join(cells))
+        cells.append((r["point"], f"{r['minutes']:.1f}{'*' if r.get('stages_only') else ''}",
+                      *(f"{st[k]:.1f}" if st.get(k) is not None else "-" for k in ("regenerate", "extract", "train",
+                                                                                "evaluate")),
+                      str(r.get("conversations") or "-"), str(r.get("rows") or "-"),
+                      f"{r['supervised_tokens']:,}" if r.get("supervised_tokens") else "-", str(r.get("epochs") or "-"),
+                      str(r.get("steps") or "-"), fmt_ci(r.get("al"), r.get("al_ci")),
+                      fmt_ci(r.get("first"), r.get("first_ci"), pct=True),
+                      f"{r['mtbench_al']:.3f}" if r.get("mtbench_al") is not None else "-"))
+    print(format_table(head, cells))
     if any(r.get("stages_only") for r in rows):
         print("* minutes of the stages alone (a row read back with --from-run): orchestration start-up missing")
 
@@ -146,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     from peagle.pipeline.local.job import pipeline_arguments, user_settings
     from peagle.pipeline.local.runner import print_summary, run_pipeline_locally
 
+    print(banner(), flush=True)
     rows = []
     for run_dir in map(Path, args.from_run):
         report_path = run_dir / "evaluate" / "report.json"
         if not report_path.is_file():
             raise SystemExit(f"--from-run {run_dir}: no {report_path} (the run did not finish)")
-        report = json.loads(report_path.read_text())
+        report = Report.read(report_path)
         progress = run_dir.parents[1] / "progress.jsonl"  # <work>/pipeline/runs/<name> -> <work>/pipeline
         st = stage_minutes_from_progress(progress) if progress.exists() else {}
         rows.append({"point": run_dir.name, "minutes": sum(st.values()), "stages_only": True, "stage_min": st,
@@ -171,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         b = result.breakdown()
         run_dir = work / "runs" / arguments["run_name"]
         rows.append({"point": name, "overrides": sets, "minutes": b["total_s"] / 60,
-                     "stage_min": by_stage([(s["stage"], s["stage_s"]) for s in b["stages"]]), **run_row(run_dir), **figures(result.report)})
+                     "stage_min": by_stage([(s["stage"], s["stage_s"]) for s in b["stages"]]), **run_row(run_dir), **figures(Report.from_doc(result.report))})
         print_table(rows)
     print()
     print_table(rows)

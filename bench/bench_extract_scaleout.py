@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness import banner, format_table, load_average, offline_env, start_logged, wait_all
 
 
 # ---- worker side: the CLI's extract command, optionally behind a slow store ---------------------
@@ -107,7 +108,7 @@ def prepare(args, work: Path) -> tuple[Path, Path, list[list[int]]]:
 def run_workers(args, n: int, delay_ms: float, target: Path, data: Path, out_uri: str, env: dict,
                 work: Path) -> dict:
     results = [work / f"worker-d{delay_ms:g}-n{n}-{i}.json" for i in range(n)]
-    procs = []
+    running = []
     t0 = time.perf_counter()
     for i in range(n):
         cmd = [sys.executable, __file__, "--worker", str(results[i]), "--delay-ms", str(delay_ms), "--",
@@ -115,21 +116,13 @@ def run_workers(args, n: int, delay_ms: float, target: Path, data: Path, out_uri
                "--shard-index", str(i), "--num-shards", str(n), "--set", "extract.backend=hf",
                "--set", f"extract.samples_per_shard={args.samples_per_shard}",
                "--set", f"extract.batch_size={args.batch_size}", "--set", "extract.hf_device=cpu"]
-        log = open(work / f"worker-d{delay_ms:g}-n{n}-{i}.log", "w")
-        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    for p, log in procs:
-        p.wait()
-        log.close()
+        running.append(start_logged(cmd, work / f"worker-d{delay_ms:g}-n{n}-{i}.log", env))
+    wait_all(running)
     wall = time.perf_counter() - t0
-    rows = []
-    for i, (p, _) in enumerate(procs):
-        if p.returncode != 0:
-            raise SystemExit(f"worker {i}/{n} failed (rc {p.returncode}); see {work}/worker-d{delay_ms:g}-n{n}-{i}.log")
-        rows.append(json.loads(results[i].read_text()))
-    return {"wall_s": wall, "workers": rows}
+    return {"wall_s": wall, "workers": [json.loads(r.read_text()) for r in results]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2", help="smollm2 (prepared once under --work) or a target directory")
     ap.add_argument("--samples", type=int, default=32)
@@ -142,7 +135,7 @@ def main() -> None:
     ap.add_argument("--work", default="runs/bench-extract-scaleout")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)
-    args, rest = ap.parse_known_args()
+    args, rest = ap.parse_known_args(argv)
     if args.worker:
         sys.exit(worker(args.worker, args.delay_ms, [a for a in rest if a != "--"]))
 
@@ -153,14 +146,13 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     counts = [int(x) for x in args.workers.split(",")]
     delays = [float(x) for x in args.store_delay_ms.split(",")]
-    load_start = os.getloadavg()
+    load_at_start = load_average()
     target, data, ids = prepare(args, work)
     tokens = sum(len(x) for x in ids)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results = {}
     with LocalS3(work / f"s3-{stamp}") as s3:
-        env = {**os.environ, **s3.env(), "OMP_NUM_THREADS": str(args.threads_per_worker),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env = offline_env(**s3.env(), OMP_NUM_THREADS=str(args.threads_per_worker))
         os.environ.update(s3.env())  # the driver reads the published manifests back
         for delay in delays:
             for n in counts:
@@ -177,22 +169,20 @@ def main() -> None:
 
     print(f"{len(ids)} samples, {tokens} tokens; target {target.name}, transformers (hf) backend on CPU, "
           f"{args.threads_per_worker} torch thread(s) per worker; SeaweedFS S3 (weed mini, localhost)")
-    print(f"machine: {os.cpu_count()} cores; load average (1/5/15 min) at start "
-          + "/".join(f"{x:.2f}" for x in load_start))
+    print(banner(load_at_start))
     print("delay_ms = per-request delay added by a bench-local store wrapper (SIMULATED slow store; 0 = none)")
-    head = (f"{'delay_ms':>8} {'N':>2} {'wall_s':>7} {'agg_tok/s':>9} {'worker_tok/s (each)':>28} "
-            f"{'efficiency':>10} {'import_s':>8} {'S3_req/worker':>13} {'bytes/tok':>9} {'load1_end':>9}")
-    print(head)
-    print("-" * len(head))
+    table = []
     for (delay, n), r in results.items():
         rates = [t / w["command_s"] for t, w in zip(r["worker_tokens"], r["workers"])]
         base = results[(delay, counts[0])]
         eff = base["wall_s"] * counts[0] / (n * r["wall_s"])
         reqs = sum(w["requests"] for w in r["workers"]) / n
-        print(f"{delay:>8g} {n:>2} {r['wall_s']:>7.1f} {tokens / r['wall_s']:>9.1f} "
-              f"{' '.join(f'{x:.3g}' for x in rates):>28} {eff:>10.2f} "
-              f"{sum(w['import_s'] for w in r['workers']) / n:>8.1f} {reqs if delay else float('nan'):>13.0f} "
-              f"{r['bytes_per_token']:>9.0f} {r['load_end'][0]:>9.2f}")
+        table.append([f"{delay:g}", n, f"{r['wall_s']:.1f}", f"{tokens / r['wall_s']:.1f}",
+                      " ".join(f"{x:.3g}" for x in rates), f"{eff:.2f}",
+                      f"{sum(w['import_s'] for w in r['workers']) / n:.1f}", f"{reqs if delay else float('nan'):.0f}",
+                      f"{r['bytes_per_token']:.0f}", f"{r['load_end'][0]:.2f}"])
+    print(format_table(["delay_ms", "N", "wall_s", "agg_tok/s", "worker_tok/s (each)", "efficiency", "import_s",
+                        "S3_req/worker", "bytes/tok", "load1_end"], table))
     print(f"efficiency = wall(N={counts[0]}) x {counts[0]} / (N x wall(N)); worker rate = its tokens / time inside "
           "`peagle extract` (model load, forward passes, shard uploads)")
 

@@ -18,14 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import banner
 
 
 def tiny_arguments(work: Path) -> dict:
-    """A tiny random Qwen3 target (tests/tiny.py) and a few synthetic conversations."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny import build_target
-
+    """A tiny random Qwen3 target (:mod:`peagle.model.tiny`) and a few synthetic conversations."""
+    from peagle.model.tiny import build_target
     from peagle.pipeline.params import config_text
 
     target = work / "tiny-target"
@@ -41,21 +39,21 @@ def tiny_arguments(work: Path) -> dict:
               "train": {"row_tokens": 256, "global_batch_rows": 2, "log_every": 1, "val_fraction": 0.0},
               "evaluate": {"prompt_sets": ["code"], "prompts_per_category": 2, "max_tokens": 8,
                            "temperatures": [0.0], "num_speculative_tokens": [2], "measure_baseline": False,
-                           "engine_in_process": True, "max_model_len": 1024, "cpu_kv_cache_gib": 1}}
+                           "engine": {"in_process": True, "max_model_len": 1024, "cpu_kv_cache_gib": 1}}}
     return dict(target=str(target), data_source=str(source), num_samples=0, max_length=96, regenerate=False,
                 num_speculative_tokens=2, draft_layers=1, extract_shards=2, train_mode="pod", num_gpus=1,
                 num_nodes=1, train_epochs=1, train_max_steps=4, min_acceptance_length=0.0,
                 config=config_text(config), deploy_mode="render", deploy_name="tiny-draft")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny random target instead of the embedded default")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="embedded run: override a setting (as for peagle run)")
     ap.add_argument("--work", default="runs/bench-pipeline", help="work directory")
     ap.add_argument("--json", help="also write the breakdown as JSON here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     from peagle.pipeline.local.runner import print_summary, run_pipeline_locally
 
@@ -71,6 +69,7 @@ def main() -> int:
     arguments["run_name"] = time.strftime("bench-%Y%m%d-%H%M%S")
     result = run_pipeline_locally(arguments, work)
     print_summary(result)
+    print(banner())
     b = result.breakdown()
     print(f"orchestration overhead: {b['overhead_s']:.1f}s of {b['total_s']:.1f}s "
           f"({100 * b['overhead_s'] / b['total_s']:.1f}%); {len(result.tasks)} tasks, "

@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from harness import banner, format_table
 from peagle.run_config import RunConfig
 from peagle.train import train
 
@@ -31,18 +32,20 @@ def run(work: Path, dataset: str, prefetch: int, steps: int) -> dict:
     return [m for m in lines if "data_wait_share" in m][-1]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="runs/bench-extract")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--dataset", default=None, help="extraction output (default: <work>/hs-vllm-bfloat16)")
-    args = ap.parse_args()
+    ap.add_argument("--dataset", default=None, help="extraction output (default: <work>/hs-vllm, bench_extract's)")
+    args = ap.parse_args(argv)
     work = Path(args.work)
-    dataset = args.dataset or str(work / "hs-vllm-bfloat16")
+    dataset = args.dataset or str(work / "hs-vllm")
     results = {p: run(work, dataset, p, args.steps) for p in (2, 0)}
-    for p, m in results.items():
-        print(f"prefetch={p}: data_wait_share {m['data_wait_share']:.3f}  tokens/s {m['tokens_per_s']:.0f}  "
-              f"({m['step']} steps, SmolLM2 hidden 576, 2 rows of <= 1024 tokens per step)")
+    print(banner())
+    print(format_table(["prefetch", "data_wait_share", "tokens/s", "steps"],
+                       [[p, f"{m['data_wait_share']:.3f}", f"{m['tokens_per_s']:.0f}", m["step"]]
+                        for p, m in results.items()]))
+    print("SmolLM2 hidden 576, 2 rows of <= 1024 tokens per step")
     print(f"reader wait share with prefetch: {results[2]['data_wait_share']:.3f} of step time "
           f"(synchronous: {results[0]['data_wait_share']:.3f})")
 

@@ -11,7 +11,7 @@ composition differ by numeric noise, so this says how far the data changed, not 
         [--configs vllm-default,threads-2,...] [--set name:key=value,key=value]
 
 The embedded run's regeneration settings (``peagle.pipeline.local.embedded``) are the base; each
-configuration overrides ``regenerate.*`` keys. Not a test: figures depend on the machine.
+configuration overrides ``regenerate.engine.*`` keys. Not a test: figures depend on the machine.
 """
 from __future__ import annotations
 
@@ -23,18 +23,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import banner, choose, format_table, load_average, parse_spec, parse_value
 from peagle.data.regenerate import RegenerateSettings, run_regenerate
 from peagle.model import prepare_target
 from peagle.model.target import MANIFEST
 from peagle.pipeline.local.embedded import CONFIG
 from peagle.progress import Progress
 
-# regenerate.* overrides per configuration; the first is the reference of the ratios
+# regenerate.engine.* overrides per configuration; the first is the reference of the ratios
 CONFIGS: dict[str, dict[str, Any]] = {
     "vllm-default": {},  # vLLM's own choices: multiprocess, x86 auto-binding leaves one core to the scheduler
     "threads-all": {"cpu_threads": os.cpu_count() or 2},
-    "in-process": {"engine_in_process": True},  # peagle's in-process env: all cores but one, unbound
-    "in-process-threads-all": {"engine_in_process": True, "cpu_threads": os.cpu_count() or 2},
+    "in-process": {"in_process": True},  # peagle's in-process env: all cores but one, unbound
+    "in-process-threads-all": {"in_process": True, "cpu_threads": os.cpu_count() or 2},
     "threads-all-kv4": {"cpu_threads": os.cpu_count() or 2, "cpu_kv_cache_gib": 4},
     "threads-all-seqs64": {"cpu_threads": os.cpu_count() or 2, "max_num_seqs": 64},
     "threads-all-kv4-seqs512": {"cpu_threads": os.cpu_count() or 2, "cpu_kv_cache_gib": 4, "max_num_seqs": 512,
@@ -59,16 +60,15 @@ class TimedProgress(Progress):
 
 
 def parse_set(text: str) -> tuple[str, dict[str, Any]]:
-    """``name:key=value,key=value`` -> (name, overrides); values are JSON where they parse."""
-    name, _, body = text.partition(":")
-    overrides: dict[str, Any] = {}
-    for item in filter(None, body.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
-    return name, overrides
+    """``name:key=value,key=value`` (``regenerate.engine.*`` keys without the prefix) -> (name, overrides)."""
+    name, raw = parse_spec(text, "--set")
+    return name, {key: parse_value(value) for key, value in raw.items()}
+
+
+def regenerate_settings(overrides: dict[str, Any], **stage: Any) -> RegenerateSettings:
+    """The embedded run's regeneration with ``stage`` keys set and ``overrides`` on its engine."""
+    base = {**CONFIG["regenerate"], **stage}
+    return RegenerateSettings(**{**base, "engine": {**base.get("engine", {}), **overrides}})
 
 
 def replies(path: Path) -> dict[str, str]:
@@ -79,34 +79,35 @@ def replies(path: Path) -> dict[str, str]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", help="prepared target directory (default: SmolLM2 prepared under --work)")
     ap.add_argument("--conversations", type=int, default=192)
     ap.add_argument("--max-tokens", type=int, default=CONFIG["regenerate"]["max_tokens"])
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from: {', '.join(CONFIGS)}")
     ap.add_argument("--set", action="append", default=[], metavar="NAME:KEY=VALUE,...",
-                    help="an extra configuration (regenerate.* keys)")
+                    help="an extra configuration (regenerate.engine.* keys)")
     ap.add_argument("--work", default="runs/bench-regenerate")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    try:
+        chosen = choose(args.configs, CONFIGS, "config")
+        chosen.update(parse_set(s) for s in args.set)
+    except ValueError as exc:
+        ap.error(str(exc))
     work = Path(args.work)
     target = Path(args.target) if args.target else work / "target"
     if not (target / MANIFEST).exists():
         prepare_target("smollm2", target, "bfloat16")
-    chosen = {name: CONFIGS[name] for name in filter(None, args.configs.split(","))}
-    chosen.update(parse_set(s) for s in args.set)
 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(target))
-    base = {**CONFIG["regenerate"], "max_conversations": args.conversations, "max_tokens": args.max_tokens}
-    print(f"{args.conversations} ShareGPT first turns, max {args.max_tokens} tokens, greedy; SmolLM2-135M bf16 on "
-          f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'config':32s} {'wall_s':>7s} {'start_s':>7s} {'gen_s':>7s} {'tokens':>7s} {'tok/s':>7s} "
-          f"{'ratio':>6s} {'same':>5s}  overrides")
+    print(f"{args.conversations} ShareGPT first turns, max {args.max_tokens} tokens, greedy; SmolLM2-135M bf16")
+    load_at_start = load_average()
     reference: tuple[float, dict[str, str]] | None = None
+    table = []
     for name, overrides in chosen.items():
-        settings = RegenerateSettings(**{**base, **overrides})
+        settings = regenerate_settings(overrides, max_conversations=args.conversations, max_tokens=args.max_tokens)
         out = work / "out" / f"{name}.jsonl"
         out.unlink(missing_ok=True)
         progress = TimedProgress(args.conversations)
@@ -120,9 +121,12 @@ def main() -> None:
         if reference is None:
             reference = (rate, texts)
         same = sum(texts.get(k) == v for k, v in reference[1].items()) / max(1, len(reference[1]))
-        print(f"{name:32s} {wall:7.1f} {start:7.1f} {wall - start:7.1f} {tokens:7d} {rate:7.1f} "
-              f"{rate / reference[0]:6.2f} {same:5.0%}  {json.dumps(overrides)}", flush=True)
-    print(f"load average after: {os.getloadavg()[0]:.1f}")
+        table.append([name, f"{wall:.1f}", f"{start:.1f}", f"{wall - start:.1f}", tokens, f"{rate:.1f}",
+                      f"{rate / reference[0]:.2f}", f"{same:.0%}", json.dumps(overrides)])
+        print(f"{name}: wall {wall:.1f} s, {rate:.1f} tok/s", flush=True)
+    print(banner(load_at_start))
+    print(format_table(["config", "wall_s", "start_s", "gen_s", "tokens", "tok/s", "ratio", "same", "overrides"],
+                       table))
 
 
 if __name__ == "__main__":

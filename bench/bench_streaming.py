@@ -30,13 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import yaml
+
+from harness import banner, format_table, load_average, offline_env, start_logged, wait_all
 
 
 class BucketWatcher:
@@ -91,31 +92,13 @@ def extract_command(args, target: Path, data: Path, out_root: str, work: Path, s
             "--data", str(data), "--out", out_root, "--splits", "train"]
 
 
-def timed(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
-    fh = open(log, "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    proc.started = time.monotonic()  # type: ignore[attr-defined]
-    return proc
-
-
-def wait_all(procs: list[subprocess.Popen], logs: list[Path]) -> dict[str, float]:
-    ends = {}
-    for p, log in zip(procs, logs):
-        rc = p.wait()
-        ends[log.stem] = time.monotonic()
-        if rc != 0:
-            raise SystemExit(f"{log.stem} failed (rc {rc}); last lines of {log}:\n"
-                             + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
-    return ends
-
-
 def final_metrics(store, prefix: str) -> dict:
     from peagle.storage import open_published
 
     return dict(open_published(store, f"{prefix}/final").manifest.metadata.get("metrics") or {})
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, help="a finished embedded run (holds models/target and data/)")
     p.add_argument("--sets", type=int, default=8, help="shard sets the streaming extraction writes")
@@ -123,25 +106,23 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--poll-s", type=float, default=0.25)
     p.add_argument("--work", default="bench-out/streaming")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     from peagle.data import read_split
-    from peagle.pipeline.local.embedded import CONFIG
     from peagle.pipeline.seaweed import LocalS3
     from peagle.storage import open_store
-    from peagle.train.stream import stored_bytes_per_token
 
     run = Path(args.run).resolve()
     target, data = run / "models" / "target", run / "data"
     work = Path(args.work).resolve() / time.strftime("%Y%m%d-%H%M%S")
     lengths = read_split(str(data), "train").column("num_tokens").to_pylist()
     hidden = json.loads((target / "config.json").read_text())["hidden_size"]
-    per_token = stored_bytes_per_token({"layer_ids": [0, 0, 0, 0], "hidden_size": hidden, "storage_dtype": "bfloat16"})
+    per_token = 4 * hidden * 2  # 4 stored layers in bfloat16: DatasetHeader.stored_bytes_per_token
     set_bytes = -(-sum(lengths) * per_token // args.sets)
-    load_start = os.getloadavg()
+    load_at_start = load_average()
     results = {}
     with LocalS3(work / "s3") as s3:
-        env = {**os.environ, **s3.env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env = offline_env(**s3.env())
         os.environ.update(s3.env())
         store = open_store(f"s3://{s3.bucket}/bench")
         for mode in ("stored", "streaming-1window", "streaming"):
@@ -150,8 +131,6 @@ def main() -> None:
             sets = args.sets  # one layout for all: the stored run then numbers the samples as streaming does
             one_window = mode == "streaming-1window"
             stream = None if mode == "stored" else {
-                "prepared": str(data), "num_shard_sets": sets,
-                "samples_per_shard": CONFIG["extract"]["samples_per_shard"],
                 "window_bytes": 1 << 40 if one_window else set_bytes * args.window_sets,
                 "delete_consumed": not one_window, "poll_interval_s": 0.5}
             train_cmd = [sys.executable, "-m", "peagle.train", "--config",
@@ -162,15 +141,15 @@ def main() -> None:
             with watcher:
                 t0 = time.monotonic()
                 if mode == "stored":
-                    ends = wait_all([timed(ext_cmd, env, w / "extract.log")], [w / "extract.log"])
-                    ends.update(wait_all([timed(train_cmd, env, w / "train.log")], [w / "train.log"]))
+                    ends = wait_all([start_logged(ext_cmd, w / "extract.log", env)])
+                    ends.update(wait_all([start_logged(train_cmd, w / "train.log", env)]))
                 else:
-                    procs = [timed(ext_cmd, env, w / "extract.log"), timed(train_cmd, env, w / "train.log")]
-                    ends = wait_all(procs, [w / "extract.log", w / "train.log"])
+                    ends = wait_all([start_logged(ext_cmd, w / "extract.log", env),
+                                     start_logged(train_cmd, w / "train.log", env)])
             if one_window:  # the stored trainer on the very shards this extraction published
                 cfg = run_config(args, target, f"{root}/hs/train", f"{root}/train-stored", w / "stored-same-data", None)
-                wait_all([timed([sys.executable, "-m", "peagle.train", "--config", str(cfg)], env,
-                                w / "train-stored.log")], [w / "train-stored.log"])
+                wait_all([start_logged([sys.executable, "-m", "peagle.train", "--config", cfg],
+                                       w / "train-stored.log", env)])
                 same_data_draft = mine.get_bytes("train-stored/final/model.safetensors")
             results[mode] = {"wall_s": max(ends.values()) - t0, "extract_end_s": ends["extract"] - t0,
                              "peak_hidden": watcher.peak_hidden, "peak_total": watcher.peak_total,
@@ -182,17 +161,14 @@ def main() -> None:
 
     print(f"embedded run {run.name}: {len(lengths)} training rows, {sum(lengths)} tokens; target {target}; "
           f"vLLM extraction (embedded extract settings); {args.epochs} epoch(s); SeaweedFS S3 on localhost")
-    print(f"machine: {os.cpu_count()} cores; load average at start " + "/".join(f"{x:.2f}" for x in load_start)
-          + f", at end {os.getloadavg()[0]:.2f}")
+    print(banner(load_at_start))
     print(f"streaming: {args.sets} shard sets (~{set_bytes / 1e6:.1f} MB each), windows of {args.window_sets} set(s), "
           "delete_consumed, keep_checkpoints=1")
-    head = (f"{'mode':>17} {'wall_s':>7} {'extract_done_s':>14} {'peak_hidden_MB':>14} {'peak_bucket_MB':>14} "
-            f"{'hidden_left_MB':>14} {'final_loss':>10}")
-    print(head)
-    print("-" * len(head))
-    for mode, r in results.items():
-        print(f"{mode:>17} {r['wall_s']:>7.1f} {r['extract_end_s']:>14.1f} {r['peak_hidden'] / 1e6:>14.1f} "
-              f"{r['peak_total'] / 1e6:>14.1f} {r['left_hidden'] / 1e6:>14.1f} {r['metrics'].get('loss', float('nan')):>10.4f}")
+    print(format_table(["mode", "wall_s", "extract_done_s", "peak_hidden_MB", "peak_bucket_MB", "hidden_left_MB",
+                        "final_loss"],
+                       [[mode, f"{r['wall_s']:.1f}", f"{r['extract_end_s']:.1f}", f"{r['peak_hidden'] / 1e6:.1f}",
+                         f"{r['peak_total'] / 1e6:.1f}", f"{r['left_hidden'] / 1e6:.1f}",
+                         f"{r['metrics'].get('loss', float('nan')):.4f}"] for mode, r in results.items()]))
     print("peak_bucket = hidden states + checkpoints + final draft, listed every "
           f"{args.poll_s:g} s; final_loss = the trainer's last logged loss")
     same = same_data_draft == results["streaming-1window"]["draft"]

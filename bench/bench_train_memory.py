@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness import banner, format_table
+
 
 def child(run: Path, cache_stored: bool, steps: int) -> None:
     from peagle.pipeline.local.embedded import CONFIG
@@ -47,22 +49,23 @@ def measure(run: Path, cache_stored: bool, steps: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, type=Path, help="a finished `peagle run` directory")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cache-stored", type=int, default=1, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         return child(args.run, bool(args.cache_stored), args.steps)
     stored = measure(args.run, True, args.steps)
     wide = measure(args.run, False, args.steps)
     gib = 1 << 30
     print(f"{stored['samples']} samples, {args.steps} steps of the embedded recipe")
-    for name, m in (("as stored (now)", stored), ("float32 (before)", wide)):
-        print(f"cache {name:<17} cache {m['cache_bytes'] / gib:6.3f} GiB   trainer peak RSS "
-              f"{m['peak_rss_bytes'] / gib:6.3f} GiB")
+    print(banner())
+    print(format_table(["cache", "cache GiB", "trainer peak RSS GiB"],
+                       [[name, f"{m['cache_bytes'] / gib:.3f}", f"{m['peak_rss_bytes'] / gib:.3f}"]
+                        for name, m in (("as stored (now)", stored), ("float32 (before)", wide))]))
     print(f"peak RSS ratio stored/float32: {stored['peak_rss_bytes'] / wide['peak_rss_bytes']:.3f}; "
           f"saved {(wide['peak_rss_bytes'] - stored['peak_rss_bytes']) / gib:.3f} GiB")
 

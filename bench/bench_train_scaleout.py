@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+
+from harness import banner, format_table, load_average, log_tail, offline_env, run_logged
 
 
 def extract_data(target: Path, work: Path, samples: int, length: int) -> Path:
@@ -51,15 +51,12 @@ def run(procs: int, args, target: Path, data: Path, work: Path) -> dict:
            "work_dir": str(run_dir / "work")}
     run_dir.mkdir(parents=True)
     (run_dir / "run.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc-per-node={procs}", "-m", "peagle.train", "--config", str(run_dir / "run.yaml")],
-                          env=env, capture_output=True, text=True, timeout=args.timeout)
-    wall = time.perf_counter() - t0
-    (run_dir / "stderr.txt").write_text(proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"torchrun with {procs} process(es) failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+    log = run_dir / "torchrun.log"
+    rc, wall = run_logged([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}",
+                           "-m", "peagle.train", "--config", run_dir / "run.yaml"], log,
+                          offline_env(OMP_NUM_THREADS=str(args.threads)), timeout=args.timeout)
+    if rc != 0:
+        raise SystemExit(f"torchrun with {procs} process(es) failed (rc {rc}); last lines of {log}:\n{log_tail(log)}")
     lines = [json.loads(x) for x in (run_dir / "work" / "metrics.jsonl").read_text().splitlines()]
     train = [m for m in lines if "tokens_per_s" in m]
     # the step loop's clock starts at step 1; the first step (warm-up) is left out of the rates
@@ -68,7 +65,7 @@ def run(procs: int, args, target: Path, data: Path, work: Path) -> dict:
             "tokens": sum(m["tokens"] for m in train[1:]), "wait": sum(m["data_wait_share"] for m in train) / len(train)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="runs/bench-extract-scaleout/target-smollm2",
                     help="target directory (default: the SmolLM2 target bench_extract_scaleout.py prepares)")
@@ -83,13 +80,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--work", default="runs/bench-train-scaleout")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     work = Path(args.work).resolve()
     target = Path(args.target).resolve()
     if not target.is_dir():
         raise SystemExit(f"target {target} is not a directory (run bench/bench_extract_scaleout.py first, "
                          "or pass --target DIR)")
-    load_start = os.getloadavg()
+    load_at_start = load_average()
     data = extract_data(target, work, args.samples, args.length)
     counts = [int(x) for x in args.procs.split(",")]
     results = {p: run(p, args, target, data, work) for p in counts}
@@ -97,18 +94,16 @@ def main() -> None:
     print(f"target {target.name}; 1-layer draft, {args.depths} depths, draft vocab {args.draft_vocab}; "
           f"{args.steps} steps of {args.rows} rows of <= {args.row_tokens} tokens; DDP over gloo, "
           f"{args.threads} torch thread(s) per process, fp32")
-    print(f"machine: {os.cpu_count()} cores; load average (1/5/15 min) at start "
-          + "/".join(f"{x:.2f}" for x in load_start) + "; at end " + "/".join(f"{x:.2f}" for x in os.getloadavg()))
-    head = f"{'procs':>5} {'wall_s':>7} {'loop_s':>7} {'steps/s':>8} {'tokens/s':>9} {'speed-up':>8} " \
-           f"{'data_wait':>9} {'max|dloss| vs 1st':>18} {'final loss':>10}"
-    print(head)
-    print("-" * len(head))
+    print(banner(load_at_start))
     base = results[counts[0]]
+    table = []
     for p, r in results.items():
         diff = max(abs(a - b) for a, b in zip(base["losses"], r["losses"]))
-        print(f"{p:>5} {r['wall_s']:>7.1f} {r['loop_s']:>7.1f} {r['steps'] / r['loop_s']:>8.3f} "
-              f"{r['tokens'] / r['loop_s']:>9.1f} {base['loop_s'] / r['loop_s']:>8.2f} {r['wait']:>9.3f} "
-              f"{diff:>18.2e} {r['losses'][-1]:>10.4f}")
+        table.append([p, f"{r['wall_s']:.1f}", f"{r['loop_s']:.1f}", f"{r['steps'] / r['loop_s']:.3f}",
+                      f"{r['tokens'] / r['loop_s']:.1f}", f"{base['loop_s'] / r['loop_s']:.2f}", f"{r['wait']:.3f}",
+                      f"{diff:.2e}", f"{r['losses'][-1]:.4f}"])
+    print(format_table(["procs", "wall_s", "loop_s", "steps/s", "tokens/s", "speed-up", "data_wait",
+                        "max|dloss| vs 1st", "final loss"], table))
     print("steps/s and tokens/s over steps 2..N (step 1 is warm-up); wall_s includes process start and setup")
 
 

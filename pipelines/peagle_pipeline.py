@@ -55,6 +55,7 @@ def build_pipeline(profile: ClusterProfile):
         data_connection, num_gpus, num_speculative_tokens = p.data_connection, p.num_gpus, p.num_speculative_tokens
         init_args = dict(output_root=p.output_root, run_name=p.run_name, job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                          config=p.config, data_connection=data_connection,
+                         train_beside_extract=profile.train_beside_extract,
                          **{name: getattr(p, name) for name in init_run_parameters()})
 
         def step(task, name, display, gpus=None):

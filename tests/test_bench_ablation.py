@@ -6,22 +6,18 @@ configurations and loads the held-out prompts; vLLM is not started.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from bench_scripts import BENCH, load_bench
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "bench_ablation.py"
+SCRIPT = BENCH / "bench_ablation.py"
 
 
 def _run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.integration  # two real training processes and an extraction
@@ -30,8 +26,11 @@ def test_dry_run_trains_each_variant_and_prints_one_table(qwen3_target, tmp_path
              "--variants", "baseline,init-top-layer", "--variant", "wd0:train.weight_decay=0")
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     lines = r.stdout.strip().splitlines()
-    assert lines[0].split()[:4] == ["variant", "overrides", "train", "s"] and "first-position acceptance" in lines[0]
-    body = {line.split()[0]: line for line in lines[2:-1]}
+    assert lines[0].startswith("machine: ")  # the banner, then the table
+    head = next(i for i, line in enumerate(lines) if line.startswith("variant"))
+    assert lines[head].split()[:4] == ["variant", "overrides", "train", "s"]
+    assert "first-position acceptance" in lines[head]
+    body = {line.split()[0]: line for line in lines[head + 2:-1]}
     assert set(body) == {"baseline", "init-top-layer", "wd0"}
     assert "draft.init_from_target_layer=True" in body["init-top-layer"] and "train.weight_decay=0" in body["wd0"]
     for line in body.values():
@@ -45,12 +44,7 @@ def test_dry_run_trains_each_variant_and_prints_one_table(qwen3_target, tmp_path
 
 
 def _module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_ablation", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("bench_ablation")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -5,16 +5,19 @@ run is laid out as ``peagle run`` publishes it (run.json, the prepared data's an
 manifests, the evaluation's report.json, the pipeline's progress.jsonl)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_bench
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bench_budget", ROOT / "bench" / "bench_budget.py")
-bench_budget = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_budget)
+bench_budget = load_bench("bench_budget")
+
+
+def _cells(rule: str, line: str) -> list[str]:
+    """The cells of a table line, cut at the columns of the table's rule of dashes."""
+    starts = [i for i, c in enumerate(rule) if c == "-" and (i == 0 or rule[i - 1] == " ")]
+    return [line[a:b].strip() for a, b in zip(starts, starts[1:] + [len(line)])]
 
 
 def _finished_run(root: Path, name: str) -> Path:
@@ -30,8 +33,11 @@ def _finished_run(root: Path, name: str) -> Path:
     sets = {"sharegpt-heldout": {"acceptance_length": 1.315, "per_position_acceptance": [0.272, 0.040],
                                  "confidence": conf},
             "mtbench": {"acceptance_length": 1.274, "per_position_acceptance": [0.242, 0.025], "confidence": conf}}
-    (run / "evaluate" / "report.json").write_text(json.dumps({"summary": {
-        "acceptance_length": 1.30, "per_position_acceptance": [0.26, 0.04], "sets": sets}}))
+    (run / "evaluate" / "report.json").write_text(json.dumps({
+        "format": "peagle.evaluate.report/v1", "mode": "vllm", "target": {"path": "t"}, "draft": {"path": "d"},
+        "num_speculative_tokens": [2], "acceptance_length_vs_k": {},
+        "summary": {"num_speculative_tokens": 2, "sampling": {"name": "greedy"}, "categories": {},
+                    "acceptance_length": 1.30, "per_position_acceptance": [0.26, 0.04], "sets": sets}}))
     events = [{"stage": "init_run", "event": "start"}, {"stage": "init_run", "event": "end", "seconds": 999.0},
               {"stage": "init_run", "event": "start"}, {"stage": "init_run", "event": "end", "seconds": 30.0},
               {"stage": "regenerate", "event": "progress", "done": 1},
@@ -57,7 +63,8 @@ def test_from_run_prints_the_held_out_figures_and_the_last_runs_stage_minutes(tm
     assert (row["conversations"], row["rows"], row["supervised_tokens"], row["epochs"], row["steps"]) == \
         (480, 344, 52406, 3, 471)
     out = capsys.readouterr().out.splitlines()
-    assert out[-2].split(" | ") == ["d480", "15.0*", "2.5", "2.2", "5.3", "4.5", "480", "344", "52,406", "3", "471",
+    assert out[0].startswith("machine: ") and out[-4].split()[:2] == ["point", "min"]
+    assert _cells(out[-3], out[-2]) == ["d480", "15.0*", "2.5", "2.2", "5.3", "4.5", "480", "344", "52,406", "3", "471",
                                     "1.315 [1.277-1.351]", "27.2% [24.1-30.1]", "1.274"]
     assert out[-1].startswith("* minutes of the stages alone")
 

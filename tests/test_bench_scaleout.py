@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 pytestmark = pytest.mark.integration  # worker processes, a SeaweedFS server, torchrun
 
 

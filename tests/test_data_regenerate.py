@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 from peagle.data import PrepareSettings, run_prepare
-from peagle.data.regenerate import (RegenerateSettings, child_env, done_ids, engine_kwargs, prepare_settings,
+from peagle.engine.llm import engine_child_env, engine_kwargs
+from peagle.data.regenerate import (RegenerateSettings, done_ids, prepare_settings,
                                    run_regenerate)
 
 CONVERSATIONS = [
@@ -59,7 +60,7 @@ def test_torn_last_line_is_cut_before_resume(tmp_path):
 @pytest.mark.vllm
 def test_offline_vllm_regeneration_resumes_and_feeds_prepare(source, tmp_path, qwen3_target):
     out = tmp_path / "regen.jsonl"
-    s = RegenerateSettings(sources=[str(source)], max_conversations=2, max_tokens=8, batch_size=2)
+    s = RegenerateSettings(sources=[str(source)], max_conversations=2, max_tokens=8, conversations_per_batch=2)
     first = run_regenerate(s, qwen3_target, out)
     assert first.counts == {"already_done": 0, "regenerated": 2, "dropped_empty": 0}
     second = run_regenerate(s.model_copy(update={"max_conversations": None}), qwen3_target, out)
@@ -78,17 +79,17 @@ def test_offline_vllm_regeneration_resumes_and_feeds_prepare(source, tmp_path, q
 def test_engine_levers_reach_the_engine_and_its_environment():
     """The regeneration engine gets the levers set (and vLLM's defaults for the rest); cpu_threads
     becomes an unbound OpenMP thread count, since vLLM's auto-binding would set its own."""
-    plain = engine_kwargs(RegenerateSettings(), "/t")
+    plain = engine_kwargs(RegenerateSettings().engine, "/t", seed=0, log_stats=True)
     assert not {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"} & set(plain)
     assert plain["enforce_eager"] is True and plain["disable_log_stats"] is False  # CPU: eager; stats feed progress
-    s = RegenerateSettings(max_num_seqs=8, max_num_batched_tokens=2048, enable_chunked_prefill=False,
-                           enforce_eager=False, engine_in_process=True, cpu_threads=2)
-    kw = engine_kwargs(s, "/t")
+    s = RegenerateSettings(engine={"max_num_seqs": 8, "max_num_batched_tokens": 2048, "enable_chunked_prefill": False,
+                                   "enforce_eager": False, "in_process": True, "cpu_threads": 2})
+    kw = engine_kwargs(s.engine, "/t", seed=0)
     assert (kw["max_num_seqs"], kw["max_num_batched_tokens"], kw["enable_chunked_prefill"]) == (8, 2048, False)
     assert kw["enforce_eager"] is False and kw["distributed_executor_backend"] == "uni" and kw["model"] == "/t"
-    env = child_env(s)
+    env = engine_child_env(s.engine)
     assert (env["OMP_NUM_THREADS"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("2", "nobind")
-    assert child_env(RegenerateSettings()).get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")  # untouched
+    assert engine_child_env(RegenerateSettings().engine).get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")
 
 
 def test_prepare_reads_the_regenerated_conversations_and_with_keep_source_replies_the_human_ones(tmp_path):
@@ -107,9 +108,10 @@ def test_prepare_reads_the_regenerated_conversations_and_with_keep_source_replie
 @pytest.mark.vllm
 def test_regeneration_with_engine_levers(source, tmp_path, qwen3_target):
     """In-process engine, all cores unbound, one sequence at a time, no chunked prefill: same records."""
-    s = RegenerateSettings(sources=[str(source)], max_tokens=8, engine_in_process=True, cpu_threads=2,
-                           max_num_seqs=1, enable_chunked_prefill=False, max_num_batched_tokens=512,
-                           max_model_len=512, cpu_kv_cache_gib=1)
+    s = RegenerateSettings(sources=[str(source)], max_tokens=8,
+                           engine={"in_process": True, "cpu_threads": 2, "max_num_seqs": 1,
+                                   "enable_chunked_prefill": False, "max_num_batched_tokens": 512,
+                                   "max_model_len": 512, "cpu_kv_cache_gib": 1})
     res = run_regenerate(s, qwen3_target, tmp_path / "regen.jsonl")
     assert res.counts == {"already_done": 0, "regenerated": 4, "dropped_empty": 0}
     _check_records(tmp_path / "regen.jsonl", ["conv/a", "conv/b", "conv/c", "conv/e"])
@@ -124,7 +126,7 @@ def test_max_turns_and_prompts_beyond_the_context(tmp_path, qwen3_target):
                                               {"role": "assistant", "content": "ORIGINAL"}]}
     src.write_text(json.dumps(CONVERSATIONS[1]) + "\n" + json.dumps(long_prompt) + "\n")
     out = tmp_path / "regen.jsonl"
-    s = RegenerateSettings(sources=[str(src)], max_tokens=8, max_turns=1, max_model_len=256)
+    s = RegenerateSettings(sources=[str(src)], max_tokens=8, max_turns=1, engine={"max_model_len": 256})
     res = run_regenerate(s, qwen3_target, out)
     assert res.counts == {"already_done": 0, "regenerated": 1, "dropped_empty": 1}
     # max_prompt_tokens drops what is longer even within the context (here: every prompt)

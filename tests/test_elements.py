@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from peagle.model.draft import PEagleDraftModel
+from peagle.model.elements import build_elements, shift_row
 from peagle.model.spec import DraftSpec, build_layer_config
-from peagle.train.elements import build_elements, sample_elements, shift_row
+from peagle.train.cod import sample_elements
 
 AUX_WIDTH, TEACHER_WIDTH = 6, 2
 

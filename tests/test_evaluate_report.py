@@ -32,7 +32,7 @@ from peagle.evaluate.__main__ import main as evaluate_main
 from peagle.evaluate.counters import SpecDecodeCounts
 from peagle.evaluate.live import BASELINE, EngineRun, WorkloadResult, build_workloads, samplings_of
 from peagle.evaluate.prompts import BUILTIN_CATEGORIES, PromptSetError
-from peagle.evaluate.report import REPORT_FORMAT, draft_fingerprint
+from peagle.evaluate.report import REPORT_FORMAT, Report, draft_fingerprint
 from peagle.evaluate.run import sweep_ks
 
 CATEGORIES = ["code", "math", "translation"]
@@ -206,7 +206,7 @@ def test_kfp_artifacts(report_parts, tmp_path):
     r["gate"] = apply_gate(r, 1.2).as_dict()
     metrics = dsl.Metrics(uri=str(tmp_path / "metrics"))
     page = dsl.HTML(uri=str(tmp_path / "page.html"))
-    scalars = log_to_kfp(r, metrics=metrics, html=page)
+    scalars = log_to_kfp(Report.from_doc(r), metrics=metrics, html=page)
     assert metrics.metadata == scalars
     assert scalars["acceptance_length"] == pytest.approx(r["summary"]["acceptance_length"])
     assert scalars["num_speculative_tokens"] == 4.0 and scalars["gate_passed"] == 1.0
@@ -217,8 +217,8 @@ def test_kfp_artifacts(report_parts, tmp_path):
     assert "acceptance_length_k4_t_0_7" in scalars and "acceptance_length_k2_greedy" in scalars
     assert set(_pngs((tmp_path / "page.html").read_text())) >= {"per_position_acceptance", "acceptance_length_vs_k"}
     # plain paths work the same way
-    log_to_kfp(r, metrics=tmp_path / "m.json", html=tmp_path / "p.html")
-    assert json.loads((tmp_path / "m.json").read_text()) == kfp_scalar_metrics(r)
+    log_to_kfp(Report.from_doc(r), metrics=tmp_path / "m.json", html=tmp_path / "p.html")
+    assert json.loads((tmp_path / "m.json").read_text()) == kfp_scalar_metrics(Report.from_doc(r))
     assert (tmp_path / "p.html").read_text().startswith("<!DOCTYPE html>")
 
 
@@ -316,7 +316,7 @@ def test_confidence_intervals_reach_report_json_the_page_and_kfp(report_parts, t
     json.dumps(r)
     page = render_html(r)
     assert "95% bootstrap intervals over the 9 prompts" in page and "conditional acceptance" in page
-    scalars = log_to_kfp(r, metrics=tmp_path / "m.json")
+    scalars = log_to_kfp(Report.from_doc(r), metrics=tmp_path / "m.json")
     assert scalars["acceptance_length_ci_low"] == ci["acceptance_length"][0]
     assert scalars["acceptance_position_0_ci_high"] == ci["per_position_acceptance"][0][1]
     assert "conditional_acceptance_position_1" in scalars
@@ -372,7 +372,7 @@ def test_report_has_figures_and_intervals_per_prompt_set(tmp_path):
     entry = next(e for e in r["runs"] if e["num_speculative_tokens"] == 4)
     drafts = sum(entry["categories"][c]["counts"]["drafts"] for c in sets["mtbench"]["categories"])
     assert entry["sets"]["mtbench"]["counts"]["drafts"] == drafts
-    scalars = kfp_scalar_metrics(r)
+    scalars = kfp_scalar_metrics(Report.from_doc(r))
     assert scalars["acceptance_length_set_mtbench"] == sets["mtbench"]["acceptance_length"]
     assert scalars["acceptance_length_set_sharegpt_heldout_ci_low"] == sets["sharegpt-heldout"]["confidence"][
         "acceptance_length"][0]

@@ -78,10 +78,8 @@ def test_round_trip(base, qwen3_target):
     for s, e in zip(got[:3], ref):  # same batching as the first shard: bit-identical
         assert torch.equal(s.aux_hidden, e.aux) and torch.equal(s.last_hidden, e.last)
 
-    # no prefetch, and rank/world-size selection, read the same samples
+    # no prefetch reads the same samples
     assert [s.sample_id for s in ds.iter_samples(prefetch=0)] == [s.sample_id for s in got]
-    picked = ds.select_shards(rank=1, world_size=2) + ds.select_shards(rank=0, world_size=2)
-    assert sorted(picked) == ds.shard_names
 
 
 def test_next_shard_is_read_in_the_background(base):

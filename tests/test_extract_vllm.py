@@ -42,7 +42,8 @@ def test_vllm_and_hf_hidden_states_agree(arch, qwen3_target, llama_target, tmp_p
     target = qwen3_target if arch == "qwen3" else llama_target
     rows = make_rows()
     common = dict(samples_per_shard=4, batch_size=4)
-    vllm_res = run_extract(rows, target, tmp_path / "vllm", ExtractSettings(backend="vllm", **common))
+    vllm_res = run_extract(rows, target, tmp_path / "vllm",
+                           ExtractSettings(backend="vllm", engine={"max_num_seqs": 4}, **common))
     assert len(vllm_res.shards_written) == 3 and vllm_res.manifest is not None
     run_extract(rows, target, tmp_path / "hf", ExtractSettings(backend="hf", hf_device="cpu", **common))
 

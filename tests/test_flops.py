@@ -11,11 +11,12 @@ from transformers import LlamaConfig
 from peagle.model.attention_mask import dense_mask
 from peagle.model.draft import PEagleDraftModel
 from peagle.model.spec import DraftSpec, build_layer_config
+from peagle.model.teacher import Teacher
 from peagle.train.batches import prepare_row
 from peagle.train.cod import sample_cod
 from peagle.train.flops import (attended_pairs, device_peak_flops, flops_breakdown, peak_bf16_tflops,
                                 prepared_row_flops, row_attended_pairs)
-from peagle.train.loss import Teacher, row_loss
+from peagle.train.loss import row_loss
 
 
 def tiny_spec(arch="llama", num_layers=1, window=None, full=()):

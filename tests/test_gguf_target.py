@@ -73,7 +73,7 @@ def test_smollm2_gguf_converts_and_vllm_matches_transformers(tmp_path):
     assert not list(out.glob("*.gguf")) and list(out.glob("*.safetensors"))
 
     res = run_in_subprocess({
-        "model": str(out), "max_tokens": 16, "dtype": "bfloat16", "logprobs": 5, "in_process": True,
+        "model": str(out), "max_tokens": 16, "dtype": "bfloat16", "logprobs": 5, "engine": {"in_process": True},
         "prompts": [[{"role": "user", "content": q}] for q in QUESTIONS],
     })
     assert all(len(t) > 0 for t in res["token_ids"]), res["texts"]

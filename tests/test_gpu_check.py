@@ -6,7 +6,6 @@ inputs of the vLLM engines; a tiny target stands in for SmolLM2, whose preparati
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -19,10 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.integration  # every section's CPU part: a gloo process group with DDP, training, extraction
 def test_gpu_check_dry_run_passes_and_prints_one_table(qwen3_target, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--target", str(qwen3_target),
-                        "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=600, env=env)
+                        "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     lines = r.stdout.splitlines()
@@ -39,9 +37,8 @@ def test_gpu_check_dry_run_passes_and_prints_one_table(qwen3_target, tmp_path):
 
 def test_gpu_check_exits_non_zero_when_a_section_fails(tmp_path):
     # No target and no data for serving alone: the section fails, the table still prints, exit status 1.
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--only", "serving",
-                        "--target", str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, env=env)
+                        "--target", str(tmp_path / "missing")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
     assert "serving" in r.stdout and "FAIL" in r.stdout and "1 failed" in r.stdout
 

@@ -202,7 +202,7 @@ def test_a_step_cannot_be_left_without_a_deadline(tmp_path):
 def test_no_retry_is_declared_where_kfp_drops_it(committed):
     """Inside a ParallelFor, KFP ignores set_retry (kubeflow/pipelines #12389, #13897): extract retries in
     its own process instead, with the profile's policy as an input."""
-    from peagle import support
+    import kfp_features
 
     spec, _ = committed
     loops = [c for n, c in spec["components"].items() if n.startswith("comp-for-loop")]
@@ -210,8 +210,8 @@ def test_no_retry_is_declared_where_kfp_drops_it(committed):
     for loop in loops:
         for name, task in loop["dag"]["tasks"].items():
             assert "retryPolicy" not in task, name
-    found = support.ir_features(spec)
-    assert support.LOOP_RETRY not in found
+    found = kfp_features.ir_features(spec)
+    assert kfp_features.LOOP_RETRY not in found
     extract = next(t for c in loops for t in c["dag"]["tasks"].values()
                    if t["componentRef"]["name"] == "comp-extract")
     policy = json.loads(extract["inputs"]["parameters"]["retry"]["runtimeValue"]["constant"])
@@ -219,9 +219,10 @@ def test_no_retry_is_declared_where_kfp_drops_it(committed):
 
 
 def test_the_support_scan_flags_a_retry_inside_a_loop(tmp_path):
+    import kfp_features
     from kfp import compiler, dsl
 
-    from peagle import support
+    from peagle.support import MIN_KFP_BACKEND
 
     @dsl.component(base_image="python:3.11")
     def work(x: int) -> str:
@@ -234,11 +235,11 @@ def test_the_support_scan_flags_a_retry_inside_a_loop(tmp_path):
 
     out = tmp_path / "p.yaml"
     compiler.Compiler().compile(loop_retry, str(out))
-    found = support.ir_features(next(yaml.safe_load_all(out.read_text())))
-    assert support.LOOP_RETRY in found and support.required_backend(found) > support.MIN_KFP_BACKEND
+    found = kfp_features.ir_features(next(yaml.safe_load_all(out.read_text())))
+    assert kfp_features.LOOP_RETRY in found and kfp_features.required_backend(found) > MIN_KFP_BACKEND
     # the note on nested retries says what backs it, and the loop case is named as never honoured
-    assert "rhoai-2.22" in support.NESTED_RETRY.note and "beae62fb5" in support.NESTED_RETRY.note
-    assert "#12389" in support.LOOP_RETRY.note
+    assert "rhoai-2.22" in kfp_features.NESTED_RETRY.note and "beae62fb5" in kfp_features.NESTED_RETRY.note
+    assert "#12389" in kfp_features.LOOP_RETRY.note
 
 
 def test_extract_retries_transient_failures_and_not_bad_input():

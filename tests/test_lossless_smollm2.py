@@ -47,7 +47,7 @@ def test_float32_outputs_of_smollm2_with_an_accepted_draft_equal_the_target_alon
     # 1. The target's own greedy float32 continuations of the prompts the check will use.
     prompts = [p.chat() for ps in load_prompt_sets(SETS, PER_SET).values() for p in ps.prompts]
     own = run_in_subprocess({"model": str(target), "prompts": prompts, "max_tokens": TOKENS, "dtype": "float32",
-                             "ignore_eos": True, "in_process": True, "logprobs": 1})  # logprobs: prompt ids too
+                             "ignore_eos": True, "engine": {"in_process": True}, "logprobs": 1})  # logprobs: prompt ids too
     rows = [{"sample_id": f"p{i}", "input_ids": list(p) + list(t), "loss_mask": [0] * len(p) + [1] * len(t)}
             for i, (p, t) in enumerate(zip(own["prompt_token_ids"], own["token_ids"]))]
 

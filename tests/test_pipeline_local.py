@@ -17,12 +17,12 @@ pytestmark = pytest.mark.e2e  # the whole pipeline under kfp.local
 
 TINY = {
     "prepare": {"validation_fraction": 0.25},
-    "regenerate": {"max_tokens": 12, "max_model_len": 512, "batch_size": 16},
+    "regenerate": {"max_tokens": 12, "conversations_per_batch": 16, "engine": {"max_model_len": 512}},
     "extract": {"backend": "hf", "samples_per_shard": 4, "batch_size": 4},
     "train": {"row_tokens": 256, "global_batch_rows": 2, "log_every": 1, "val_fraction": 0.0},
     "evaluate": {"prompt_sets": ["code"], "prompts_per_category": 2, "max_tokens": 8, "temperatures": [0.0],
-                 "num_speculative_tokens": [2], "measure_baseline": False, "engine_in_process": True,
-                 "max_model_len": 1024, "cpu_kv_cache_gib": 1, "offline_max_samples": 8},
+                 "num_speculative_tokens": [2], "measure_baseline": False, "offline_max_samples": 8,
+                 "engine": {"in_process": True, "max_model_len": 1024, "cpu_kv_cache_gib": 1}},
 }
 
 

@@ -173,7 +173,8 @@ def test_the_pipeline_function_and_init_run_component_derive_from_the_definition
 
     params = inspect.signature(init_run).parameters
     typed = {n: p.annotation for n, p in params.items()
-             if n not in ("output_root", "run_name", "job_id", "config", "target_model", "data_connection")}
+             if n not in ("output_root", "run_name", "job_id", "config", "target_model", "data_connection",
+                          "train_beside_extract")}  # the last: the profile's, a constant of the compiled pipeline
     assert typed == {n: definition[n][0] for n in PipelineParams.model_fields}
     assert Path(inspect.getsourcefile(init_run)).resolve() == init_run_component_path().resolve()
 
@@ -208,8 +209,8 @@ def test_coverage_maps_both_ways_and_names_real_keys():
 def test_two_keys_of_one_parameter_must_agree():
     from peagle.pipeline.local.job import pipeline_arguments, user_settings
 
-    user = user_settings(None, ["prepare.max_samples=50", "regenerate.max_conversations=60"])
-    with pytest.raises(ConfigError, match="'prepare.max_samples' and 'regenerate.max_conversations'"):
+    user = user_settings(None, ["prepare.sources=[a.jsonl]", "regenerate.sources=[b.jsonl]"])
+    with pytest.raises(ConfigError, match="'prepare.sources' and 'regenerate.sources'"):
         pipeline_arguments(user)
-    same = user_settings(None, ["prepare.max_samples=50", "regenerate.max_conversations=50"])
-    assert pipeline_arguments(same)["num_samples"] == 50
+    same = user_settings(None, ["prepare.sources=[a.jsonl]", "regenerate.sources=[a.jsonl]"])
+    assert pipeline_arguments(same)["data_source"] == "a.jsonl"

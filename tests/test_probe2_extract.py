@@ -17,13 +17,14 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from peagle.cli import main
 from peagle.config import ConfigError
 from peagle.extract import ExtractError, ExtractSettings, make_header, run_extract
-from peagle.extract.output import STREAM, announce_stream, mark_consumed, wait_for_turn
+from peagle.extract.hidden_states import STREAM, ConsumedMarker, HiddenStates, StreamAnnouncement
+from peagle.extract.output import wait_for_turn
+from peagle.extract.shard_format import DatasetHeader
 from peagle.run_config import RunConfig
 from peagle.storage import open_store
 
@@ -78,10 +79,11 @@ def test_peagle_run_refuses_back_pressure_its_trainer_cannot_relieve(tmp_path):
 
 def test_back_pressure_wait_has_a_deadline_and_says_what_it_waits_for(tmp_path):
     store = open_store(str(tmp_path / "hs"))
+    hs = HiddenStates(store)
     told: list[str] = []
     t0 = time.monotonic()
     with pytest.raises(ExtractError) as info:
-        wait_for_turn(store, 3, 1, poll_s=0.05, timeout_s=0.6, report_every_s=0.25, tell=told.append)
+        wait_for_turn(hs, 3, 1, poll_s=0.05, timeout_s=0.6, report_every_s=0.25, tell=told.append)
     assert time.monotonic() - t0 < 5
     message = str(info.value)
     assert message.startswith(f"shard set {store.uri_for('hs-00003')} waited ")
@@ -90,15 +92,16 @@ def test_back_pressure_wait_has_a_deadline_and_says_what_it_waits_for(tmp_path):
     assert all(t.startswith("shard set hs-00003 waits until a streaming trainer announces itself") for t in told)
 
     # announced: it waits for the set `lag` behind, and names it and the lag
-    announce_stream(store, min_sets_ahead=2)
+    hs.announce(StreamAnnouncement(min_sets_ahead=2))
     told.clear()
     with pytest.raises(ExtractError, match=r"hs-00003 waited .* until the trainer has consumed set 1 \(lag 2\)"):
-        wait_for_turn(store, 3, 1, poll_s=0.05, timeout_s=0.3, report_every_s=10, tell=told.append)
+        wait_for_turn(hs, 3, 1, poll_s=0.05, timeout_s=0.3, report_every_s=10, tell=told.append)
     assert len(told) == 1 and told[0].startswith("shard set hs-00003 waits until the trainer has consumed set 1 (lag 2)")
 
     # the trainer consumes set 1 while the set waits: it goes on
-    threading.Timer(0.3, mark_consumed, (store, 1, {"step": 1, "header": {}})).start()
-    waited = wait_for_turn(store, 3, 1, poll_s=0.05, timeout_s=30, tell=told.append)
+    header = DatasetHeader([1, 2, 3, 4], 8, 4, "fingerprint", "qwen3", "bfloat16", "bfloat16", "hf")
+    threading.Timer(0.3, hs.mark_consumed, (1, ConsumedMarker(1, header))).start()
+    waited = wait_for_turn(hs, 3, 1, poll_s=0.05, timeout_s=30, tell=told.append)
     assert 0.2 < waited < 10
 
 
@@ -196,13 +199,9 @@ def test_a_child_run_to_its_end_leaves_no_guard_behind():
 
 
 def write_prepared(out: Path) -> Path:
-    from peagle.data.output import FORMAT, PreparedWriter
-    from peagle.data.rows import PreparedRow
+    from prepared_data import write_prepared as write
 
-    w = PreparedWriter(str(out))
-    rows = [PreparedRow(r["sample_id"], r["sample_id"], "test", np.array(r["input_ids"], dtype=np.int32),
-                        np.array(r["loss_mask"], dtype=np.int8)) for r in make_rows()]
-    w.write_manifest({"format": FORMAT, "shards": {"train": [w.write_shard("train", 0, rows)], "validation": []}})
+    write(out, make_rows())
     return out
 
 
@@ -246,7 +245,8 @@ def test_a_consumed_set_is_skipped_saying_so(qwen3_target, tmp_path, capsys):
     out = tmp_path / "hs"
     store = open_store(str(out))
     settings = ExtractSettings(**HF, sets_per_worker=2)
-    mark_consumed(store, 0, {"step": 4, "by": "peagle.train", "header": make_header(qwen3_target, settings)[0].as_dict()})
+    header = make_header(qwen3_target, settings)[0]
+    HiddenStates(store).mark_consumed(0, ConsumedMarker(4, header))
     res = run_extract(make_rows(), qwen3_target, out, settings)
     assert res.shards_consumed == ["hs-00000-00000.safetensors", "hs-00000-00001.safetensors"]
     assert res.shards_written == ["hs-00001-00000.safetensors", "hs-00001-00001.safetensors"]
@@ -260,8 +260,8 @@ def test_a_consumed_set_is_skipped_saying_so(qwen3_target, tmp_path, capsys):
 def test_vllm_extraction_without_its_trainer_times_out_and_relays_what_it_waits_for(qwen3_target, tmp_path, capfd):
     """The wait runs in the engine child: its waiting line reaches this process's stderr, its timeout
     comes back as the ExtractError it raised there."""
-    settings = ExtractSettings(backend="vllm", samples_per_shard=2, batch_size=4, sets_per_worker=2, max_sets_ahead=1,
-                               max_sets_ahead_timeout_s=2)
+    settings = ExtractSettings(backend="vllm", samples_per_shard=2, engine={"max_num_seqs": 4}, sets_per_worker=2,
+                               max_sets_ahead=1, max_sets_ahead_timeout_s=2)
     with pytest.raises(ExtractError, match=r"hs-00001 waited .*\(extract\.max_sets_ahead_timeout_s=2\)"):
         run_extract(make_rows(), qwen3_target, tmp_path / "hs", settings)
     assert "[peagle.extract] shard set hs-00001 waits until a streaming trainer announces itself" in capfd.readouterr().err

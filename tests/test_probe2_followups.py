@@ -170,7 +170,7 @@ def test_regenerate_takes_prepares_template_time_limit_into_its_child(tmp_path, 
     monkeypatch.setattr(regenerate.child, "run_module", run_module)
     with pytest.raises(PrepareError):
         run_regenerate(RegenerateSettings(), "/t", tmp_path / "r.jsonl", template_time_limit_s=0.5)
-    assert seen["job"]["template_time_limit_s"] == 0.5 and seen["error_marker"] == regenerate.ERROR_MARKER
+    assert seen["job"]["template_time_limit_s"] == 0.5
 
 
 def test_regenerate_child_error_is_one_line_not_a_traceback(tmp_path, capsys):
@@ -196,7 +196,7 @@ def test_regenerate_with_an_endless_template_ends_with_exit_2_naming_the_target_
                                                       {"role": "assistant", "content": "hello"}]}) + "\n")
     rc = main(["regenerate", "--target", str(endless_target), "--set", f"regenerate.sources=[{f}]",
                "--set", "prepare.template_time_limit_s=0.5", "--set", "regenerate.max_tokens=4",
-               "--set", "regenerate.engine_timeout_s=900",  # a render without end: killed, not a hung test
+               "--set", "regenerate.engine.timeout_s=900",  # a render without end: killed, not a hung test
                "--out", str(tmp_path / "r.jsonl")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("peagle: error: "), err

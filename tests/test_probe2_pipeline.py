@@ -318,23 +318,23 @@ def test_max_model_len_defaults_to_what_fits_the_target_and_the_prompts(capsys, 
     assert limit == 2048
     code, err = evaluate(capsys, qwen3_target, draft_dir, tmp_path / "out")
     assert code == 3, err
-    derived = no_vllm[-1].max_model_len
+    derived = no_vllm[-1].engine.max_model_len
     assert 8 < derived <= limit  # the prompt plus the 8 generated tokens, within the target
     code, err = evaluate(capsys, qwen3_target, draft_dir, tmp_path / "out", "--max-tokens", "5000")
-    assert code == 3 and no_vllm[-1].max_model_len == limit, err
-    code, err = evaluate(capsys, qwen3_target, draft_dir, tmp_path / "out", "--max-model-len", "1024")
-    assert code == 3 and no_vllm[-1].max_model_len == 1024, err
+    assert code == 3 and no_vllm[-1].engine.max_model_len == limit, err
+    code, err = evaluate(capsys, qwen3_target, draft_dir, tmp_path / "out", "--engine-max-model-len", "1024")
+    assert code == 3 and no_vllm[-1].engine.max_model_len == 1024, err
 
 
 def test_max_model_len_above_the_target_is_refused_naming_it(capsys, qwen3_target, draft_dir, tmp_path, no_vllm):
     n = len(no_vllm)
-    code, err = evaluate(capsys, qwen3_target, draft_dir, tmp_path / "out", "--max-model-len", "4096")
-    assert code == 2 and "evaluate.max_model_len" in err and "2048" in err, err
+    code, err = evaluate(capsys, qwen3_target, draft_dir, tmp_path / "out", "--engine-max-model-len", "4096")
+    assert code == 2 and "evaluate.engine.max_model_len" in err and "2048" in err, err
     assert len(no_vllm) == n
 
 
 def test_max_model_len_too_short_for_a_prompt_is_refused(capsys, qwen3_target, draft_dir, tmp_path, no_vllm):
-    code, err = evaluate(capsys, qwen3_target, draft_dir, tmp_path / "out", "--max-model-len", "16",
+    code, err = evaluate(capsys, qwen3_target, draft_dir, tmp_path / "out", "--engine-max-model-len", "16",
                          "--system-prompt", "word " * 40)
-    assert code == 2 and "evaluate.max_model_len" in err, err
+    assert code == 2 and "evaluate.engine.max_model_len" in err, err
     assert no_vllm == []

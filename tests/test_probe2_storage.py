@@ -364,7 +364,7 @@ def test_a_streaming_trainer_names_a_missing_shard_at_once(qwen3_target, tmp_pat
     prepared = write_prepared(str(tmp_path / "data"))
     out = str(tmp_path / "hs")
     one_set = ExtractSettings(**{**HF, "sets_per_worker": 1})  # the same layout, set 0 alone
-    run_extract(_rows(), qwen3_target, out, one_set, shard_index=0, num_shards=NUM_SETS)
+    run_extract(_rows(), qwen3_target, out, one_set, shard_index=0, num_shards=NUM_SETS, prepared=prepared)
     (tmp_path / "hs" / "hs-00000" / "hs-00000-00001.safetensors").unlink()
     cfg = stream_config(qwen3_target, tmp_path, out, prepared, wait_timeout_s=30)
     start = time.monotonic()

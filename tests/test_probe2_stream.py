@@ -17,13 +17,14 @@ import torch
 from pydantic import ValidationError
 
 from peagle.extract import ExtractError, ExtractSettings, run_extract
-from peagle.extract.output import (CONSUMED, MAX_MARKER_BYTES, STREAM, consumed_info, is_consumed, set_prefix,
-                                   wait_for_turn)
+from peagle.extract.hidden_states import CONSUMED, MAX_MARKER_BYTES, PLAN, STREAM, HiddenStates, set_prefix
+from peagle.extract.output import wait_for_turn
+from peagle.extract.shard_format import DatasetHeader
 from peagle.storage import is_complete, open_store
 from peagle.train import DatasetInfo, ListDataset, TrainRunConfig, train
 from peagle.train.__main__ import main as train_main
 from peagle.train.batches import RunPlan, plan_fingerprint, plan_run
-from peagle.train.stream import StreamedExtraction, stored_bytes_per_token
+from peagle.train.stream import StreamedExtraction
 from test_train_stream import HF, NUM_SETS, ROWS, TOKENS, WORKERS, _rows, stream_config, write_prepared
 
 
@@ -33,11 +34,12 @@ def prepared(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def extracted(qwen3_target, tmp_path_factory) -> str:
+def extracted(qwen3_target, prepared, tmp_path_factory) -> str:
     """A finished extraction (every set published); tests work on copies."""
     out = str(tmp_path_factory.mktemp("extracted") / "hs")
     for w in range(WORKERS):
-        run_extract(_rows(), qwen3_target, out, ExtractSettings(**HF), shard_index=w, num_shards=WORKERS)
+        run_extract(_rows(), qwen3_target, out, ExtractSettings(**HF), shard_index=w, num_shards=WORKERS,
+                    prepared=prepared)
     return out
 
 
@@ -50,7 +52,7 @@ def _copy(extracted: str, tmp_path) -> str:
 def _one_set_bytes(out: str) -> int:
     """Estimated stored bytes of one shard set (every set holds ROWS / NUM_SETS rows of TOKENS tokens)."""
     header = json.loads(open_store(out).get_bytes(f"{set_prefix(0)}/_MANIFEST.json"))["metadata"]["header"]
-    return stored_bytes_per_token(header) * TOKENS * ROWS // NUM_SETS
+    return DatasetHeader.from_dict(header).stored_bytes_per_token * TOKENS * ROWS // NUM_SETS
 
 
 def _hidden_state_bytes(store) -> int:
@@ -76,11 +78,12 @@ def test_max_steps_below_the_plan_deletes_only_sets_read_for_good(qwen3_target, 
     first = train(config(5))
     assert first.steps == 5
     assert [store.exists(f"{set_prefix(s)}/{CONSUMED}") for s in range(NUM_SETS)] == [True, True, False, False]
-    assert [is_consumed(store, s) for s in range(NUM_SETS)] == [True, True, False, False]
+    assert [HiddenStates(store).is_consumed(s) for s in range(NUM_SETS)] == [True, True, False, False]
     assert is_complete(store, set_prefix(2)) and is_complete(store, set_prefix(3))
 
     # A rerun worker skips only what was consumed and reuses the half-read set 2.
-    again = run_extract(_rows(), qwen3_target, out, ExtractSettings(**HF), shard_index=0, num_shards=WORKERS)
+    again = run_extract(_rows(), qwen3_target, out, ExtractSettings(**HF), shard_index=0, num_shards=WORKERS,
+                        prepared=prepared)
     assert again.shards_written == []
     assert {n.split("-")[1] for n in again.shards_consumed} == {"00000"}
     assert {n.split("-")[1] for n in again.shards_skipped} == {"00002"}
@@ -88,7 +91,7 @@ def test_max_steps_below_the_plan_deletes_only_sets_read_for_good(qwen3_target, 
     # A longer rerun continues from the checkpoint and finds every set it still needs.
     second = train(config(None))
     assert (second.resumed_from, second.steps) == (5, 8)
-    assert all(is_consumed(store, s) for s in range(NUM_SETS)) and _hidden_state_bytes(store) == 0
+    assert all(HiddenStates(store).is_consumed(s) for s in range(NUM_SETS)) and _hidden_state_bytes(store) == 0
 
 
 # ---- 2. train.epochs: bounded in the schema; the plan is made an epoch at a time ----------------------
@@ -150,7 +153,7 @@ def test_garbage_stream_announcement_is_an_error_naming_it(tmp_path, kind):
     store = open_store(tmp_path / "hs")
     store.put_bytes(STREAM, GARBAGE.get(kind, b'{"min_sets_ahead": "2", "done": 0}'))
     with pytest.raises(ExtractError, match=r"hs/_STREAM\.json: .*not a streaming trainer's announcement") as e:
-        wait_for_turn(store, 1, 1, poll_s=0.01)
+        wait_for_turn(HiddenStates(store), 1, 1, poll_s=0.01)
     assert e.value.exit_code == 2 and len(str(e.value)) < 400
 
 
@@ -159,7 +162,7 @@ def test_garbage_consumed_marker_is_an_error_naming_it(tmp_path, kind):
     store = open_store(tmp_path / "hs")
     store.put_bytes(f"{set_prefix(1)}/{CONSUMED}", GARBAGE.get(kind, b'{"step": "7", "header": []}'))
     with pytest.raises(ExtractError, match=r"hs-00001/_CONSUMED\.json: .*not a consumed marker") as e:
-        is_consumed(store, 1)
+        HiddenStates(store).is_consumed(1)
     assert e.value.exit_code == 2 and len(str(e.value)) < 400
 
 
@@ -168,9 +171,10 @@ def test_garbage_consumed_marker_is_an_error_naming_it(tmp_path, kind):
     (json.dumps({"step": 3, "by": "peagle.train", "header": {"format": "other"}}).encode(),
      r"hs-00000/_CONSUMED\.json: the consumed marker's header has no valid format"),
 ])
-def test_the_trainer_stops_with_exit_2_on_a_bad_marker_of_a_deleted_set_0(qwen3_target, prepared, tmp_path,
-                                                                         capsys, marker, says):
+def test_the_trainer_stops_with_exit_2_on_a_bad_marker_of_a_deleted_set_0(qwen3_target, prepared, extracted,
+                                                                         tmp_path, capsys, marker, says):
     out = str(tmp_path / "hs")
+    open_store(out).put_bytes(PLAN, open_store(extracted).get_bytes(PLAN))  # the workers' plan, no set published yet
     open_store(out).put_bytes(f"{set_prefix(0)}/{CONSUMED}", marker)  # set 0 is not published
     cfg = stream_config(qwen3_target, tmp_path / "run", out, prepared, delete_consumed=True, val_fraction=0.0,
                         wait_timeout_s=5)
@@ -188,14 +192,14 @@ def test_a_stray_marker_beside_a_published_set_changes_nothing(qwen3_target, pre
     store.put_bytes(f"{set_prefix(0)}/{CONSUMED}", b"\x00 garbage")
     store.put_bytes(f"{set_prefix(2)}/{CONSUMED}", json.dumps(
         {"step": 3, "by": "peagle.train", "header": {"format": "other"}}).encode())
-    assert [is_consumed(store, s) for s in range(NUM_SETS)] == [False] * NUM_SETS
-    assert consumed_info(store, 0) is None and consumed_info(store, 2) is None
+    assert [HiddenStates(store).is_consumed(s) for s in range(NUM_SETS)] == [False] * NUM_SETS
+    assert HiddenStates(store).consumed(0) is None and HiddenStates(store).consumed(2) is None
 
     # The trainer takes set 0's verified header, not the marker's, and reads set 0.
     cfg = stream_config(qwen3_target, tmp_path / "run", out, prepared, val_fraction=0.0, wait_timeout_s=5)
     ds = StreamedExtraction(out, cfg.train.stream)
     set0 = json.loads(store.get_bytes(f"{set_prefix(0)}/_MANIFEST.json"))["metadata"]["header"]
-    assert ds.header == set0 and ds.deleted_sets == []
+    assert ds.header == DatasetHeader.from_dict(set0) and ds.deleted_sets == []
     assert ds[0]["aux_hidden"].shape[0] == TOKENS
 
     # A rerun worker reuses its published sets 0 and 2: it skips none as consumed.

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from peagle import progress as pm
+from peagle.engine import metering
 from peagle.data.regenerate import RegenerateSettings, _regenerate_batch, run_regenerate
 from peagle.data.rows import Conversation
 from peagle.pipeline.local.runner import _Display, progress_line
@@ -130,7 +131,7 @@ def test_relay_lines_drive_the_parent_reporter(events):
 
 def test_vllm_tqdm_hook_counts_finished_requests():
     p = pm.Progress("extract", 4, "samples", stream=io.StringIO())
-    hook = pm.vllm_tqdm(p, weight=0.5)
+    hook = metering.vllm_tqdm(p, weight=0.5)
     prompts = ["a", "b"]
     assert hook(prompts, desc="Rendering prompts") is prompts  # vLLM's rendering pass: passed through
     bar = hook(total=4, desc="Processed prompts", dynamic_ncols=True, postfix="")
@@ -154,7 +155,7 @@ class _CountingEngine:
         self.generated = 100.0  # tokens of earlier calls: the meter counts from where it starts
 
     def get_metrics(self):
-        return [_Metric("vllm:prompt_tokens", 7.0), _Metric(pm.GENERATION_TOKENS, self.generated)]
+        return [_Metric("vllm:prompt_tokens", 7.0), _Metric(metering.GENERATION_TOKENS, self.generated)]
 
 
 def test_token_budget_drives_the_eta_and_is_settled_when_the_call_ends():
@@ -162,7 +163,7 @@ def test_token_budget_drives_the_eta_and_is_settled_when_the_call_ends():
     (requests x max_tokens) metered through vLLM's generated-token counter, not from requests."""
     clock, llm = Clock(), _CountingEngine()
     p = pm.Progress("regenerate", 4, "conversations", stream=io.StringIO(), clock=clock)
-    bar = pm.vllm_tqdm(p, llm=llm, max_tokens=10)(total=4)
+    bar = metering.vllm_tqdm(p, llm=llm, max_tokens=10)(total=4)
     assert (p.work_total, p.work_done) == (40.0, 0.0)
     bar.meter.stop.set()  # poll by hand: deterministic
     clock.t, llm.generated = 5.0, 115.0
@@ -197,7 +198,7 @@ def test_no_token_meter_without_engine_stats():
             raise AssertionError("stat logging is disabled")  # what vLLM raises with disable_log_stats
 
     p = pm.Progress("extract", 2, "samples", stream=io.StringIO())
-    bar = pm.vllm_tqdm(p, llm=NoStats(), max_tokens=8)(total=2)
+    bar = metering.vllm_tqdm(p, llm=NoStats(), max_tokens=8)(total=2)
     assert bar.meter is None and p.work_total == 0 and "work_total" not in p.event()
 
 
@@ -303,7 +304,8 @@ def test_real_vllm_regeneration_reports_progress_to_the_end(tmp_path, events, qw
     rows.append({"id": "multi", "messages": [{"role": "user", "content": "One?"}, {"role": "assistant", "content": "1"},
                                              {"role": "user", "content": "Two?"}, {"role": "assistant", "content": "2"}]})
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    s = RegenerateSettings(sources=[str(src)], max_conversations=6, max_tokens=16, batch_size=4, max_model_len=256)
+    s = RegenerateSettings(sources=[str(src)], max_conversations=6, max_tokens=16, conversations_per_batch=4,
+                           engine={"max_model_len": 256})
     res = run_regenerate(s, qwen3_target, tmp_path / "regen.jsonl")
     assert res.counts["regenerated"] == 6
     got = [e for e in events() if e["event"] == "progress"]

@@ -11,7 +11,7 @@ from hypothesis import given, settings as hsettings, strategies as st
 from peagle.storage import (MANIFEST, SUCCESS, ChecksumMismatchError, IncompletePrefixError,
                             LocalStore, ObjectInfo, ObjectNotFoundError, PrefixExistsError, PrefixWriter,
                             S3Store, StorageConfigError, StorageError, is_complete, list_complete,
-                            open_published, open_store, publish, publish_dir, read_verified,
+                            open_published, open_store, publish, publish_dir,
                             sha256_bytes, unpublish)
 from peagle.storage.base import TMP_MARKER
 from seaweed import BUCKET, unique
@@ -102,7 +102,7 @@ def test_checksum_verified_on_read(store, tmp_path):
     info = store.put_bytes("shards/shard-00003.bin", bytes(range(256)) * 64)
     corrupt(store, "shards/shard-00003.bin")
     with pytest.raises(ChecksumMismatchError) as e:
-        read_verified(store, "shards/shard-00003.bin", info.sha256)
+        store.get_bytes("shards/shard-00003.bin", sha256=info.sha256)
     assert "shard-00003.bin" in str(e.value) and e.value.expected == info.sha256
     dest = tmp_path / "shard.bin"
     with pytest.raises(ChecksumMismatchError, match="shard-00003.bin"):

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kfp_features import COLLECTED, NUMBER_ACCELERATOR, OPTIONAL_SECRET_ENV, ir_features, required_backend
 from peagle import support
-from peagle.support import (COLLECTED, MIN_KFP_BACKEND, NUMBER_ACCELERATOR, OPTIONAL_SECRET_ENV,
-                            BackendVersionError, check_backend_version, ir_features, required_backend)
+from peagle.support import MIN_KFP_BACKEND, BackendVersionError, check_backend_version
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED = ROOT / "pipelines" / "compiled" / "peagle-default.yaml"

@@ -17,17 +17,16 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from peagle.data.output import FORMAT as PREPARED_FORMAT, PreparedWriter
-from peagle.data.rows import PreparedRow
 from peagle.extract import ExtractSettings, run_extract
-from peagle.extract.output import CONSUMED, plan_layout, set_prefix
+from peagle.extract.hidden_states import CONSUMED, ExtractionPlan, HiddenStates, plan_layout, set_prefix
+from peagle.extract.shard_format import DatasetHeader
 from peagle.storage import open_store
 from peagle.train import TrainRunConfig, train
 from peagle.train.data import DatasetError, ExtractedDataset
 from peagle.train.stream import StreamedExtraction
+import prepared_data
 from train_data import tiny_config
 
 ROWS, TOKENS, PER_SHARD, WORKERS, SETS_PER_WORKER = 32, 16, 4, 2, 2
@@ -45,12 +44,7 @@ def _rows() -> list[dict]:
 
 def write_prepared(out: str) -> str:
     """The rows as a published prepared dataset (the format ``peagle prepare`` writes)."""
-    w = PreparedWriter(out)
-    rows = [PreparedRow(r["sample_id"], r["sample_id"], "test", np.array(r["input_ids"], dtype=np.int32),
-                        np.array(r["loss_mask"], dtype=np.int8)) for r in _rows()]
-    entry = w.write_shard("train", 0, rows)
-    w.write_manifest({"format": PREPARED_FORMAT, "shards": {"train": [entry], "validation": []}})
-    return out
+    return prepared_data.write_prepared(out, _rows(), vocab_size=512)
 
 
 WORKER = """
@@ -63,7 +57,7 @@ t = read_split(a["prepared"], "train")
 rows = [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in zip(
     t.column("sample_id").to_pylist(), t.column("input_ids").to_pylist(), t.column("loss_mask").to_pylist())]
 res = run_extract(rows, a["target"], a["out"], ExtractSettings(**a["settings"]), shard_index=a["index"],
-                  num_shards=a["workers"])
+                  num_shards=a["workers"], prepared=a["prepared"])
 print("RESULT " + json.dumps({"written": res.shards_written, "skipped": res.shards_skipped,
                                "consumed": res.shards_consumed, "complete": res.manifest is not None}))
 """
@@ -86,9 +80,7 @@ def stream_config(target, work: Path, data: str, prepared: str, val_fraction: fl
     cfg = tiny_config(target, work, data=data, row_tokens=40, global_batch_rows=2, epochs=1,
                       val_fraction=val_fraction)
     d = cfg.model_dump(mode="json")
-    d["train"].update(data_mode="streaming", stream={"prepared": prepared, "num_shard_sets": NUM_SETS,
-                                                     "samples_per_shard": PER_SHARD, "poll_interval_s": 0.2,
-                                                     "wait_timeout_s": 240, **stream})
+    d["train"].update(data_mode="streaming", stream={"poll_interval_s": 0.2, "wait_timeout_s": 240, **stream})
     return TrainRunConfig.model_validate(d)
 
 
@@ -108,14 +100,15 @@ def one_set_bytes(qwen3_target, prepared, tmp_path_factory) -> int:
     run_extract(_rows()[:1], qwen3_target, out, ExtractSettings(**{**HF, "sets_per_worker": 1}))
     header = open_store(str(out)).get_bytes("_MANIFEST.json")
     meta = json.loads(header)["metadata"]
-    from peagle.train.stream import stored_bytes_per_token
-    return stored_bytes_per_token(meta) * TOKENS * ROWS // NUM_SETS
+    return DatasetHeader.from_dict(meta).stored_bytes_per_token * TOKENS * ROWS // NUM_SETS
 
 
 def test_the_trainer_plans_the_extraction_layout_from_the_prepared_rows(qwen3_target, prepared, tmp_path):
     out = str(tmp_path / "hs")
     for w in range(WORKERS):
-        run_extract(_rows(), qwen3_target, out, ExtractSettings(**HF), shard_index=w, num_shards=WORKERS)
+        run_extract(_rows(), qwen3_target, out, ExtractSettings(**HF), shard_index=w, num_shards=WORKERS,
+                    prepared=prepared)
+    assert HiddenStates.at(out).plan() == ExtractionPlan(prepared, "train", NUM_SETS, PER_SHARD)
     stored = ExtractedDataset(out)
     streamed = StreamedExtraction(out, stream_config(qwen3_target, tmp_path, out, prepared).train.stream)
     # the same samples under the same indices as the stored dataset's manifest order
@@ -125,10 +118,11 @@ def test_the_trainer_plans_the_extraction_layout_from_the_prepared_rows(qwen3_ta
     assert streamed[5]["aux_hidden"].equal(stored[5]["aux_hidden"])
     assert list(plan_layout([r["sample_id"] for r in _rows()], NUM_SETS, PER_SHARD))[:2] == [
         "hs-00000-00000.safetensors", "hs-00000-00001.safetensors"]
-    # wrong layout settings are caught at the first set, naming them
-    bad = stream_config(qwen3_target, tmp_path, out, prepared, num_shard_sets=NUM_SETS + 1).train.stream
-    with pytest.raises(DatasetError, match="num_shard_sets=5 and samples_per_shard=4 must be the extraction's"):
-        StreamedExtraction(out, bad)
+    # a plan that is not the layout the sets were written with is caught at the first set, naming it
+    HiddenStates.at(out).publish_plan(ExtractionPlan(prepared, "train", NUM_SETS + 1, PER_SHARD))
+    with pytest.raises(DatasetError, match=r"hs-00000 holds other shards or samples than planned in .*_PLAN\.json "
+                       r"\(split 'train' of .* in 5 shard sets of shards of 4 samples\)"):
+        StreamedExtraction(out, stream_config(qwen3_target, tmp_path, out, prepared).train.stream)
 
 
 def test_streaming_while_the_workers_publish_gives_the_stored_run_bitwise(qwen3_target, prepared, tmp_path):
@@ -158,7 +152,8 @@ def test_small_window_deletes_consumed_sets_and_reruns_skip_them(qwen3_target, p
     # Reference: the same streaming order over a finished extraction, nothing deleted.
     done = str(tmp_path / "done")
     for w in range(WORKERS):
-        run_extract(_rows(), qwen3_target, done, ExtractSettings(**HF), shard_index=w, num_shards=WORKERS)
+        run_extract(_rows(), qwen3_target, done, ExtractSettings(**HF), shard_index=w, num_shards=WORKERS,
+                    prepared=prepared)
     small = dict(window_bytes=one_set_bytes, delete_consumed=False, val_fraction=0.0)
     ref = train(stream_config(qwen3_target, tmp_path / "ref", done, prepared, **small))
     assert len(StreamedExtraction(done, stream_config(qwen3_target, tmp_path, done, prepared, **small)
@@ -207,9 +202,13 @@ def test_streaming_settings_are_checked(qwen3_target, prepared, tmp_path):
                                                  "val_fraction": 0.1}})
     with pytest.raises(ValueError, match="window_byte"):
         TrainRunConfig.model_validate({"train": {"stream": {"window_byte": 1}}})  # unknown keys are errors
-    with pytest.raises(DatasetError, match="needs train.stream.prepared"):
-        StreamedExtraction(str(tmp_path / "hs"), stream_config(qwen3_target, tmp_path, "x", "").train.stream)
+    with pytest.raises(ValueError, match=r"train.stream.prepared, train.stream.num_shard_sets: not settings any more"):
+        TrainRunConfig.model_validate({"train": {"stream": {"prepared": prepared, "num_shard_sets": 4}}})
     cfg = stream_config(qwen3_target, tmp_path, str(tmp_path / "never"), prepared, wait_timeout_s=0.5)
+    with pytest.raises(DatasetError, match=r"the extraction plan .*never/_PLAN\.json is not published after 0 s "
+                       ".*extraction worker fail"):
+        StreamedExtraction(cfg.train.data, cfg.train.stream)
+    HiddenStates.at(cfg.train.data).publish_plan(ExtractionPlan(prepared, "train", NUM_SETS, PER_SHARD))
     with pytest.raises(DatasetError, match=r"hs-00000 is not published after 0 s .*extraction worker fail"):
         StreamedExtraction(cfg.train.data, cfg.train.stream)
 
@@ -233,13 +232,13 @@ def test_kill_9_of_trainer_and_worker_on_seaweedfs_loses_nothing(qwen3_target, s
     small = dict(window_bytes=None, val_fraction=0.0)
     probe = tmp_path / "probe"
     run_extract(_rows()[:1], qwen3_target, probe, ExtractSettings(**{**HF, "sets_per_worker": 1}))
-    from peagle.train.stream import stored_bytes_per_token
     meta = json.loads(open_store(str(probe)).get_bytes("_MANIFEST.json"))["metadata"]
-    small["window_bytes"] = stored_bytes_per_token(meta) * TOKENS * ROWS // NUM_SETS  # one set per window
+    small["window_bytes"] = DatasetHeader.from_dict(meta).stored_bytes_per_token * TOKENS * ROWS // NUM_SETS
 
     # Reference: the same order over a finished extraction in the same bucket, uninterrupted.
     for w in range(WORKERS):
-        run_extract(_rows(), qwen3_target, f"{root}/done", ExtractSettings(**HF), shard_index=w, num_shards=WORKERS)
+        run_extract(_rows(), qwen3_target, f"{root}/done", ExtractSettings(**HF), shard_index=w, num_shards=WORKERS,
+                    prepared=prepared)
     ref_cfg = stream_config(qwen3_target, tmp_path / "ref", f"{root}/done", prepared, **small)
     ref_cfg.train.output = f"{root}/ref-train"
     ref = train(ref_cfg)
@@ -286,7 +285,7 @@ def set1_reused_or_consumed(result: dict) -> bool:
 def test_back_pressure_bounds_the_sets_in_the_bucket(qwen3_target, prepared, one_set_bytes, tmp_path):
     """extract.max_sets_ahead: workers wait for the trainer's consumption, so at no time does the
     bucket hold more published, unconsumed sets than the announced lag."""
-    from peagle.extract.output import STREAM
+    from peagle.extract.hidden_states import STREAM
 
     out = str(tmp_path / "hs")
     store = open_store(out)

@@ -13,16 +13,18 @@ import yaml
 
 from peagle.config import ConfigError, DraftSettings, build_config
 from peagle.model import init_draft
+from peagle.model.elements import shift_row
 from peagle.model.target import inspect_target, read_target_tensors
+from peagle.model.teacher import Teacher
 from peagle.storage import PrefixWriter, open_store
 from peagle.train import (DatasetError, DatasetInfo, ListDataset, SampleFileDataset, TrainRunConfig, train,
                           write_sample_file)
 from peagle.train.__main__ import main as train_main
 from peagle.train.batches import Prefetcher, pack_samples, plan_run, prepare_row, rank_rows, row_seed
 from peagle.train.checkpoint import ResumeError, latest_complete, step_prefix
+from peagle.train.cod import sample_elements
 from peagle.train.data import is_validation, split_indices
-from peagle.train.elements import sample_elements, shift_row
-from peagle.train.loss import EPS, Teacher, metrics_from_stats, per_element_loss, row_loss
+from peagle.train.loss import EPS, metrics_from_stats, per_element_loss, row_loss
 from peagle.train.optim import lr_factor
 from train_data import _load, target_dataset, tiny_config
 
@@ -79,7 +81,7 @@ def test_kl_and_ce_losses_and_pooled_metrics():
     depths = torch.tensor([0, 0, 0, 1, 1, 2, 2])
     a = row_loss(draft[:4], teacher[:4], depths[:4], 3, "kl")
     b = row_loss(draft[4:], teacher[4:], depths[4:], 3, "kl")
-    m = metrics_from_stats(a.stats + b.stats, 3)
+    m = metrics_from_stats(a.stats + b.stats)
     assert m["loss"] == pytest.approx(kl.sum().item() / (7 + EPS), rel=1e-6)
     hit = (draft.argmax(-1) == teacher.argmax(-1)).float()
     for d in range(3):
@@ -87,7 +89,7 @@ def test_kl_and_ce_losses_and_pooled_metrics():
     assert m["full_acc"] == pytest.approx(hit.mean().item())
     empty = row_loss(draft[:0].requires_grad_(), teacher[:0], depths[:0], 3, "kl")
     empty.loss_sum.backward()  # a row without supervised elements still joins the backward pass
-    assert math.isnan(metrics_from_stats(empty.stats, 3)["position_0_acc"])
+    assert math.isnan(metrics_from_stats(empty.stats)["position_0_acc"])
 
 
 # ---------------------------------------------------------------------------------------------

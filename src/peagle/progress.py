@@ -1,6 +1,7 @@
 """Progress of the long stages (regenerate, extract, evaluate, train): done/total, rate and ETA.
 
-One :class:`Progress` per unit of work reports three ways:
+What a stage reports to is a :class:`Reporter`; one engine call (a batch of requests) needs only
+the smaller :class:`CallReporter`. One :class:`Progress` per unit of work reports three ways:
 
 * a structured event (``{"stage", "event": "progress", "name", "done", "total", "unit", "rate",
   "eta_s", "elapsed_s", "finished"}``) appended to ``$PEAGLE_PROGRESS_FILE`` (:func:`emit`), at most
@@ -9,18 +10,14 @@ One :class:`Progress` per unit of work reports three ways:
 * otherwise (KFP pod logs, redirected output): one plain line at most every ``interval_s`` and at
   the end.
 
-vLLM runs in child interpreters whose stderr carries its log. Such a child reports through a
-:class:`Relay` (from :func:`child_reporter`): the same calls, sent as marker lines on its stderr; the
-parent's :func:`peagle.engine.child.run_child` hands them to :meth:`Progress.relay_line`. So
-the parent owns the one reporter, which sees the real terminal. :func:`vllm_tqdm` turns vLLM's
-``use_tqdm`` hook into per-request progress within one ``generate``/``chat`` call.
+Heavy work (vLLM engines) runs in child interpreters whose stderr carries its log. Such a child
+reports through a :class:`Relay` (from :func:`child_reporter`): the same calls, sent as marker lines
+on its stderr; the parent's :func:`peagle.engine.child.run_child` hands them to
+:meth:`Progress.relay_line`. So the parent owns the one reporter, which sees the real terminal.
 
-Requests in one vLLM batch run together and mostly finish together, so counting finished requests
-says little about time left. Given the engine and its token budget (prompts x ``max_tokens``),
-:func:`vllm_tqdm` also meters generated tokens (vLLM's ``vllm:generation_tokens`` counter, polled
-while the call runs) as the reporter's *work* measure; the ETA then comes from the tokens still in
-the budget. The budget counts every request at ``max_tokens``, so that ETA errs long, never short
-while the token rate holds.
+Besides the count of work done, a reporter may carry a second measure of the same work (*work*:
+e.g. tokens of a token budget, :meth:`Progress.add_work`/:meth:`Progress.advance_work`); when it
+has one, the ETA comes from it. What fills it for vLLM is :mod:`peagle.engine.metering`.
 """
 from __future__ import annotations
 
@@ -31,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Protocol, TextIO, runtime_checkable
 
 ENV = "PEAGLE_PROGRESS_FILE"  # where events go (the local runner's display tails it)
 RELAY_ENV = "PEAGLE_PROGRESS_RELAY"  # "1" in a child started by engine.child.run_child: report through marker lines
@@ -42,6 +39,39 @@ EVENT_INTERVAL_ENV = "PEAGLE_PROGRESS_EVENT_INTERVAL_S"  # at most one event per
 # task process) and inherited by its children (vLLM engines, training workers): events name the
 # stage ("extract[0]") while the code reporting only knows what it does ("extract").
 STAGE_ENV = "PEAGLE_STAGE"
+
+
+@runtime_checkable
+class CallReporter(Protocol):
+    """What one engine call reports to (:func:`peagle.engine.metering.vllm_tqdm`, a regeneration
+    generator): finished requests and the call's second measure of work."""
+
+    def advance(self, n: float = 1) -> None:
+        """``n`` more units of work done."""
+
+    def add_work(self, total: float, unit: str = "tokens") -> None:
+        """``total`` more of the second measure (e.g. one call's token budget) is planned."""
+
+    def advance_work(self, n: float) -> None:
+        """``n`` more of the second measure done."""
+
+
+@runtime_checkable
+class Reporter(CallReporter, Protocol):
+    """What a stage reports to: a :class:`Progress` in the parent, a :class:`Relay` (or a silent
+    stand-in) in a child. Every operation is thread-safe."""
+
+    def skip(self, n: float = 1) -> None:
+        """``n`` units found already done (a resumed run): counted, not credited to the rate."""
+
+    def set_total(self, total: float | None) -> None:
+        """The work to do is ``total`` units (None: unknown)."""
+
+    def ready(self) -> None:
+        """The work starts now (e.g. the engine is loaded): the rate is measured from here."""
+
+    def flush(self) -> None:
+        """Pass on anything held back (a relay's gathered advances)."""
 
 
 def stage_of(name: str) -> str:
@@ -120,7 +150,8 @@ def _tidy(x: float | None) -> float | int | None:
 
 
 class Progress:
-    """Counts work done toward ``total`` (None: unknown) in ``unit``; see the module docstring.
+    """The parent's :class:`Reporter`: counts work done toward ``total`` (None: unknown) in ``unit``;
+    see the module docstring.
 
     The rate is measured from :meth:`ready` (by default: creation), over work :meth:`advance`-d
     since; :meth:`skip` counts work found already done (a resumed run) without crediting the rate.
@@ -197,6 +228,10 @@ class Progress:
                 self.total = self.done
             self.finished = True
             self._show(force=True)
+
+    def flush(self) -> None:
+        """Nothing is held back: updates are shown as their intervals allow, and :meth:`finish`
+        shows the last."""
 
     def __enter__(self) -> Progress:
         return self
@@ -305,8 +340,9 @@ class Progress:
 
 
 class Relay:
-    """A child process's stand-in for the parent's :class:`Progress`: the same calls, written as
-    ``PEAGLE_PROGRESS {...}`` lines to ``stream`` (advances gathered, at most every ``interval_s``)."""
+    """A child process's :class:`Reporter`, standing in for the parent's :class:`Progress`: the same
+    calls, written as ``PEAGLE_PROGRESS {...}`` lines to ``stream`` (advances gathered, at most every
+    ``interval_s``)."""
 
     def __init__(self, stream: TextIO | None = None, interval_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic):
@@ -360,7 +396,7 @@ class Relay:
 
 
 class _Silent:
-    """The reporter of a child nobody listens to."""
+    """The :class:`Reporter` of a child nobody listens to."""
 
     def advance(self, n: float = 1) -> None: ...
     def skip(self, n: float = 1) -> None: ...
@@ -371,99 +407,6 @@ class _Silent:
     def advance_work(self, n: float) -> None: ...
 
 
-def child_reporter() -> Relay | _Silent:
+def child_reporter() -> Reporter:
     """In a child started by :func:`peagle.engine.child.run_child` a :class:`Relay` on stderr, else a reporter that drops everything."""
     return Relay() if os.environ.get(RELAY_ENV) == "1" else _Silent()
-
-
-GENERATION_TOKENS = "vllm:generation_tokens"  # vLLM's counter of decoded tokens (needs log stats on)
-
-
-def generated_tokens(llm) -> float | None:
-    """vLLM's running count of generated tokens, or None when the engine keeps no stats."""
-    try:
-        metrics = llm.get_metrics()
-    except Exception:  # stats off (disable_log_stats) or an engine without the method
-        return None
-    values = [m.value for m in metrics if m.name == GENERATION_TOKENS and hasattr(m, "value")]
-    return float(sum(values)) if values else None
-
-
-class _TokenMeter(threading.Thread):
-    """Polls ``llm``'s generated-token counter during one call and advances ``reporter``'s work measure."""
-
-    def __init__(self, llm, reporter, budget: float, interval_s: float = 2.0):
-        super().__init__(daemon=True)
-        self.llm, self.reporter, self.budget, self.interval_s = llm, reporter, budget, interval_s
-        self.start_count = generated_tokens(llm)
-        self.counted = 0.0
-        self.stop = threading.Event()
-
-    def poll(self) -> None:
-        now = generated_tokens(self.llm)
-        if now is None or self.start_count is None:
-            return
-        delta = min(now - self.start_count, self.budget) - self.counted
-        if delta > 0:
-            self.counted += delta
-            self.reporter.advance_work(delta)
-
-    def run(self) -> None:
-        while not self.stop.wait(self.interval_s):
-            self.poll()
-
-    def close(self) -> None:
-        """The call ended: every request is done, so the whole budget is (its unused part credited)."""
-        self.stop.set()
-        if self.is_alive():
-            self.join()
-        if self.budget > self.counted:
-            self.reporter.advance_work(self.budget - self.counted)
-            self.counted = self.budget
-
-
-class _RequestCounter:
-    """What vLLM's ``LLM._run_engine`` uses of a tqdm bar: ``update`` per finished request, plus the
-    attributes it reads and writes for its own speed estimate."""
-
-    def __init__(self, reporter, total: int | None, weight: float, meter: _TokenMeter | None = None):
-        self.reporter, self.total, self.weight, self.meter = reporter, total, weight, meter
-        self.n = 0
-        self.postfix = ""
-        self._t0 = time.monotonic()
-
-    @property
-    def format_dict(self) -> dict[str, Any]:
-        # vLLM divides token counts by "elapsed": never zero
-        return {"elapsed": max(time.monotonic() - self._t0, 1e-6), "n": self.n, "total": self.total}
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        self.reporter.advance(n * self.weight)
-
-    def refresh(self) -> None: ...
-
-    def close(self) -> None:
-        if self.meter is not None:
-            self.meter.close()
-
-
-def vllm_tqdm(reporter, weight: float = 1.0, *, llm=None, max_tokens: int | None = None) -> Callable[..., Any]:
-    """A ``use_tqdm`` value for ``vllm.LLM.generate``/``chat``: each finished request advances
-    ``reporter`` by ``weight``. vLLM calls it twice per call: with the prompts to render (given back
-    unchanged: rendering is not the work counted) and with ``total=`` for the engine loop.
-
-    With ``llm`` (built with log stats on) and ``max_tokens``, the call's token budget (requests x
-    ``max_tokens``) is metered too, as the reporter's work measure (see the module docstring)."""
-
-    def factory(iterable=None, *args, total=None, **kwargs):
-        if iterable is not None:
-            return iterable
-        meter = None
-        if llm is not None and max_tokens and total and generated_tokens(llm) is not None:
-            meter = _TokenMeter(llm, reporter, float(total * max_tokens))
-            reporter.add_work(meter.budget, "tokens")
-            meter.start()
-        return _RequestCounter(reporter, total, weight, meter)
-
-    return factory

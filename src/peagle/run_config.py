@@ -40,6 +40,14 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _regenerate_what_prepare_keeps(self) -> "RunConfig":
+        # Regenerating more conversations than prepare keeps rows is wasted target time; so unset, the cap
+        # follows prepare.max_samples. Set, it changes nothing else (one conversation may give several rows).
+        if self.regenerate.max_conversations is None and self.prepare.max_samples is not None:
+            self.regenerate.max_conversations = self.prepare.max_samples
+        return self
+
+    @model_validator(mode="after")
     def _back_pressure_needs_a_deleting_trainer(self) -> "RunConfig":
         # The workers wait for a trainer that deletes what it consumed; with no such trainer they never go on.
         n, t = self.extract.max_sets_ahead, self.train
@@ -50,11 +58,22 @@ class RunConfig(StrictModel):
         return self
 
 
-def check_trainer_order(extract: ExtractSettings, *, trainer_beside_extract: bool, runner: str) -> None:
-    """Refuse ``extract.max_sets_ahead`` where training starts only once every extract worker has ended
-    (``runner`` names where): those workers would wait for a trainer that cannot start before them."""
-    n = extract.max_sets_ahead
+def check_trainer_order(config: RunConfig, *, trainer_beside_extract: bool, runner: str) -> None:
+    """Refuse what the order of training and extraction (``profile.train_beside_extract`` of the cluster
+    profile; ``runner`` names where it runs) cannot run; the one place both pipeline paths check it.
+
+    * Training beside the extraction reads each shard set as it is published: only the streaming trainer
+      does; a stored-data trainer would find no complete extraction and fail at its start.
+    * ``extract.max_sets_ahead`` makes the extract workers wait for the streaming trainer; where training
+      starts only once every worker has ended, they would wait until their timeout.
+    """
+    mode, n = config.train.data_mode, config.extract.max_sets_ahead
+    if trainer_beside_extract and mode != "streaming":
+        raise ConfigError(f"profile.train_beside_extract=true starts training beside the extraction, but "
+                          f"train.data_mode={mode} trains on a complete extraction only: set "
+                          f"train.data_mode=streaming, or use a profile without train_beside_extract ({runner})")
     if n is not None and not trainer_beside_extract:
         raise ConfigError(f"extract.max_sets_ahead={n} makes the extract workers wait for the streaming trainer, but "
-                          f"{runner} starts training only after every worker has finished: they would wait for "
-                          "ever. Unset extract.max_sets_ahead (the trainer still deletes the sets it consumed)")
+                          f"{runner} starts training only after every worker has finished "
+                          "(profile.train_beside_extract=false): they would wait for ever. Unset "
+                          "extract.max_sets_ahead (the trainer still deletes the sets it consumed)")

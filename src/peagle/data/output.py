@@ -10,21 +10,24 @@ Layout of an output prefix (a local directory, ``file://`` or ``s3://`` URI)::
 
 Written through the publication protocol (:mod:`peagle.storage.publish`): :class:`PreparedWriter`
 first retracts an earlier run's publication, then removes its shards, so a prefix is never a new
-manifest over old shards or the reverse. Readers trust only a complete publication and verify
-every shard's sha256.
+manifest over old shards or the reverse. Readers open :class:`PreparedData` (the typed
+:class:`PreparedHeader` plus the rows): it trusts only a complete publication and verifies every
+shard's sha256.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..storage import ChecksumMismatchError, ObjectInfo, PrefixWriter, Published, open_dataset, open_store
+from ..storage import MANIFEST, ChecksumMismatchError, ObjectInfo, PrefixWriter, Published, open_dataset, open_store
 from .errors import PrepareError
 from .rows import PreparedRow
 
@@ -109,48 +112,134 @@ def open_writer(output: str | os.PathLike) -> PreparedWriter:
     return PreparedWriter(output)
 
 
-# -- reading back -----------------------------------------------------------------------------------
+# -- reading back: the contract consumers open ------------------------------------------------------
 
 
-def open_prepared(output: str | os.PathLike) -> Published:
-    """The complete prepared dataset at ``output``; PrepareError naming the path if it is not one."""
-    return open_dataset(open_store(str(output)), str(output), FORMAT, what="prepared dataset", error=PrepareError,
-                        unfinished="the prepare stage did not finish there", old_layout=OLD_MANIFEST,
-                        old_hint="re-run the prepare stage into it")
+@dataclass(frozen=True)
+class ShardEntry:
+    """One parquet shard of a split, as the manifest lists it."""
+
+    file: str
+    rows: int
+    tokens: int
+    sha256: str
 
 
+@dataclass(frozen=True)
+class PreparedTarget:
+    """The target whose tokenizer and chat template rendered the rows."""
+
+    path: str
+    tokenizer_sha256: str
+    chat_template_sha256: str | None
+    vocab_size: int  # ids the rows may use
+
+
+@dataclass(frozen=True)
+class PreparedHeader:
+    """The verified manifest of a prepared dataset (its publication's metadata), typed.
+
+    ``metadata`` is the whole manifest as published (sources, rejected rows, settings): reports and
+    lineage show it as it is.
+    """
+
+    format: str
+    peagle_version: str
+    created_at: str
+    target: PreparedTarget
+    counts: Mapping[str, int]
+    shards: Mapping[str, tuple[ShardEntry, ...]]  # split -> shards, in row order
+    tokens: Mapping[str, Mapping[str, int]]  # split -> {"total", "supervised"}
+    token_freq_file: str
+    metadata: Mapping[str, Any] = field(repr=False)
+
+    def rows(self, split: str) -> int:
+        return sum(e.rows for e in self.shards[_check_split(split)])
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any], where: str) -> "PreparedHeader":
+        """The header of manifest metadata ``meta``; PrepareError naming ``where`` when a field is missing."""
+        try:
+            t = meta["target"]
+            return cls(
+                format=str(meta["format"]), peagle_version=str(meta.get("peagle_version", "")),
+                created_at=str(meta.get("created_at", "")),
+                target=PreparedTarget(str(t["path"]), str(t["tokenizer_sha256"]), t.get("chat_template_sha256"),
+                                      int(t["vocab_size"])),
+                counts={k: int(v) for k, v in meta["counts"].items()},
+                shards={s: tuple(ShardEntry(str(e["file"]), int(e["rows"]), int(e["tokens"]), str(e["sha256"]))
+                                 for e in meta["shards"][s]) for s in SPLITS},
+                tokens={s: dict(meta["tokens"][s]) for s in SPLITS},
+                token_freq_file=str(meta["token_freq"]["file"]), metadata=dict(meta))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PrepareError(f"{where}: not a prepared-dataset manifest ({type(e).__name__}: {e})") from None
+
+
+def _check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return split
+
+
+class PreparedData:
+    """A complete, verified prepared dataset: its :class:`PreparedHeader` and its rows.
+
+    :meth:`open` is the one way in (a local directory, ``file://`` or ``s3://`` URI); the writer is
+    :func:`open_writer`. Reads verify each shard's sha256 against the manifest unless told not to.
+    """
+
+    def __init__(self, uri: str, published: Published, header: PreparedHeader):
+        self.uri, self.published, self.header = uri, published, header
+
+    @classmethod
+    def open(cls, output: str | os.PathLike) -> "PreparedData":
+        """PrepareError naming ``output`` unless it is a complete prepared dataset of this format."""
+        uri = str(output)
+        published = open_dataset(open_store(uri), uri, FORMAT, what="prepared dataset", error=PrepareError,
+                                 unfinished="the prepare stage did not finish there", old_layout=OLD_MANIFEST,
+                                 old_hint="re-run the prepare stage into it")
+        return cls(uri, published, PreparedHeader.from_metadata(published.manifest.metadata,
+                                                                published.uri_for(MANIFEST)))
+
+    def _read(self, name: str, verify: bool = True) -> bytes:
+        try:
+            if verify:
+                return self.published.get_bytes(name)
+            return self.published.store.get_bytes(name)  # the dataset is the store's root prefix
+        except ChecksumMismatchError as e:
+            raise PrepareError(f"{e.uri}: contents do not match the manifest's sha256") from None
+
+    def table(self, split: str, verify: bool = True) -> pa.Table:
+        """All rows of ``split`` as one table (columns: :data:`SCHEMA`), in shard order."""
+        tables = [pq.read_table(pa.BufferReader(self._read(e.file, verify)), schema=SCHEMA)
+                  for e in self.header.shards[_check_split(split)]]
+        return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+
+    def rows(self, split: str, verify: bool = True) -> list[dict[str, Any]]:
+        """``split`` as ``{"sample_id", "input_ids", "loss_mask"}`` rows, in shard order."""
+        table = self.table(split, verify)
+        return [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in zip(
+            table.column("sample_id").to_pylist(), table.column("input_ids").to_pylist(),
+            table.column("loss_mask").to_pylist())]
+
+    def token_freq(self) -> dict[int, int]:
+        """``{token id: count}`` over supervised train positions (the input of the draft vocabulary)."""
+        raw = json.loads(self._read(self.header.token_freq_file))
+        return {int(k): int(v) for k, v in raw.items()}
+
+
+# Shorthands over PreparedData.open for one read.
 def read_manifest(output: str | os.PathLike) -> dict[str, Any]:
-    return dict(open_prepared(output).manifest.metadata)
-
-
-def _read(published: Published, name: str, verify: bool = True) -> bytes:
-    try:
-        if verify:
-            return published.get_bytes(name)
-        return published.store.get_bytes(name)  # the dataset is the store's root prefix
-    except ChecksumMismatchError as e:
-        raise PrepareError(f"{e.uri}: contents do not match the manifest's sha256") from None
+    return dict(PreparedData.open(output).header.metadata)
 
 
 def read_split(output: str | os.PathLike, split: str, verify: bool = True) -> pa.Table:
-    """All rows of ``split`` as one table, in shard order; ``verify`` checks each shard's sha256."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    published = open_prepared(output)
-    tables = [pq.read_table(pa.BufferReader(_read(published, e["file"], verify)), schema=SCHEMA)
-              for e in published.manifest.metadata["shards"][split]]
-    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+    return PreparedData.open(output).table(split, verify)
 
 
 def read_rows(output: str | os.PathLike, split: str, verify: bool = True) -> list[dict]:
-    """``split`` as the rows extraction takes: ``{"sample_id", "input_ids", "loss_mask"}`` each."""
-    table = read_split(output, split, verify)
-    return [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in zip(
-        table.column("sample_id").to_pylist(), table.column("input_ids").to_pylist(),
-        table.column("loss_mask").to_pylist())]
+    return PreparedData.open(output).rows(split, verify)
 
 
 def read_token_freq(output: str | os.PathLike) -> dict[int, int]:
-    """``{token id: count}`` over supervised train positions (the input of the draft vocabulary)."""
-    raw = json.loads(_read(open_prepared(output), TOKEN_FREQ))
-    return {int(k): int(v) for k, v in raw.items()}
+    return PreparedData.open(output).token_freq()

@@ -41,7 +41,7 @@ from .. import __version__
 from .chat import ChatRenderer, tokenizer_fingerprint
 from .errors import (INVALID_JSON, INVALID_UTF8, TOO_FEW_SUPERVISED, TOO_LONG, PrepareError, RowRejected,
                      TemplateTimeout)
-from .output import FORMAT, SPLITS, TOKEN_FREQ, open_writer
+from .output import FORMAT, SPLITS, TOKEN_FREQ, PreparedHeader, open_writer
 from .rows import Conversation, PreparedRow, parse_row
 from .settings import PrepareSettings
 from .sources import InvalidUtf8, Source, Unparsable, resolve_sources
@@ -57,6 +57,11 @@ class PrepareResult:
     @property
     def counts(self) -> dict[str, int]:
         return self.manifest["counts"]
+
+    @property
+    def header(self) -> PreparedHeader:
+        """The published manifest, typed as readers see it (:meth:`PreparedData.open`)."""
+        return PreparedHeader.from_metadata(self.manifest, self.output_dir)
 
 
 def split_of(key: str, seed: int, validation_fraction: float) -> str:

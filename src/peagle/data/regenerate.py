@@ -41,6 +41,8 @@ from .. import progress as progress_mod
 from ..config import StrictModel
 from ..engine import child, llm as engine
 from ..engine.client import EndpointError, OpenAIClient
+from ..engine.settings import EngineSettings
+from ..engine.metering import vllm_tqdm
 from .chat import TEMPLATE_TIME_LIMIT_S, ChatRenderer
 from .errors import PrepareError, RowRejected
 from .rows import Conversation, parse_row, row_id_of
@@ -49,15 +51,12 @@ from .sources import resolve_sources
 
 log = logging.getLogger(__name__)
 
-RESULT_MARKER = "PEAGLE_RESULT "
-ERROR_MARKER = "PEAGLE_REGENERATE_ERROR "
-
-
 class RegenerateSettings(StrictModel):
     """``regenerate`` section: how the target rewrites the assistant turns."""
 
     sources: list[str] = Field(default_factory=lambda: ["sharegpt"], description="conversation sources, as for prepare")
-    max_conversations: int | None = Field(None, ge=1, description="regenerate at most this many conversations")
+    max_conversations: int | None = Field(None, ge=1, description="regenerate at most this many conversations "
+                                          "(unset in a run: prepare.max_samples, what prepare keeps)")
     backend: Literal["vllm", "endpoint"] = Field("vllm", description="offline vLLM batches, or an HTTP endpoint")
     endpoint: str | None = Field(None, description="OpenAI-compatible base URL ending in /v1 (backend=endpoint)")
     model_name: str | None = Field(None, description="model name the endpoint serves (default: its first model)")
@@ -72,29 +71,16 @@ class RegenerateSettings(StrictModel):
         "always are")
     temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0 = greedy)")
     seed: int = Field(0, description="sampling seed")
-    batch_size: int = Field(64, ge=1, description="conversations per batch (and per flush of the output)")
+    conversations_per_batch: int = Field(
+        64, ge=1, description="conversations regenerated together, turn by turn (and per flush of the output)")
     concurrency: int = Field(16, ge=1, description="parallel requests to the endpoint")
-    max_model_len: int | None = Field(None, ge=64, description="context length for the offline engine (default: the model's)")
     request_retries: int = Field(4, ge=0, description="retries per endpoint request on connection errors, 429 / 5xx")
-    engine_timeout_s: float | None = Field(
-        None, gt=0, description="vllm backend: kill the engine (and its workers) after this many seconds (default: no limit)")
     keep_source_replies: bool = Field(
         False, description="pipeline: prepare takes the regenerated conversations and as many source rows again, "
         "with their own (human) replies: on-policy plus human data")
-    # vllm backend engine levers (bench/bench_regenerate.py measures them side by side)
-    max_num_seqs: int | None = Field(None, ge=1, description="vllm backend: concurrent sequences (default: vLLM's)")
-    max_num_batched_tokens: int | None = Field(
-        None, ge=16, description="vllm backend: tokens per engine step (default: vLLM's)")
-    enable_chunked_prefill: bool | None = Field(
-        None, description="vllm backend: split long prefills across steps (default: vLLM's)")
-    enforce_eager: bool | None = Field(
-        None, description="vllm backend: no CUDA graphs / compilation; default: eager on CPU, compiled on GPU")
-    cpu_kv_cache_gib: int = Field(1, ge=1, description="vllm backend on CPU: KV-cache size in GiB")
-    engine_in_process: bool = Field(
-        False, description="vllm backend: run vLLM's engine core inside the regeneration's child interpreter")
-    cpu_threads: int | None = Field(
-        None, ge=1, description="vllm backend on CPU: OpenMP threads of the model (default: vLLM's, all cores but "
-        "one, which it leaves to its scheduler)")
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="the vllm backend's engine (peagle.engine.settings; "
+        "bench/bench_regenerate.py measures its levers side by side)")
 
 
 @dataclass
@@ -189,25 +175,6 @@ class EndpointGenerator:
             return list(pool.map(one, batch))
 
 
-def engine_kwargs(settings: RegenerateSettings, target: str) -> dict[str, Any]:
-    """``vllm.LLM`` arguments of the regeneration engine: the shared ones plus the levers set."""
-    extra = {k: getattr(settings, k) for k in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
-             if getattr(settings, k) is not None}
-    extra["enforce_eager"] = settings.enforce_eager if settings.enforce_eager is not None else engine.cpu_only()
-    # log stats on: the progress meter reads vLLM's generated-token counter (peagle.progress)
-    return engine.engine_kwargs(target, seed=settings.seed, disable_log_stats=False, max_model_len=settings.max_model_len,
-                                in_process=settings.engine_in_process, **extra)
-
-
-def child_env(settings: RegenerateSettings) -> dict[str, str]:
-    """The regeneration child's environment: with ``cpu_threads``, that many OpenMP threads, unpinned
-    (vLLM's own CPU binding would override the count)."""
-    env = child.child_env()
-    if settings.cpu_threads is not None:
-        env.update(engine.threads_env(settings.cpu_threads))
-    return env
-
-
 class PromptCounter:
     """Tokens of a prompt as vLLM's ``chat()`` counts them, the chat template rendered by
     :class:`~peagle.data.chat.ChatRenderer` (within ``time_limit_s``; ``source`` names the template's owner)."""
@@ -232,9 +199,9 @@ class VllmGenerator:
                  template_time_limit_s: float | None = TEMPLATE_TIME_LIMIT_S):
         from vllm import SamplingParams
 
-        # log stats on: the progress meter reads vLLM's generated-token counter (peagle.progress)
-        self.llm = engine.build_llm(engine_kwargs(settings, target), in_process=settings.engine_in_process,
-                                    kv_cache_gib=settings.cpu_kv_cache_gib)
+        # log stats on: the progress meter reads vLLM's generated-token counter (peagle.engine.metering)
+        kwargs = engine.engine_kwargs(settings.engine, target, seed=settings.seed, log_stats=True)
+        self.llm = engine.build_llm(kwargs, settings.engine)
         self.params = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
                                      seed=settings.seed)
         self.prompt_tokens = PromptCounter(self.llm.get_tokenizer(), template_time_limit_s, f"target {target}")
@@ -251,7 +218,7 @@ class VllmGenerator:
             sizes = [self.prompt_tokens(m) for m in batch]
         replies = [("", "prompt_too_long" if n is not None else "template_error") for n in sizes]
         kept = [i for i, n in enumerate(sizes) if n is not None and n <= self.max_prompt]
-        hook = (progress_mod.vllm_tqdm(progress, llm=self.llm, max_tokens=self.params.max_tokens)
+        hook = (vllm_tqdm(progress, llm=self.llm, max_tokens=self.params.max_tokens)
                 if progress is not None else False)
         for i, o in zip(kept, self.llm.chat([batch[i] for i in kept], self.params, use_tqdm=hook)):
             replies[i] = (o.outputs[0].text, o.outputs[0].finish_reason or "")
@@ -321,7 +288,7 @@ class _RoundReporter:
             self.credit.live += n * self.share
         self.credit.progress.advance(n * self.share)
 
-    # the token budget (peagle.progress.vllm_tqdm's meter) is the whole run's, not per conversation
+    # the token budget (peagle.engine.metering.vllm_tqdm's meter) is the whole run's, not per conversation
     def add_work(self, total: float, unit: str = "tokens") -> None:
         self.credit.progress.add_work(total, unit)
 
@@ -413,7 +380,7 @@ def regenerate_into(settings: RegenerateSettings, output: Path, make_generator, 
                 progress.skip(1)
             continue
         todo.append((sid, label, conv))
-        if len(todo) >= settings.batch_size:
+        if len(todo) >= settings.conversations_per_batch:
             flush()
     if todo:
         flush()
@@ -438,9 +405,9 @@ def run_regenerate(settings: RegenerateSettings, target: str | os.PathLike | Non
     job = {"settings": settings.model_dump(), "target": str(target), "output": str(output),
            "template_time_limit_s": template_time_limit_s}
     with progress:
-        counts = child.run_module("peagle.data.regenerate", job, marker=RESULT_MARKER, error_marker=ERROR_MARKER,
-                                  what="offline regeneration", error=PrepareError, progress=progress,
-                                  env=child_env(settings), timeout=settings.engine_timeout_s)
+        counts = child.run_module("peagle.data.regenerate", job, what="offline regeneration", error=PrepareError,
+                                  progress=progress, env=engine.engine_child_env(settings.engine),
+                                  timeout=settings.engine.timeout_s)
     return RegenerateResult(output, counts)
 
 
@@ -453,10 +420,10 @@ def _child_main() -> None:
         counts = regenerate_into(settings, Path(job["output"]), lambda: VllmGenerator(settings, job["target"], limit),
                                  reporter)
     except PrepareError as exc:  # one the child can name (a template past its time limit, a missing source)
-        print(ERROR_MARKER + json.dumps(str(exc)), flush=True)
+        child.print_error(str(exc))
         sys.exit(2)
     reporter.flush()
-    print(RESULT_MARKER + json.dumps(counts), flush=True)
+    child.print_result(counts)
 
 
 if __name__ == "__main__":

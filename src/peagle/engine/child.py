@@ -6,8 +6,9 @@ and stderr on threads, relays progress marker lines (:mod:`peagle.progress`) to 
 included -- past ``timeout``, on Ctrl-C or any other error in the parent, and after the child exits
 (workers that outlived it). A guard process kills the group too when the parent dies without doing
 so (SIGKILL, the OOM killer): no engine outlives its parent. :func:`run_module` is the usual form:
-``python -m MODULE`` with a JSON job on stdin and one ``MARKER {json}`` result line on stdout; a
-failure raises with the exit code (or the timeout) and the last lines of the child's stderr.
+``python -m MODULE`` with a JSON job on stdin and one result line on stdout (:func:`print_result`:
+:data:`RESULT_MARKER` and JSON), or one error line the child could name (:func:`print_error`); any
+other failure raises with the exit code (or the timeout) and the last lines of the child's stderr.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from .. import progress as progress_mod
 
 log = logging.getLogger(__name__)
 
+RESULT_MARKER = "PEAGLE_RESULT "  # + JSON: what the child delivers (first such stdout line)
+ERROR_MARKER = "PEAGLE_ERROR "  # + a JSON string: an error the child named itself
 TAIL_LINES = 40  # lines of the child's stderr kept for the error message
 GUARD_POLL_S = 0.5  # how often the guard looks for its parent besides its pipe (a leaked write end)
 
@@ -153,13 +156,24 @@ def run_child(args: list[str], stdin_text: str = "", *, progress: progress_mod.P
     return ChildResult(rc, "".join(out), list(tail), timed_out, timeout)
 
 
-def run_module(module: str, job: Any, *, marker: str, what: str, error: type[Exception] = RuntimeError,
-               error_marker: str | None = None, **kwargs: Any) -> Any:
+def print_result(value: Any) -> None:
+    """Child side: deliver ``value`` (JSON) to :func:`run_module`."""
+    print(RESULT_MARKER + json.dumps(value), flush=True)
+
+
+def print_error(message: str) -> None:
+    """Child side: fail with ``message``, which :func:`run_module` raises as its ``error``."""
+    print(ERROR_MARKER + json.dumps(message), flush=True)
+
+
+def run_module(module: str, job: Any, *, what: str, error: type[Exception] = RuntimeError,
+               marker: str = RESULT_MARKER, error_marker: str | None = ERROR_MARKER, **kwargs: Any) -> Any:
     """``python -m module`` with ``job`` as JSON on stdin; returns the JSON of its ``marker`` line.
 
     A child that printed ``error_marker`` + a JSON string raises ``error(that string)`` (an error it
     could name itself); a child that printed no result raises ``error`` with :meth:`ChildResult.failure`.
-    ``kwargs`` go to :func:`run_child`.
+    ``kwargs`` go to :func:`run_child`. Peagle's children use the default markers
+    (:func:`print_result`, :func:`print_error`).
     """
     result = run_child([sys.executable, "-m", module], json.dumps(job), **kwargs)
     if error_marker is not None and (message := result.marked(error_marker)) is not None:

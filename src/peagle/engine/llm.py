@@ -1,4 +1,5 @@
-"""Offline vLLM engines: shared engine arguments, the environment vLLM reads, and shutdown.
+"""Offline vLLM engines: their arguments from :class:`~.settings.EngineSettings`, the environment vLLM
+reads, and shutdown.
 
 Only call :func:`build_llm` inside a child interpreter (:mod:`peagle.engine.child`): vLLM starts
 its workers with spawn and holds much memory.
@@ -8,6 +9,9 @@ from __future__ import annotations
 import gc
 import os
 from typing import Any
+
+from .child import child_env
+from .settings import EngineSettings
 
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # GiB of KV cache; read only by vLLM's CPU platform
 
@@ -57,27 +61,52 @@ def cpu_only() -> bool:
     return not torch.cuda.is_available()
 
 
-def engine_kwargs(model: str, *, seed: int = 0, max_model_len: int | None = None, in_process: bool = False,
-                  **extra: Any) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments every peagle engine shares, updated with ``extra``.
+def enforce_eager(settings: EngineSettings) -> bool:
+    """``settings.enforce_eager``, or by default eager on CPU (vLLM's CPU platform gains nothing from
+    compiling, measured 3-15% at several times the start-up) and compiled on GPU (CUDA graphs)."""
+    return settings.enforce_eager if settings.enforce_eager is not None else cpu_only()
 
-    Eager mode (CUDA graphs cost start-up time no peagle job earns back), no remote code (targets
-    are local directories we checked), and in-process engines on vLLM's single-process executor.
+
+# EngineSettings fields passed to vllm.LLM as they are, when set (None: vLLM's own default)
+_PASSED_WHEN_SET = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
+                    "gpu_memory_utilization", "tensor_parallel_size")
+
+
+def engine_kwargs(settings: EngineSettings, model: str, *, seed: int, log_stats: bool = False,
+                  **extra: Any) -> dict[str, Any]:
+    """The ``vllm.LLM`` keyword arguments of an engine built from ``settings``, updated with ``extra``
+    (what the stage adds: ``dtype``, a speculative or KV-transfer config).
+
+    Every default is decided here: :func:`enforce_eager`, no remote code (targets are local directories
+    we checked), in-process engines on vLLM's single-process executor, and ``log_stats`` for a stage
+    whose progress meter reads vLLM's generated-token counter (:mod:`peagle.engine.metering`).
     """
-    kwargs: dict[str, Any] = dict(model=model, max_model_len=max_model_len, enforce_eager=True, seed=seed,
-                                  trust_remote_code=False)
-    if in_process:
+    kwargs: dict[str, Any] = dict(model=model, max_model_len=settings.max_model_len,
+                                  enforce_eager=enforce_eager(settings), seed=seed, trust_remote_code=False)
+    kwargs.update({k: getattr(settings, k) for k in _PASSED_WHEN_SET if getattr(settings, k) is not None})
+    if settings.in_process:
         kwargs["distributed_executor_backend"] = "uni"
+    if log_stats:
+        kwargs["disable_log_stats"] = False
     kwargs.update(extra)
     return kwargs
 
 
-def build_llm(kwargs: dict[str, Any], *, in_process: bool = False, kv_cache_gib: float = 1):
-    """A ``vllm.LLM`` from :func:`engine_kwargs`, after :func:`set_engine_env`."""
-    set_engine_env(in_process, kv_cache_gib)
+def build_llm(kwargs: dict[str, Any], settings: EngineSettings):
+    """A ``vllm.LLM`` from :func:`engine_kwargs`, after :func:`set_engine_env` for ``settings``."""
+    set_engine_env(settings.in_process, settings.cpu_kv_cache_gib)
     from vllm import LLM
 
     return LLM(**kwargs)
+
+
+def engine_child_env(settings: EngineSettings, *, offline: bool = False) -> dict[str, str]:
+    """The environment of a stage's engine child (:func:`peagle.engine.child.child_env`), with
+    ``settings.cpu_threads`` as an unbound OpenMP thread count when set."""
+    env = child_env(offline=offline)
+    if settings.cpu_threads is not None:
+        env.update(threads_env(settings.cpu_threads))
+    return env
 
 
 def shutdown(llm) -> None:

@@ -15,10 +15,8 @@ configuration or input, 3 the measurement failed (vLLM or the endpoint).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 from .. import config as C
@@ -49,14 +47,10 @@ def load_config(config: str | None, overrides: list[str], values: dict[str, Any]
 
 
 def _check(report_path: str, cfg: EvaluateRunConfig) -> int:
-    from .report import apply_gate
+    from .report import Report, apply_gate
 
-    try:
-        report = json.loads(Path(report_path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"peagle: error: cannot read {report_path}: {exc}", file=sys.stderr)
-        return 2
-    gate = apply_gate(report, cfg.evaluate.min_acceptance_length, cfg.evaluate.require_lossless)
+    report = Report.read(report_path)  # ReportError (exit 2) names the file when it is not a report
+    gate = apply_gate(report.doc, cfg.evaluate.min_acceptance_length, cfg.evaluate.require_lossless)
     print(f"gate {'passed' if gate.passed else 'FAILED'}: acceptance length {gate.acceptance_length}"
           + "".join(f"\n  {r}" for r in gate.reasons))
     return 0 if gate.passed else 1

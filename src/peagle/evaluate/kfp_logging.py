@@ -4,8 +4,8 @@ Used inside a KFP component::
 
     @dsl.component(...)
     def evaluate_step(..., metrics: dsl.Output[dsl.Metrics], page: dsl.Output[dsl.HTML]):
-        from peagle.evaluate import log_to_kfp
-        log_to_kfp(report, metrics=metrics, html=page)
+        from peagle.evaluate import Report, log_to_kfp
+        log_to_kfp(Report.read(report_json), metrics=metrics, html=page)
 
 Nothing here imports kfp: a ``Metrics`` artifact is anything with ``log_metric(name, value)``, an
 ``HTML`` artifact anything with a ``path``; plain paths work too (a JSON file of the scalars, the
@@ -20,6 +20,7 @@ from typing import Any
 
 from ..storage.base import atomic_path
 from .html_report import render_html
+from .report import Interval, Report
 
 
 def metric_name(name: str) -> str:
@@ -27,53 +28,48 @@ def metric_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
-def kfp_scalar_metrics(report: dict[str, Any]) -> dict[str, float]:
+def kfp_scalar_metrics(report: Report) -> dict[str, float]:
     """Flat name -> number view of a report's headline (what the KFP UI lists and compares across runs)."""
-    s = report["summary"]
-    out: dict[str, float] = {"num_speculative_tokens": float(s["num_speculative_tokens"])}
+    s = report.summary
+    out: dict[str, float] = {"num_speculative_tokens": float(s.num_speculative_tokens)}
 
-    def put(name: str, v: Any) -> None:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+    def put(name: str, v: float | None) -> None:
+        if v is not None:
             out[metric_name(name)] = float(v)
 
-    put("acceptance_length", s["acceptance_length"])
-    put("speedup", s["speedup"])
-    put("tokens_per_s", s["tokens_per_s"])
-    put("baseline_tokens_per_s", s["baseline_tokens_per_s"])
-    for i, a in enumerate(s["per_position_acceptance"] or []):
+    def put_interval(name: str, bounds: Interval | None) -> None:
+        if bounds is not None:
+            put(f"{name}_ci_low", bounds.low)
+            put(f"{name}_ci_high", bounds.high)
+
+    head = s.overall
+    put("acceptance_length", head.acceptance_length)
+    put("speedup", head.speedup)
+    put("tokens_per_s", head.tokens_per_s)
+    put("baseline_tokens_per_s", head.baseline_tokens_per_s)
+    for i, a in enumerate(head.per_position_acceptance):
         put(f"acceptance_position_{i}", a)
-    for i, a in enumerate(s.get("conditional_acceptance") or []):
+    for i, a in enumerate(head.conditional_acceptance):
         put(f"conditional_acceptance_position_{i}", a)
-    ci = s.get("confidence") or {}
-    if ci.get("acceptance_length"):
-        put("acceptance_length_ci_low", ci["acceptance_length"][0])
-        put("acceptance_length_ci_high", ci["acceptance_length"][1])
-    for i, bounds in enumerate(ci.get("per_position_acceptance") or []):
-        if bounds:
-            put(f"acceptance_position_{i}_ci_low", bounds[0])
-            put(f"acceptance_position_{i}_ci_high", bounds[1])
-    for name, f in (s.get("sets") or {}).items():
-        put(f"acceptance_length_set_{name}", f["acceptance_length"])
-        for i, a in enumerate(f["per_position_acceptance"] or []):
+    put_interval("acceptance_length", head.acceptance_length_interval)
+    for i, bounds in enumerate(head.per_position_intervals):
+        put_interval(f"acceptance_position_{i}", bounds)
+    for name, f in s.sets.items():
+        put(f"acceptance_length_set_{name}", f.acceptance_length)
+        for i, a in enumerate(f.per_position_acceptance):
             put(f"acceptance_position_{i}_set_{name}", a)
-        bounds = (f.get("confidence") or {}).get("acceptance_length")
-        if bounds:
-            put(f"acceptance_length_set_{name}_ci_low", bounds[0])
-            put(f"acceptance_length_set_{name}_ci_high", bounds[1])
-    for cat, f in s["categories"].items():
-        put(f"acceptance_length_{cat}", f["acceptance_length"])
-        put(f"speedup_{cat}", f["speedup"])
-    lossless = s.get("lossless")
-    if lossless and lossless["compared"]:
-        put("greedy_identical_fraction", lossless["identical"] / lossless["compared"])
-    if "offline_expected_acceptance_length" in s:
-        put("offline_expected_acceptance_length", s["offline_expected_acceptance_length"])
-    for sampling, curves in report.get("acceptance_length_vs_k", {}).items():
+        put_interval(f"acceptance_length_set_{name}", f.acceptance_length_interval)
+    for cat, f in s.categories.items():
+        put(f"acceptance_length_{cat}", f.acceptance_length)
+        put(f"speedup_{cat}", f.speedup)
+    if s.lossless is not None:
+        put("greedy_identical_fraction", s.lossless.identical_fraction)
+    put("offline_expected_acceptance_length", s.offline_expected_acceptance_length)
+    for sampling, curves in report.acceptance_length_vs_k.items():
         for k, al in curves["overall"].items():
             put(f"acceptance_length_k{k}_{sampling}", al)
-    gate = report.get("gate")
-    if gate is not None:
-        out["gate_passed"] = 1.0 if gate["passed"] else 0.0
+    if report.gate is not None:
+        out["gate_passed"] = 1.0 if report.gate.passed else 0.0
     return out
 
 
@@ -81,7 +77,7 @@ def _path_of(artifact: Any) -> Path:
     return Path(getattr(artifact, "path", artifact))
 
 
-def log_to_kfp(report: dict[str, Any], metrics: Any = None, html: Any = None,
+def log_to_kfp(report: Report, metrics: Any = None, html: Any = None,
                html_text: str | None = None) -> dict[str, float]:
     """Log the headline scalars to ``metrics`` and write the page to ``html``; returns the scalars.
 
@@ -99,5 +95,5 @@ def log_to_kfp(report: dict[str, Any], metrics: Any = None, html: Any = None,
             p.write_text(json.dumps(scalars, indent=2, sort_keys=True) + "\n")
     if html is not None:
         with atomic_path(_path_of(html), fsync=False) as tmp:
-            tmp.write_text(html_text if html_text is not None else render_html(report), encoding="utf-8")
+            tmp.write_text(html_text if html_text is not None else render_html(report.doc), encoding="utf-8")
     return scalars

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..engine import llm as engine
 from ..progress import Progress
 from .counters import SpecDecodeCounts
 from .prompts import PromptSet
@@ -150,24 +149,12 @@ def _engine_run(k: int, raw: dict[str, Any], purpose: str = MEASURE) -> EngineRu
                      purpose)
 
 
-def default_enforce_eager(settings: EvaluateSettings) -> bool:
-    if settings.enforce_eager is not None:
-        return settings.enforce_eager
-    return engine.cpu_only()
-
-
 def offline_api_jobs(settings: EvaluateSettings, target_dir: str, draft_dir: str, ks: list[int],
                      workloads: list[Workload]) -> list[tuple[int, str, dict[str, Any]]]:
     """(K, purpose, vllm_job job) per engine: the baseline first (when measured; with the
     self-consistency workload), then each K, then the float32 check's pair (when asked)."""
-    engine_args: dict[str, Any] = {"enforce_eager": default_enforce_eager(settings),
-                                   "tensor_parallel_size": settings.tensor_parallel_size}
-    if settings.gpu_memory_utilization is not None:
-        engine_args["gpu_memory_utilization"] = settings.gpu_memory_utilization
-    common = {"model": target_dir, "dtype": settings.dtype, "max_model_len": settings.max_model_len,
-              "max_num_seqs": settings.max_num_seqs, "seed": settings.seed, "kv_cache_gib": settings.cpu_kv_cache_gib,
-              "in_process": settings.engine_in_process, "engine_args": engine_args, "warmup": True,
-              "workloads": [w.job() for w in workloads]}
+    common = {"model": target_dir, "dtype": settings.dtype, "seed": settings.seed,
+              "engine": settings.engine.model_dump(), "warmup": True, "workloads": [w.job() for w in workloads]}
     jobs: list[tuple[int, str, dict[str, Any]]] = []
     if settings.measure_baseline:
         base = dict(common)
@@ -191,8 +178,8 @@ def run_offline_api(settings: EvaluateSettings, target_dir: str, draft_dir: str,
 
     jobs = offline_api_jobs(settings, target_dir, draft_dir, ks, workloads)
     with Progress("evaluate", requests_of([j for _, _, j in jobs]), "requests") as progress:
-        raw = run_in_subprocess([j for _, _, j in jobs], timeout=settings.timeout_s, progress=progress,
-                                cpu_threads=settings.cpu_threads)
+        raw = run_in_subprocess([j for _, _, j in jobs], timeout=settings.engine.timeout_s, progress=progress,
+                                settings=settings.engine)
     if raw_log is not None:  # every engine's outputs and counts (see peagle.evaluate.run.ENGINE_OUTPUTS)
         raw_log.parent.mkdir(parents=True, exist_ok=True)
         raw_log.write_text(json.dumps([{"num_speculative_tokens": k, "purpose": p, **r}

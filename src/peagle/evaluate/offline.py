@@ -5,7 +5,7 @@ Input: samples with the target's own hidden states, as the extraction stage writ
 ``aux_hidden_flat`` [T, 3H], ``last_hidden`` [T, H] before the final norm), or the trainer's dict
 samples (same fields, ``aux_hidden`` already [T, 3H]).
 
-What is compared. After the one-token shift (:func:`peagle.train.elements.shift_row`) shifted row t
+What is compared. After the one-token shift (:func:`peagle.model.elements.shift_row`) shifted row t
 pairs the real token x_{t+1} with the target features g_t. The *target's* choice at row t is its
 greedy token after x_{t+1}: argmax over the **full** target vocabulary of
 ``lm_head(final_norm(last_hidden[t+1]))``. The draft's element (anchor a, depth d) proposes
@@ -53,8 +53,8 @@ import torch
 
 from ..model import PEagleDraftModel, load_draft
 from ..model.target import inspect_target, target_embedding_and_head
-from ..train.elements import ShiftedRow, build_elements, shift_row
-from ..train.loss import Teacher
+from ..model.elements import ShiftedRow, build_elements, shift_row
+from ..model.teacher import Teacher
 
 
 @dataclass

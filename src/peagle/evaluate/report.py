@@ -32,22 +32,31 @@ tokens_per_s, baseline_tokens_per_s, speedup (= tokens_per_s / baseline_tokens_p
 measured in this run on the same prompts), lossless ({compared, identical, mismatched_prompts};
 greedy only, against the baseline's outputs for the same batch) and problems (counter invariants
 that failed; empty when the counts are consistent).
+
+Consumers read a report through :class:`Report` (``Report.read(path_or_uri)``): typed, frozen figures
+of the headline, the curves and the gate, and the document itself (``doc``) for what is shown whole
+(the HTML page). The writer (``peagle.evaluate.write_report``) writes ``Report.to_json()``.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..errors import PeagleError
 from .confidence import bootstrap
 from .counters import SpecDecodeCounts
 from .live import BASELINE, FP32_CHECK, LOSSLESS_FP32, MEASURE, SELF_CONSISTENCY, EngineRun, Sampling, Workload
 
 REPORT_FORMAT = "peagle.evaluate.report/v1"
+REPORT_FILE = "report.json"
+EVALUATION_KIND = "peagle-evaluation"  # the published kind of an evaluate output (peagle.stage_io.staged)
 
 
 def draft_fingerprint(draft_dir: str | os.PathLike) -> str:
@@ -235,7 +244,7 @@ def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload],
 # Gate
 
 
-@dataclass
+@dataclass(frozen=True)
 class GateResult:
     passed: bool
     acceptance_length: float | None
@@ -277,3 +286,182 @@ def passes_gate(report: dict[str, Any], min_acceptance_length: float | None,
                 require_lossless: bool = False) -> bool:
     """True when the report clears the bar (see :func:`apply_gate`)."""
     return apply_gate(report, min_acceptance_length, require_lossless).passed
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading: the typed hand-off
+
+
+class ReportError(PeagleError, ValueError):
+    """A report cannot be read (missing, not JSON, not a report, damaged); the message names it."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A bootstrap confidence interval (``confidence.level``, 0.95 by default)."""
+
+    low: float
+    high: float
+
+
+def _interval(bounds: Any) -> Interval | None:
+    return Interval(float(bounds[0]), float(bounds[1])) if bounds else None
+
+
+def _number(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The acceptance figures of one group of prompts (overall, a category or a prompt set)."""
+
+    acceptance_length: float | None  # None: no draft was verified
+    acceptance_length_interval: Interval | None
+    per_position_acceptance: tuple[float | None, ...]
+    per_position_intervals: tuple[Interval | None, ...]
+    conditional_acceptance: tuple[float | None, ...]
+    speedup: float | None
+    tokens_per_s: float | None
+    baseline_tokens_per_s: float | None
+
+    @property
+    def first_position_acceptance(self) -> float | None:
+        return self.per_position_acceptance[0] if self.per_position_acceptance else None
+
+    @property
+    def first_position_interval(self) -> Interval | None:
+        return self.per_position_intervals[0] if self.per_position_intervals else None
+
+    @classmethod
+    def from_doc(cls, f: Mapping[str, Any]) -> "Figures":
+        ci = f.get("confidence") or {}
+        return cls(_number(f["acceptance_length"]), _interval(ci.get("acceptance_length")),
+                   tuple(_number(a) for a in f["per_position_acceptance"] or ()),
+                   tuple(_interval(b) for b in ci.get("per_position_acceptance") or ()),
+                   tuple(_number(a) for a in f.get("conditional_acceptance") or ()),
+                   _number(f.get("speedup")), _number(f.get("tokens_per_s")), _number(f.get("baseline_tokens_per_s")))
+
+
+@dataclass(frozen=True)
+class Lossless:
+    """Greedy outputs with the draft vs without: how many prompts compared, how many identical."""
+
+    compared: int
+    identical: int
+    differing: tuple[str | int, ...]  # prompt ids (bf16 run) or indices (float32 check)
+    dtype: str | None  # "float32" for the float32 identity check; None: the run's dtype
+
+    @property
+    def identical_fraction(self) -> float | None:
+        return self.identical / self.compared if self.compared else None
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any] | None) -> "Lossless | None":
+        if d is None:
+            return None
+        differing = d.get("mismatched_prompts", d.get("differing_prompts", ()))
+        return cls(int(d["compared"]), int(d["identical"]), tuple(differing), d.get("dtype"))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The headline: the figures at one K and sampling, overall, per category and per prompt set."""
+
+    num_speculative_tokens: int
+    sampling: str
+    overall: Figures
+    categories: Mapping[str, Figures]
+    sets: Mapping[str, Figures]
+    set_categories: Mapping[str, tuple[str, ...]]
+    lossless: Lossless | None
+    lossless_float32: Lossless | None
+    offline_expected_acceptance_length: float | None
+
+    @classmethod
+    def from_doc(cls, s: Mapping[str, Any]) -> "Summary":
+        sets = s.get("sets") or {}
+        return cls(int(s["num_speculative_tokens"]), str(s["sampling"]["name"]), Figures.from_doc(s),
+                   {c: Figures.from_doc(f) for c, f in s["categories"].items()},
+                   {g: Figures.from_doc(f) for g, f in sets.items()},
+                   {g: tuple(f.get("categories") or ()) for g, f in sets.items()},
+                   Lossless.from_doc(s.get("lossless")), Lossless.from_doc(s.get("lossless_float32")),
+                   _number(s.get("offline_expected_acceptance_length")))
+
+
+@dataclass(frozen=True)
+class Report:
+    """A verified ``report.json`` (see the module docstring for the layout), typed.
+
+    ``acceptance_length_vs_k``: {sampling: {"overall" | category: {K: AL}}}. ``doc`` is the document
+    as written: :meth:`to_json` gives it back byte for byte.
+    """
+
+    format: str
+    created_utc: str
+    mode: str
+    device: str | None
+    target_path: str
+    target_fingerprint: str | None
+    draft_path: str
+    draft_sha256: str | None
+    trained_depths: int | None
+    num_speculative_tokens: tuple[int, ...]
+    summary: Summary
+    acceptance_length_vs_k: Mapping[str, Mapping[str, Mapping[int, float | None]]]
+    gate: GateResult | None
+    doc: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_doc(cls, doc: Any, where: str = REPORT_FILE) -> "Report":
+        """The report of a decoded document; ReportError naming ``where`` when it is not one."""
+        if not isinstance(doc, Mapping):
+            raise ReportError(f"{where}: not a report (a JSON {type(doc).__name__}, not an object)")
+        if doc.get("format") != REPORT_FORMAT:
+            raise ReportError(f"{where}: format {doc.get('format')!r} is not {REPORT_FORMAT!r}")
+        try:
+            target, draft, gate = doc["target"], doc["draft"], doc.get("gate")
+            return cls(
+                doc["format"], str(doc.get("created_utc", "")), str(doc["mode"]), doc.get("device"),
+                str(target.get("path", "")), target.get("fingerprint"), str(draft.get("path", "")),
+                draft.get("sha256"), draft.get("trained_depths"), tuple(int(k) for k in doc["num_speculative_tokens"]),
+                Summary.from_doc(doc["summary"]),
+                {name: {curve: {int(k): _number(al) for k, al in points.items()} for curve, points in curves.items()}
+                 for name, curves in doc["acceptance_length_vs_k"].items()},
+                None if gate is None else GateResult(bool(gate["passed"]), _number(gate["acceptance_length"]),
+                                                     _number(gate["min_acceptance_length"]),
+                                                     bool(gate["require_lossless"]), list(gate["reasons"])),
+                doc)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise ReportError(f"{where}: not a complete report ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def read(cls, location: str | os.PathLike) -> "Report":
+        """The report at ``location``: a ``report.json`` file, or an evaluate output (a directory,
+        ``file://`` or ``s3://`` prefix) holding one. A published output (the pipeline's) is read
+        through its manifest: it must be an evaluate output and ``report.json`` must match its sha256."""
+        from ..stage_io import is_remote, local_path
+        from ..storage import SUCCESS, ChecksumMismatchError, IncompletePrefixError, open_published, open_store
+
+        shown = str(location)
+        path = None if is_remote(shown) else local_path(shown)
+        try:
+            if path is not None and not (path / SUCCESS).exists():  # a file, or an unpublished directory
+                file = path / REPORT_FILE if path.is_dir() else path
+                return cls.from_doc(json.loads(file.read_text(encoding="utf-8")), str(file))
+            published = open_published(open_store(shown), "")
+            kind = published.manifest.metadata.get("kind")
+            if kind != EVALUATION_KIND:
+                raise ReportError(f"{shown} holds a published {kind!r}, not a {EVALUATION_KIND!r}")
+            where = published.uri_for(REPORT_FILE)
+            return cls.from_doc(json.loads(published.get_bytes(REPORT_FILE)), where)
+        except (OSError, IncompletePrefixError, ChecksumMismatchError, KeyError) as e:
+            raise ReportError(f"cannot read the report at {shown}: {e}") from None
+        except ValueError as e:  # JSON (ReportError is one too: passed on as it is)
+            if isinstance(e, ReportError):
+                raise
+            raise ReportError(f"{shown}: not valid JSON ({e})") from None
+
+    def to_json(self) -> str:
+        """The document as ``report.json`` holds it."""
+        return json.dumps(self.doc, indent=2) + "\n"

@@ -172,21 +172,21 @@ def _longest_prompt(target_dir: str, workloads: list, trust_remote_code: bool) -
 
 def context_length(settings: EvaluateSettings, target_dir: str, workloads: list,
                    trust_remote_code: bool = False) -> int:
-    """The vLLM context length of the offline runs: ``evaluate.max_model_len`` when set, else what the
-    longest prompt plus the generated tokens needs (+ :data:`CONTEXT_MARGIN`), at most the target's own
-    context length (:func:`target_context_length`). A value above the target's, or one a prompt does not
-    fit in, is a ConfigError naming evaluate.max_model_len (vLLM would refuse it only after loading the
-    target)."""
+    """The vLLM context length of the offline runs: ``evaluate.engine.max_model_len`` when set, else what
+    the longest prompt plus the generated tokens needs (+ :data:`CONTEXT_MARGIN`), at most the target's
+    own context length (:func:`target_context_length`). A value above the target's, or one a prompt does
+    not fit in, is a ConfigError naming evaluate.engine.max_model_len (vLLM would refuse it only after
+    loading the target)."""
     limit = target_context_length(target_dir)
-    asked = settings.max_model_len
+    asked = settings.engine.max_model_len
     if asked is not None and limit is not None and asked > limit[0]:
-        raise ConfigError(f"evaluate.max_model_len {asked} exceeds the target's context length {limit[0]} "
-                          f"({limit[1]}); set at most {limit[0]}, or leave it unset to fit the prompts")
+        raise ConfigError(f"evaluate.engine.max_model_len {asked} exceeds the target's context length "
+                          f"{limit[0]} ({limit[1]}); set at most {limit[0]}, or leave it unset to fit the prompts")
     prompt = _longest_prompt(target_dir, workloads, trust_remote_code)
     if asked is not None:
         if prompt is not None and prompt[0] >= asked:
-            raise ConfigError(f"evaluate.max_model_len {asked} leaves no room to generate after {prompt[1]}, which "
-                              f"has {prompt[0]} tokens; raise it or shorten the prompts")
+            raise ConfigError(f"evaluate.engine.max_model_len {asked} leaves no room to generate after {prompt[1]}, "
+                              f"which has {prompt[0]} tokens; raise it or shorten the prompts")
         return asked
     if prompt is not None and limit is not None and prompt[0] >= limit[0]:
         raise ConfigError(f"{prompt[1]} has {prompt[0]} tokens, no fewer than the target's context length "
@@ -263,8 +263,8 @@ def evaluate(cfg: EvaluateRunConfig) -> EvaluationOutcome:
     if ks:
         headline_k(ks, draft["trained_depths"], s.headline_num_speculative_tokens)
     if not s.endpoint:  # vLLM refuses a context beyond the target's only after loading it
-        s = s.model_copy(update={"max_model_len": context_length(s, target_dir, workloads,
-                                                                 cfg.target.trust_remote_code)})
+        fitted = context_length(s, target_dir, workloads, cfg.target.trust_remote_code)
+        s = s.model_copy(update={"engine": s.engine.model_copy(update={"max_model_len": fitted})})
 
     # ---- Offline agreement (no vLLM), before the long live runs so a bad dataset fails early ------
     offline = None

@@ -16,7 +16,15 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..config import StrictModel, TargetSettings
+from ..engine.settings import engine_section
 from .prompts import BUILTIN_CATEGORIES
+
+# Each category is one batch; a larger KV cache on CPU (the baseline and every K in one child); a
+# bounded wait for all engines together.
+EvaluateEngineSettings = engine_section(
+    "EvaluateEngineSettings", "The offline engines; max_model_len defaults to what the longest prompt plus "
+    "max_tokens needs, at most the target's context length (config.json max_position_embeddings).",
+    max_num_seqs=64, tensor_parallel_size=1, cpu_kv_cache_gib=4, timeout_s=7200.0)
 
 
 class EvaluateSettings(StrictModel):
@@ -68,23 +76,9 @@ class EvaluateSettings(StrictModel):
 
     # Engine (offline mode)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="dtype vLLM runs the target in")
-    max_model_len: int | None = Field(
-        None, ge=16, description="vLLM context length; default: what the longest prompt plus max_tokens needs, "
-        "at most the target's context length (config.json max_position_embeddings)")
-    max_num_seqs: int = Field(64, ge=1, description="vLLM concurrent sequences (each category is one batch)")
-    enforce_eager: bool | None = Field(
-        None, description="disable CUDA graphs / compilation; default: eager on CPU, compiled on GPU"
-    )
-    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0, description="vLLM on GPU: memory share")
-    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism of the target")
-    cpu_kv_cache_gib: int = Field(4, ge=1, description="vLLM on CPU: KV-cache size in GiB")
-    engine_in_process: bool = Field(
-        False, description="run vLLM's engine core inside the child interpreter (fast start; CPU tests)"
-    )
-    cpu_threads: int | None = Field(
-        None, ge=1, description="vLLM on CPU: OpenMP threads of the model (default: all cores but one)"
-    )
-    timeout_s: float = Field(7200.0, gt=0, description="limit for all offline vLLM runs together")
+    engine: EvaluateEngineSettings = Field(
+        default_factory=EvaluateEngineSettings, description="offline mode: the vLLM engines "
+        "(peagle.engine.settings); engine.timeout_s limits all of them together")
 
     # Endpoint mode
     endpoint: str = Field("", description="base URL of a served vLLM (OpenAI API + /metrics), e.g. a KServe URL")

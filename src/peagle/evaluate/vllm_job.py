@@ -6,7 +6,7 @@ returns its JSON result. It is the engine side of the evaluation stage (:mod:`.l
 
 Job keys: ``model`` (target dir, or a draft dir for the short form), ``draft`` (optional draft dir,
 long form), ``num_speculative_tokens``, ``prompts`` (list of chat message lists or strings),
-``max_tokens``, ``temperature``, ``max_model_len``, ``dtype``, ``seed``, ``logprobs`` (optional: the
+``max_tokens``, ``temperature``, ``dtype``, ``seed``, ``logprobs`` (optional: the
 top-k log-probabilities of every generated position are returned as ``logprobs``, one
 ``{token_id: logprob}`` per position, with the prompt's ``prompt_token_ids``).
 
@@ -19,11 +19,10 @@ Measurement jobs (the evaluation stage) also give
   histogram (``acceptance_histograms``; None without a draft), its outputs, token counts and wall
   time (with ``repeats`` > 1 the batch is run again for timing only and the fastest pass counts);
 * ``warmup``: run one short request first, so the first workload does not pay one-off costs;
-* ``in_process``: run vLLM's engine core and worker inside this interpreter
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``): an engine then
-  starts in seconds instead of spawning two processes that import vLLM again (CPU tests);
-* ``engine_args``: extra ``vllm.LLM`` keyword arguments (e.g. ``gpu_memory_utilization``,
-  ``tensor_parallel_size``).
+* ``engine``: the engine's :class:`~peagle.engine.settings.EngineSettings` (a dict; the evaluation
+  stage sends its whole ``evaluate.engine``), over :data:`JOB_ENGINE` for keys it leaves out.
+  ``{"in_process": true}``, for instance, runs vLLM's engine core and worker inside this interpreter:
+  an engine then starts in seconds instead of spawning two processes that import vLLM again (CPU tests).
 
 Progress: every finished request of the prompts and workloads (repeats included, the warm-up not;
 :func:`requests_of`) is reported through :func:`peagle.progress.child_reporter`;
@@ -38,7 +37,13 @@ from typing import Any
 
 from .. import progress as progress_mod
 from ..engine import child, llm as engine
+from ..engine.settings import EngineSettings
+from ..engine.metering import vllm_tqdm
 from .counters import counts_from_vllm_metrics
+
+# The engine of a job that does not say (tests and benches that run a job directly): a short context,
+# a small batch, eager. The evaluation stage always sends its whole evaluate.engine section.
+JOB_ENGINE: dict[str, Any] = {"max_model_len": 1024, "max_num_seqs": 16, "enforce_eager": True}
 
 
 def spec_decode_counts(metrics) -> dict[str, Any]:
@@ -59,14 +64,16 @@ def requests_of(job: dict[str, Any] | list[dict[str, Any]]) -> int:
     return len(job["prompts"])
 
 
+def job_engine(job: dict[str, Any]) -> EngineSettings:
+    """The engine settings of ``job``: its ``engine`` entry over :data:`JOB_ENGINE`."""
+    return EngineSettings.model_validate({**JOB_ENGINE, **(job.get("engine") or {})})
+
+
 def _run(job: dict[str, Any], reporter=None) -> dict[str, Any]:
-    in_process = bool(job.get("in_process"))
-    max_len = job.get("max_model_len", 1024)  # None: vLLM's own, from the model's config
-    kwargs = engine.engine_kwargs(
-        job["model"], seed=int(job.get("seed", 0)), max_model_len=None if max_len is None else int(max_len),
-        in_process=in_process, dtype=job.get("dtype", "bfloat16"), disable_log_stats=False,
-        max_num_seqs=int(job.get("max_num_seqs", 16)))
-    kwargs.update(job.get("engine_args") or {})
+    settings = job_engine(job)
+    # log stats on: the spec-decode counters and the progress meter read vLLM's metrics
+    kwargs = engine.engine_kwargs(settings, job["model"], seed=int(job.get("seed", 0)), log_stats=True,
+                                  dtype=job.get("dtype", "bfloat16"))
     if job.get("draft"):
         # per request: an acceptance histogram in each output (bootstrap intervals over prompts)
         kwargs["per_request_spec_decode_metrics"] = "summary"
@@ -77,7 +84,7 @@ def _run(job: dict[str, Any], reporter=None) -> dict[str, Any]:
             "parallel_drafting": True,
         }
     t0 = time.perf_counter()
-    llm = engine.build_llm(kwargs, in_process=in_process, kv_cache_gib=job.get("kv_cache_gib", 1))
+    llm = engine.build_llm(kwargs, settings)
     if reporter is not None:
         reporter.ready()  # the first engine is up (later engines' start-up is part of the work left)
     if "workloads" in job:
@@ -171,7 +178,7 @@ def _device() -> str:
 
 
 def _generate(llm, prompts: list, params, reporter=None):
-    hook = progress_mod.vllm_tqdm(reporter) if reporter is not None else False
+    hook = vllm_tqdm(reporter) if reporter is not None else False
     if prompts and isinstance(prompts[0], list):
         return llm.chat(prompts, params, use_tqdm=hook)
     return llm.generate(prompts, params, use_tqdm=hook)
@@ -185,18 +192,16 @@ def _spec_config_of(llm) -> dict[str, Any] | None:
             "parallel_drafting": bool(getattr(sc, "parallel_drafting", False)), "model": sc.model}
 
 
-def run_in_subprocess(job: dict[str, Any] | list[dict[str, Any]], timeout: float = 1200,
-                      progress: progress_mod.Progress | None = None, cpu_threads: int | None = None):
+def run_in_subprocess(job: dict[str, Any] | list[dict[str, Any]], timeout: float | None = 1200,
+                      progress: progress_mod.Progress | None = None, settings: EngineSettings | None = None):
     """Run one vLLM job (or a list, sequentially, sharing the interpreter's start-up) in a fresh
     interpreter; returns the result (or list of results). Raises RuntimeError with vLLM's own error
     text on failure, or when the job ran past ``timeout`` seconds (the engine and its workers killed).
-    ``progress`` is advanced per finished request (its total: :func:`requests_of`); ``cpu_threads``:
-    OpenMP threads of a CPU engine (default: vLLM's, or all cores but one in-process)."""
-    env = child.child_env(offline=True)
-    if cpu_threads is not None:
-        env.update(engine.threads_env(cpu_threads))
-    return child.run_module("peagle.evaluate.vllm_job", job, marker="PEAGLE_RESULT ", what="vLLM job",
-                            progress=progress, timeout=timeout, env=env)
+    ``progress`` is advanced per finished request (its total: :func:`requests_of`); ``settings``: the
+    engines' settings, for the child's environment (``cpu_threads``)."""
+    env = engine.engine_child_env(settings or EngineSettings(), offline=True)
+    return child.run_module("peagle.evaluate.vllm_job", job, what="vLLM job", progress=progress, timeout=timeout,
+                            env=env)
 
 
 def main() -> None:
@@ -204,7 +209,7 @@ def main() -> None:
     reporter = progress_mod.child_reporter()
     result = [_run(j, reporter) for j in job] if isinstance(job, list) else _run(job, reporter)
     reporter.flush()
-    print("PEAGLE_RESULT " + json.dumps(result), flush=True)
+    child.print_result(result)
 
 
 if __name__ == "__main__":

@@ -11,18 +11,16 @@ While the caller consumes one shard, a background thread already reads and verif
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from ..storage import (ChecksumMismatchError, DamagedPrefixError, ObjectNotFoundError, Published, open_dataset,
-                       open_store)
+from ..storage import ChecksumMismatchError, DamagedPrefixError, ObjectNotFoundError
 from .errors import DatasetMismatchError, ExtractError, ShardChecksumError
-from .output import shard_key
-from .shard_format import FORMAT, ShardSample, ShardSamples, decode_shard
+from .hidden_states import HiddenStates, shard_key
+from .shard_format import DatasetHeader, ShardSample, ShardSamples, decode_shard
 
 
 class HiddenStatesDataset:
@@ -38,8 +36,9 @@ class HiddenStatesDataset:
                  expect_aux_layer_ids: list[int] | None = None, expect_hidden_size: int | None = None, expect_fingerprint: str | None = None,
                  out_dtype: torch.dtype = torch.bfloat16, keep_stored: bool = False):
         self.root = str(path)
-        self.published = _open(path)
+        self.published = HiddenStates.at(self.root).dataset()
         manifest = self.manifest = dict(self.published.manifest.metadata)
+        self.header = DatasetHeader.from_dict(manifest)  # the manifest holds the header's fields at its top
         self.out_dtype = out_dtype
         self.keep_stored = keep_stored
         self._check("layer ids", expect_layer_ids, manifest["layer_ids"])
@@ -59,15 +58,15 @@ class HiddenStatesDataset:
 
     @property
     def layer_ids(self) -> list[int]:
-        return list(self.manifest["layer_ids"])
+        return list(self.header.layer_ids)
 
     @property
     def aux_layer_ids(self) -> list[int]:
-        return list(self.manifest["aux_layer_ids"])
+        return self.header.aux_layer_ids
 
     @property
     def hidden_size(self) -> int:
-        return int(self.manifest["hidden_size"])
+        return int(self.header.hidden_size)
 
     @property
     def shard_names(self) -> list[str]:
@@ -98,15 +97,6 @@ class HiddenStatesDataset:
         if len(shard) != entry["num_samples"]:
             raise ExtractError(f"hidden-state shard {name}: {len(shard)} samples, manifest says {entry['num_samples']}")
         return shard
-
-    def select_shards(self, rank: int = 0, world_size: int = 1, shuffle_seed: int | None = None) -> list[str]:
-        """This rank's shards (every ``world_size``-th, starting at ``rank``), optionally shuffled."""
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
-        names = self.shard_names[rank::world_size]
-        if shuffle_seed is not None:
-            random.Random(shuffle_seed).shuffle(names)
-        return names
 
     def iter_shards(self, shards: list[str] | None = None, prefetch: int = 1) -> Iterator[ShardSamples]:
         """Decoded shards in the given order (default: manifest order), ``prefetch`` read ahead."""
@@ -144,17 +134,11 @@ def list_or_value(v: Any) -> Any:
     return [int(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
-def _open(path: str | os.PathLike) -> Published:
-    return open_dataset(open_store(str(path)), str(path), FORMAT, what="hidden-state dataset", error=ExtractError,
-                        unfinished="extraction unfinished, or some shard sets still missing",
-                        old_layout="manifest.json", old_hint="re-extract it")
-
-
 def dataset_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
     """The dataset manifest of the extraction at ``path`` if it is complete, else None; ExtractError
     naming the file if it was published and a file it lists is gone since (not "unfinished")."""
     try:
-        return dict(_open(path).manifest.metadata)
+        return dict(HiddenStates.at(str(path)).dataset().manifest.metadata)
     except ExtractError as e:
         if isinstance(e.__cause__, DamagedPrefixError):
             raise

@@ -10,7 +10,9 @@ the full plan (names and sample ids of every set's shards), so whichever worker 
 shard sets published publishes the dataset -- the last one to finish, or any later rerun. Rerunning
 a worker reuses the shards of its published sets that are planned again (same header and samples,
 sha256 of the bytes OK) and rewrites the rest; before rewriting anything in a set it retracts that
-set's and the dataset's publications. Sets a streaming trainer has consumed are skipped.
+set's and the dataset's publications. Sets a streaming trainer has consumed are skipped. Given the
+prepared data the rows come from, a worker first publishes the extraction's plan
+(:class:`.hidden_states.ExtractionPlan`): a streaming trainer reads its layout from there.
 
 Backends: ``hf`` runs in this process; ``vllm`` runs the engine in a child interpreter, which
 receives the pending rows through job files (one per set) and writes and publishes the sets itself.
@@ -27,10 +29,10 @@ from typing import Any
 from ..model.target import fingerprint, inspect_target
 from ..progress import Progress
 from ..scratch import owned_dir
-from ..storage import Store, open_store, unpublish
+from ..storage import Store, open_store
 from .errors import ExtractError
-from .output import (Planner, SetJob, extract_sets, finalize_if_complete, intact, is_consumed, publish_set,
-                     published_set, sample_ids_digest, say, set_prefix)
+from .hidden_states import ExtractionPlan, HiddenStates, Planner, sample_ids_digest, set_prefix
+from .output import SetJob, extract_sets, finalize_if_complete, say
 from .rows import ExtractRow, as_extract_row, sample_id_of, write_job_rows
 from .settings import ExtractSettings, LayerIds, resolve_layer_ids
 from .shard_format import DatasetHeader
@@ -141,7 +143,7 @@ def _extract_vllm(target, layer_ids: LayerIds, header: DatasetHeader, settings: 
     """The ``vllm`` backend: one engine in a child process extracts every job (see :mod:`.vllm_backend`)."""
     job = {"target": str(target), "layer_ids": layer_ids.all, "header": header.as_dict(),
            "settings": settings.model_dump(), "sets": [j.as_dict() for j in jobs],
-           "out_dir": store.uri, "max_model_len": settings.max_model_len or longest + 1}
+           "out_dir": store.uri, "max_model_len": settings.engine.max_model_len or longest + 1}
     log.info("starting vLLM for %d shard sets (longest sample %d tokens)", len(jobs), longest)
     with Progress("extract", num_rows, "samples") as progress:
         return run_engine_job(job, settings, progress)
@@ -161,16 +163,19 @@ def check_shard_args(shard_index: int, num_shards: int, names: tuple[str, str] =
 
 
 def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | os.PathLike,
-                settings: ExtractSettings | None = None, *, shard_index: int = 0, num_shards: int = 1) -> ExtractResult:
+                settings: ExtractSettings | None = None, *, shard_index: int = 0, num_shards: int = 1,
+                prepared: str | None = None, split: str = "train") -> ExtractResult:
     """Extract hidden states of ``rows`` (objects or mappings with sample_id, input_ids, loss_mask).
 
     ``num_shards`` workers, this one is ``shard_index``; the output has ``num_shards *
     settings.sets_per_worker`` shard sets and this worker owns sets ``shard_index``,
     ``shard_index + num_shards``, ... It writes and publishes them one by one, in set order, and,
     once every planned shard set is published, the dataset. A set a streaming trainer has already
-    consumed (and deleted) is skipped, saying so. Raises :class:`ExtractError` naming the sample on a
-    bad row, a duplicate sample id or a token mismatch from the engine, or naming the argument on a
-    ``shard_index`` outside [0, ``num_shards``).
+    consumed (and deleted) is skipped, saying so. ``prepared`` (a URI the trainer can read) and
+    ``split`` name where ``rows`` come from: the worker then publishes the plan a streaming trainer
+    reads (:meth:`.hidden_states.HiddenStates.plan`) before it extracts. Raises
+    :class:`ExtractError` naming the sample on a bad row, a duplicate sample id or a token mismatch
+    from the engine, or naming the argument on a ``shard_index`` outside [0, ``num_shards``).
     """
     settings = settings or ExtractSettings()
     check_shard_args(shard_index, num_shards)
@@ -178,16 +183,19 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
     mine = list(range(shard_index, num_sets, num_shards))
     header, layer_ids, vocab_size = make_header(target, settings)
     store = open_store(str(out_dir))
+    hs = HiddenStates(store)
+    if prepared is not None:
+        hs.publish_plan(ExtractionPlan(prepared, split, num_sets, settings.samples_per_shard))
     result = ExtractResult(str(out_dir), shard_index, num_shards)
     planner = Planner(num_sets, settings.samples_per_shard)
-    consumed = {s for s in mine if is_consumed(store, s)}  # a streaming trainer trained on them and deleted them
+    consumed = {s for s in mine if hs.is_consumed(s)}  # a streaming trainer trained on them and deleted them
     for s in sorted(consumed):
         say(f"shard set {store.uri_for(set_prefix(s))} skipped: a streaming trainer consumed it (trained on it "
             "and deleted it)")
-    published = {s: published_set(store, s, header)[0] for s in mine if s not in consumed}  # from an earlier run
+    published = {s: hs.published_set(s, header)[0] for s in mine if s not in consumed}  # from an earlier run
     reused: dict[int, list[dict[str, Any]]] = {s: [] for s in mine}
     retracted: set[int] = set()
-    spool = _Spool(settings.scratch_dir, settings.max_model_len if settings.backend == "vllm" else None)
+    spool = _Spool(settings.scratch_dir, settings.engine.max_model_len if settings.backend == "vllm" else None)
     seen: set[str] = set()
     own: dict[int, list[ExtractRow]] = {s: [] for s in mine}
 
@@ -198,13 +206,12 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
             return
         prev = published[shard_set].get(name)
         if prev is not None and prev["sample_ids_sha256"] == sample_ids_digest([r.sample_id for r in rows_of_shard]) \
-                and intact(store, prev):
+                and hs.intact(prev):
             reused[shard_set].append(prev)
             result.shards_skipped.append(name)
             return
         if shard_set not in retracted:  # never leave a publication over shards that are about to change
-            unpublish(store, set_prefix(shard_set))
-            unpublish(store, "")
+            hs.retract(shard_set)
             retracted.add(shard_set)
         spool.add(shard_set, name, rows_of_shard)
         result.shards_written.append(name)
@@ -236,7 +243,7 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
         for s in mine:
             if s not in consumed and s not in spool.files and reused[s] \
                     and sorted(e["name"] for e in reused[s]) != sorted(published[s]):
-                publish_set(store, s, header, sorted(reused[s], key=lambda e: e["name"]))
+                hs.publish_set(s, header, sorted(reused[s], key=lambda e: e["name"]))
         jobs = [SetJob(s, sorted(reused[s], key=lambda e: e["name"]), spool.path(s)) for s in sorted(spool.files)]
         if jobs and settings.backend == "vllm":
             _extract_vllm(target, layer_ids, header, settings, store, jobs, spool.rows, spool.longest)
@@ -245,7 +252,7 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
     finally:
         spool.cleanup()
 
-    result.manifest = finalize_if_complete(store, header, planner.digests(), num_sets, settings.samples_per_shard)
+    result.manifest = finalize_if_complete(hs, header, planner.digests(), num_sets, settings.samples_per_shard)
     log.info("worker %d/%d (%d shard sets): %d shards written, %d already published, %d consumed by the "
              "trainer; dataset %s", shard_index, num_shards, len(mine), len(result.shards_written),
              len(result.shards_skipped), len(result.shards_consumed),

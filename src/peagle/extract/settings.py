@@ -8,12 +8,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..config import StrictModel
+from ..engine.settings import engine_section
 from ..model.target import check_aux_layer_ids, default_aux_layer_ids
 
 NUM_AUX_LAYERS = 3
+
+# Extraction generates one token per request: eager (CUDA graphs would only cost start-up), every
+# sample computed in full (prefix caching would reuse another batch's hidden states), and the batch
+# and memory share the backend has always used.
+ExtractEngineSettings = engine_section(
+    "ExtractEngineSettings", "The vllm backend's engine; max_model_len defaults to the longest pending sample + 1.",
+    max_num_seqs=8, enforce_eager=True, enable_prefix_caching=False, gpu_memory_utilization=0.9,
+    tensor_parallel_size=1)
 
 
 class ExtractSettings(StrictModel):
@@ -52,37 +61,15 @@ class ExtractSettings(StrictModel):
         "auto", description="dtype the target runs in; 'auto' = the dtype in the target's config.json"
     )
     batch_size: int = Field(
-        8, ge=1, description="hf: samples per forward pass; vllm: max_num_seqs (concurrent requests)"
-    )
-    max_model_len: int | None = Field(
-        None, ge=2, description="vllm context length; default: longest pending sample + 1"
-    )
-    max_num_batched_tokens: int | None = Field(
-        None, ge=1, description="vllm tokens per scheduler step; default: vLLM's own"
-    )
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0.0, le=1.0, description="vllm on GPU: share of GPU memory for weights + KV cache"
-    )
-    cpu_kv_cache_gib: int = Field(
-        1, ge=1, description="vllm on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)"
-    )
-    tensor_parallel_size: int = Field(1, ge=1, description="vllm tensor parallelism")
-    cpu_threads: int | None = Field(
-        None, ge=1, description="vllm on CPU: OpenMP threads of the model (default: vLLM's, which leaves cores to "
-        "its scheduler and to the KV connector)")
-    enable_prefix_caching: bool = Field(
-        False,
-        description="vllm prefix caching: reuses cached hidden states of shared prefixes (same values, "
-        "computed in another batch); off so every sample is computed in full",
-    )
+        8, ge=1, description="hf backend: samples per forward pass (the vllm backend's concurrent requests are "
+        "extract.engine.max_num_seqs)")
     hf_device: str = Field("auto", description="hf backend device: 'auto' (cuda when available), 'cpu', 'cuda:0'")
     scratch_dir: str | None = Field(
         None, description="vllm: where per-request hidden-state files land before sharding; default: system temp"
     )
-    engine_timeout_s: float | None = Field(
-        None, gt=0, description="vllm: kill the engine process after this many seconds; default: no limit"
-    )
     seed: int = Field(0, description="engine seed (extraction is deterministic; only sampling of the 1 token uses it)")
+    engine: ExtractEngineSettings = Field(
+        default_factory=ExtractEngineSettings, description="the vllm backend's engine (peagle.engine.settings)")
 
     @field_validator("aux_layer_ids")
     @classmethod
@@ -93,6 +80,14 @@ class ExtractSettings(StrictModel):
             if any(i < 0 for i in v) or sorted(set(v)) != list(v):
                 raise ValueError(f"aux layer ids must be distinct, non-negative and ascending, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _engine_in_its_own_process(self) -> "ExtractSettings":
+        if self.engine.in_process:  # docs/acceptance.md, section 1
+            raise ValueError("extract.engine.in_process: an in-process extraction engine deadlocks on the KV "
+                             "connector's per-request file lock (its writer thread holds it through the engine "
+                             "step); leave it false")
+        return self
 
 
 @dataclass(frozen=True)

@@ -61,13 +61,48 @@ class DatasetHeader:
     def last_layer_id(self) -> int:
         return int(self.layer_ids[-1])
 
+    @property
+    def stored_bytes_per_token(self) -> int:
+        """Bytes one token's hidden states take in a shard: every stored layer at the storage dtype
+        (fp8 adds a float32 scale per token and layer)."""
+        if self.storage_dtype == "fp8":
+            return len(self.layer_ids) * (self.hidden_size + 4)
+        return len(self.layer_ids) * self.hidden_size * 2
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DatasetHeader":
+        """The header a trusted record holds (a verified manifest, an engine job written by peagle)."""
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
+
+    @classmethod
+    def parse(cls, d: Any, where: str) -> "DatasetHeader":
+        """The header ``d`` read from an object peagle may not have written (``where`` names it):
+        anything that is not a header of :data:`FORMAT` shards raises :class:`ExtractError` naming
+        the first bad field."""
+        d = d if isinstance(d, dict) else {}
+        layer_ids, hidden = d.get("layer_ids"), d.get("hidden_size")
+        if d.get("format") != FORMAT:
+            bad = "format"
+        elif not (isinstance(layer_ids, list) and len(layer_ids) >= 2 and all(_is_count(i) for i in layer_ids)):
+            bad = "layer_ids"
+        elif not (_is_count(hidden) and hidden > 0):
+            bad = "hidden_size"
+        elif d.get("storage_dtype") not in STORAGE_DTYPES:
+            bad = "storage_dtype"
+        else:
+            bad = next((k for k in ("num_hidden_layers", "target_fingerprint", "target_model_type", "compute_dtype",
+                                    "backend", "layer_semantics") if k not in d), "")
+        if bad:
+            raise ExtractError(f"{where} has no valid {bad}: not a header of {FORMAT} shards")
+        return cls.from_dict(d)
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 @dataclass

@@ -14,7 +14,8 @@ it exclusively until the file is complete), checks the stored token ids equal th
 ``hidden_states`` [T, 4, H] into aux [T, 3, H] and last [T, H].
 
 Progress: the child reports every finished request through :func:`peagle.progress.child_reporter`
-(vLLM's ``use_tqdm`` hook); :func:`run_engine_job` hands those lines to the caller's ``progress``.
+(vLLM's ``use_tqdm`` hook, :func:`peagle.engine.metering.vllm_tqdm`); :func:`run_engine_job` hands
+those lines to the caller's ``progress``.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from safetensors.torch import load_file
 from .. import progress as progress_mod
 from ..scratch import owned_dir
 from ..engine import child, llm as engine
-from ..engine.llm import KV_CACHE_ENV
+from ..engine.metering import vllm_tqdm
 from ..storage import open_store
 from .errors import ExtractError
 from .output import SAY_PREFIX, SetJob, extract_sets
@@ -42,8 +43,6 @@ log = logging.getLogger(__name__)
 
 CONNECTOR_CLASS = "PeagleHiddenStatesConnector"
 CONNECTOR_MODULE = "peagle.extract.connector"
-RESULT_MARKER = "PEAGLE_EXTRACT_RESULT "
-ERROR_MARKER = "PEAGLE_EXTRACT_ERROR "
 PROGRESS_MARKER = "PEAGLE_EXTRACT_PROGRESS "
 
 
@@ -88,12 +87,9 @@ class VllmHiddenStatesExtractor:
 
         self.scratch_dir = scratch_dir
         self.progress = progress  # advanced by one per finished request (samples)
+        engine_settings = settings.engine.model_copy(update={"max_model_len": max_model_len})
         kwargs = engine.engine_kwargs(
-            target, seed=settings.seed, max_model_len=max_model_len, dtype=dtype,
-            max_num_seqs=settings.batch_size,
-            tensor_parallel_size=settings.tensor_parallel_size,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            enable_prefix_caching=settings.enable_prefix_caching,
+            engine_settings, target, seed=settings.seed, dtype=dtype,
             speculative_config={
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,
@@ -106,15 +102,13 @@ class VllmHiddenStatesExtractor:
                 "kv_connector_extra_config": {"shared_storage_path": scratch_dir},
             },
         )
-        if settings.max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = settings.max_num_batched_tokens
-        self.llm = engine.build_llm(kwargs, kv_cache_gib=settings.cpu_kv_cache_gib)
+        self.llm = engine.build_llm(kwargs, engine_settings)
         self.params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
 
     def extract(self, rows: list[ExtractRow]) -> list[CapturedHiddenStates]:
         """Hidden states of ``rows``, in the order given (vLLM schedules them as one batch)."""
         prompts = [{"prompt_token_ids": list(r.input_ids)} for r in rows]
-        hook = progress_mod.vllm_tqdm(self.progress) if self.progress is not None else False
+        hook = vllm_tqdm(self.progress) if self.progress is not None else False
         outputs = self.llm.generate(prompts, self.params, use_tqdm=hook)
         results = []
         for row, out in zip(rows, outputs):
@@ -142,9 +136,9 @@ def engine_main() -> None:
     try:
         records = _run_job(job)
     except ExtractError as exc:
-        print(ERROR_MARKER + json.dumps(str(exc)), flush=True)
+        child.print_error(str(exc))
         sys.exit(2)
-    print(RESULT_MARKER + json.dumps(records), flush=True)
+    child.print_result(records)
 
 
 def _run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -189,7 +183,7 @@ def run_engine_job(job: dict[str, Any], settings: ExtractSettings,
     The child's stderr (vLLM's log) is logged at DEBUG, shard lines at INFO, lines for the user
     (:func:`.output.say`: what a shard set waits for) go to this process's stderr; on failure the error
     names the sample/shard when the child could, else the last lines of its log are included.
-    Past ``settings.engine_timeout_s`` the engine and its workers are killed.
+    Past ``settings.engine.timeout_s`` the engine and its workers are killed.
     """
     def shard_line(line: str) -> bool:
         if line.startswith(PROGRESS_MARKER):
@@ -200,13 +194,9 @@ def run_engine_job(job: dict[str, Any], settings: ExtractSettings,
             return True
         return False
 
-    env = child.child_env(offline=True)  # the target is a local directory
-    env[KV_CACHE_ENV] = str(settings.cpu_kv_cache_gib)
-    if settings.cpu_threads is not None:
-        env.update(engine.threads_env(settings.cpu_threads))
-    return child.run_module("peagle.extract.vllm_backend", job, marker=RESULT_MARKER, error_marker=ERROR_MARKER,
-                            what="vLLM extraction engine", error=ExtractError, progress=progress, env=env,
-                            timeout=settings.engine_timeout_s or None, on_stderr=shard_line)
+    env = engine.engine_child_env(settings.engine, offline=True)  # the target is a local directory
+    return child.run_module("peagle.extract.vllm_backend", job, what="vLLM extraction engine", error=ExtractError,
+                            progress=progress, env=env, timeout=settings.engine.timeout_s, on_stderr=shard_line)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,18 @@ and its must-match list, §1.4). It has
 * a required-key check on write *and* read: a missing, unexpected or mis-shaped tensor, or a
   missing/invalid config field, is an error naming it — an incomplete checkpoint is never written;
 * atomic publication: tensors first, ``config.json`` last, in a temporary directory renamed into
-  place, so a reader never sees a half-written checkpoint.
+  place, so a reader never sees a half-written checkpoint;
+* the hand-off to its consumers (evaluate, deploy, the pipeline's steps): :meth:`Draft.open` on a
+  published draft (local or ``s3://``) and its :class:`DraftHeader`, read from the verified
+  ``config.json`` -- nobody else reads that file as a dict.
 """
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +27,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..stage_io import staged
+from ..errors import PeagleError
+from ..stage_io import fetched_input, staged
+from ..storage import SUCCESS, ChecksumMismatchError, IncompletePrefixError, Published, open_published, open_store
 from .draft import PEagleDraftModel
 from .spec import SUPPORTED_DRAFT_ARCHS, DraftSpec
-from ..errors import PeagleError
 
 FORMAT_VERSION = "0.9.0"  # the speculators release whose format we write
 CONFIG_FILE = "config.json"
@@ -232,15 +239,22 @@ def save_draft(model: PEagleDraftModel, out_dir: str | os.PathLike, dtype: torch
     return out
 
 
+def _parse_config(data: bytes, where: str) -> DraftSpec:
+    try:
+        cfg = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{where}: not valid JSON: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{where}: not a JSON object")
+    return config_to_spec(cfg, where)
+
+
 def read_spec(ckpt_dir: str | os.PathLike) -> DraftSpec:
+    """The spec of the checkpoint directory ``ckpt_dir`` (published or assembled by hand)."""
     f = Path(ckpt_dir) / CONFIG_FILE
     if not f.is_file():
         raise CheckpointError(f"{ckpt_dir}: no {CONFIG_FILE} (not a checkpoint, or an unfinished write)")
-    try:
-        cfg = json.loads(f.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{f}: not valid JSON: {exc}") from exc
-    return config_to_spec(cfg, str(f))
+    return _parse_config(f.read_bytes(), str(f))
 
 
 def load_draft(ckpt_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) -> PEagleDraftModel:
@@ -269,3 +283,82 @@ def load_draft(ckpt_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) 
         state["t2d"] = torch.ones(spec.vocab_size, dtype=torch.bool)
     model.load_state_dict(state, strict=True)
     return model.to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# The published draft: what evaluate, deploy and the pipeline open
+
+
+@dataclass(frozen=True)
+class DraftHeader:
+    """What a published draft is, from its verified ``config.json`` and its publication."""
+
+    arch: str
+    num_layers: int
+    hidden_size: int
+    aux_layer_ids: tuple[int, ...]  # target layers whose hidden states the draft reads
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    num_depths: int  # trained depths: the speculative tokens it proposes by default
+    mask_token_id: int
+    verifier: str  # speculators_config.verifier.name_or_path
+    manifest_sha256: str  # of its _MANIFEST.json, as its _SUCCESS records: names this publication
+    metadata: Mapping[str, Any] = field(repr=False)  # the publication's (kind, training step, metrics)
+    spec: DraftSpec = field(repr=False)
+
+    @classmethod
+    def of(cls, spec: DraftSpec, manifest_sha256: str, metadata: Mapping[str, Any]) -> "DraftHeader":
+        return cls(spec.arch, spec.num_layers, spec.hidden_size, tuple(spec.aux_layer_ids), spec.vocab_size,
+                   spec.draft_vocab_size, spec.num_depths, spec.mask_token_id, spec.verifier_name_or_path,
+                   manifest_sha256, dict(metadata), spec)
+
+
+class Draft:
+    """A published vLLM-format draft at a local path, ``file://`` or ``s3://`` URI.
+
+    :meth:`open` checks the publication (``_SUCCESS`` matches the manifest, every file present; with
+    ``deep`` every file re-hashed) and that it is a draft; :attr:`header` then reads ``config.json``
+    (sha256-verified) and refuses one that is not a P-EAGLE config. :meth:`local_dir` and :meth:`load`
+    give the files and the model; :meth:`publish` writes one (:func:`save_draft`).
+    """
+
+    def __init__(self, uri: str, published: Published, manifest_sha256: str):
+        self.uri, self.published, self.manifest_sha256 = uri, published, manifest_sha256
+
+    @classmethod
+    def open(cls, uri: str | os.PathLike, *, deep: bool = False) -> "Draft":
+        shown = str(uri)
+        store = open_store(shown)
+        try:
+            published = open_published(store, "", deep=deep)
+            sha = str(json.loads(store.get_bytes(SUCCESS))["manifest_sha256"])
+        except (IncompletePrefixError, ChecksumMismatchError) as exc:
+            raise CheckpointError(f"draft {shown}: {exc}") from None
+        kind = published.manifest.metadata.get("kind")
+        if kind not in (None, DRAFT_KIND):  # None: published by hand or by an older peagle
+            raise CheckpointError(f"{shown} holds a published {kind!r}, not a {DRAFT_KIND!r}")
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            if name not in published.manifest.keys:
+                raise CheckpointError(f"{shown} is published but holds no {name}: not a draft")
+        return cls(shown, published, sha)
+
+    @cached_property
+    def header(self) -> DraftHeader:
+        where = self.published.uri_for(CONFIG_FILE)
+        try:
+            data = self.published.get_bytes(CONFIG_FILE)
+        except ChecksumMismatchError as exc:
+            raise CheckpointError(f"{where}: contents do not match the manifest's sha256 ({exc})") from None
+        return DraftHeader.of(_parse_config(data, where), self.manifest_sha256, self.published.manifest.metadata)
+
+    def local_dir(self, cache_root: str | os.PathLike | None = None) -> Path:
+        """The draft's files on local disk (a remote draft is downloaded, sha256-verified, once)."""
+        return fetched_input(self.uri, cache_root)
+
+    def load(self, dtype: torch.dtype = torch.float32) -> PEagleDraftModel:
+        return load_draft(self.local_dir(), dtype)
+
+    @classmethod
+    def publish(cls, model: PEagleDraftModel, out: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
+                extra_files: dict[str, str] | None = None) -> "Draft":
+        return cls.open(save_draft(model, out, dtype, extra_files))

@@ -113,6 +113,3 @@ class PEagleDraftModel(nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map argmax indices over the draft vocabulary to target token ids."""
         return draft_to_target_ids(self.d2t)[draft_ids]
-
-    def trainable_parameters(self):
-        return [p for p in self.parameters() if p.requires_grad]

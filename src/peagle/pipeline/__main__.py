@@ -54,7 +54,12 @@ def _arguments(ns: argparse.Namespace) -> dict:
     for key in ("target", "output_root"):  # s3:/// takes the bucket of the cluster's data connection, not ours
         if isinstance(args.get(key), str):
             check_uri(args[key], f"--param {key}", bucket_from_env=False)
-    return check_arguments(args)
+    from .build import profile_path
+    from .profile import load_profile
+
+    # an already compiled package's profile is not known here: its init_run checks the settings against it
+    beside = None if getattr(ns, "package", None) else load_profile(profile_path(ns.profile)).train_beside_extract
+    return check_arguments(args, trainer_beside_extract=beside)
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:

@@ -53,14 +53,11 @@ def model_location(layout: RunLayout) -> tuple[str, str]:
 
 
 def draft_fingerprint(layout: RunLayout) -> str:
-    """The published draft's name (see the module docstring); :class:`~peagle.storage.IncompletePrefixError`
-    naming the prefix when the draft is not (completely) published."""
-    from ..storage import SUCCESS, open_published, open_store
+    """The published draft's name (see the module docstring); :class:`~peagle.model.CheckpointError`
+    naming the prefix when the draft is not (completely) published, or is another stage's output."""
+    from ..model import Draft
 
-    store = open_store(layout.draft)
-    open_published(store, "")  # _SUCCESS matches the manifest, and every object is there
-    sha = str(json.loads(store.get_bytes(SUCCESS))["manifest_sha256"])
-    return sha[:FINGERPRINT_DIGITS]
+    return Draft.open(layout.draft).manifest_sha256[:FINGERPRINT_DIGITS]
 
 
 def serving_objects(run_uri: str, name: str, mode: str, data_connection: str, num_speculative_tokens: int,

@@ -35,7 +35,7 @@ from pydantic_core import PydanticCustomError
 
 from ..config import ConfigError, StrictModel, build_config, load_yaml, parse_override, shorten, short_repr
 from ..deploy.values import RULES
-from ..run_config import RunConfig
+from ..run_config import RunConfig, check_trainer_order
 from .layout import _RUN_NAME
 
 OBJECT_NAME = RULES["objectName"]  # the chart's and `peagle deploy --name`'s rule
@@ -63,7 +63,6 @@ COVERAGE: tuple[Covered, ...] = (
     Covered("data_source", "prepare.sources", _sources, ",".join),
     Covered("data_source", "regenerate.sources", _sources, ",".join),
     Covered("num_samples", "prepare.max_samples", lambda v: v or None, lambda v: v or 0),
-    Covered("num_samples", "regenerate.max_conversations", lambda v: v or None, lambda v: v or 0),
     Covered("max_length", "prepare.max_length", int, int),
     Covered("num_speculative_tokens", "draft.num_depths", int, int),
     Covered("draft_layers", "draft.num_layers", int, int),
@@ -121,7 +120,8 @@ class PipelineParams(StrictModel):
                         "or .gguf file, or 'smollm2' (the embedded SmolLM2-135M-Instruct)")
     data_source: str = Field("sharegpt", description="comma-separated prepare sources (files, hf:<id>, 'sharegpt')")
     num_samples: int = Field(5000, **covered_bounds("num_samples"),
-                             description="training rows to prepare (0: all); also caps regeneration")
+                             description="training rows to prepare (0: all); regeneration makes as many "
+                             "conversations unless config sets regenerate.max_conversations")
     max_length: int = Field(2048, **covered_bounds("max_length"), description="tokens per training row")
     regenerate: bool = Field(False, description="let the target rewrite the assistant turns first (vLLM)")
     num_speculative_tokens: int = Field(4, **covered_bounds("num_speculative_tokens"),
@@ -209,8 +209,11 @@ def parse_config_text(text: str) -> dict[str, Any]:
     return data
 
 
-def resolve_run(params: PipelineParams, config_text: str, run_uri: str) -> PipelineRun:
-    """Merge the typed parameters into the config YAML and validate everything; see the module docstring."""
+def resolve_run(params: PipelineParams, config_text: str, run_uri: str, *,
+                trainer_beside_extract: bool | None = None) -> PipelineRun:
+    """Merge the typed parameters into the config YAML and validate everything; see the module docstring.
+    ``trainer_beside_extract``: the cluster profile's, which the settings must suit
+    (:func:`~peagle.run_config.check_trainer_order`; None: not known here, not checked)."""
     flat = flatten(parse_config_text(config_text))
     for key in PIPELINE_OWNED:
         if key in flat or any(k.startswith(key + ".") for k in flat):
@@ -226,6 +229,8 @@ def resolve_run(params: PipelineParams, config_text: str, run_uri: str) -> Pipel
         cfg = build_config(RunConfig, values=flat)
     except ConfigError as exc:
         raise ConfigError(f"pipeline parameter 'config': {exc}") from None
+    if trainer_beside_extract is not None:
+        check_trainer_order(cfg, trainer_beside_extract=trainer_beside_extract, runner="this pipeline")
     if params.train_mode == "pod" and params.num_nodes != 1:
         raise ConfigError(f"num_nodes={params.num_nodes} needs train_mode=trainjob (a pod is one node)")
     world = params.num_gpus * params.num_nodes
@@ -268,10 +273,10 @@ def _validated(model: type[StrictModel], data: dict[str, Any]) -> StrictModel:
         raise ConfigError("; ".join(lines) + more) from None
 
 
-def check_arguments(args: dict[str, Any]) -> dict[str, Any]:
+def check_arguments(args: dict[str, Any], *, trainer_beside_extract: bool | None = None) -> dict[str, Any]:
     """The arguments of a submission (pipeline parameter -> value), validated here as the run validates
     them (``init_run``: the typed parameters, the placement, the ``config`` YAML with the parameters merged
-    in, :func:`resolve_run`), before anything is sent. Returns them as the parameters' types
+    in, :func:`resolve_run` for a profile with ``trainer_beside_extract``), before anything is sent. Returns them as the parameters' types
     (``num_gpus: 2.0`` -> 2). ConfigError names the parameter (or the config key) that is wrong."""
     known = parameter_types()
     unknown = [k for k in args if k not in known]
@@ -283,7 +288,8 @@ def check_arguments(args: dict[str, Any]) -> dict[str, Any]:
     if placement.run_name and not _RUN_NAME.match(placement.run_name):
         raise ConfigError(f"pipeline parameter 'run_name': {short_repr(placement.run_name)} must be 1-128 "
                           "characters of letters, digits, '.', '_' or '-'")
-    resolve_run(params, placement.config, "/run")  # the run's place does not change what is valid
+    # the run's place does not change what is valid
+    resolve_run(params, placement.config, "/run", trainer_beside_extract=trainer_beside_extract)
     return {k: getattr(params if k in PipelineParams.model_fields else placement, k) for k in args}
 
 
@@ -361,10 +367,11 @@ def init_run_component_source() -> str:
     source, so the typed parameters are written out as a literal signature, generated here."""
     typed = [(n, _kfp_type(PipelineParams.model_fields[n].annotation).__name__) for n in init_run_parameters()]
     sig = [f"{n}: str" for n in ("output_root", "run_name", "job_id", "config")] + [f"{n}: {t}" for n, t in typed]
-    # data_connection: the Secret's name, for init_run's check of its keys (optional: callers outside KFP)
-    sig += ["target_model: Output[Model]", 'data_connection: str = ""']
+    # data_connection: the Secret's name, for init_run's check of its keys (optional: callers outside KFP);
+    # train_beside_extract: the profile's (a constant of the compiled pipeline), which the settings must suit
+    sig += ["target_model: Output[Model]", 'data_connection: str = ""', "train_beside_extract: bool = False"]
     call = [f"{n}={n}" for n in ("output_root", "run_name", "job_id", "config")] + [f"{n}={n}" for n, _ in typed]
-    call.append("data_connection=data_connection")
+    call += ["data_connection=data_connection", "train_beside_extract=train_beside_extract"]
     lines = [INIT_RUN_HEADER, ""]
     lines += _wrapped("def init_run(", sig, ") -> str:", 13)
     lines += ['    """Returns the run URI (``<output_root>/<run_name or job_id>``) every later step works on;',

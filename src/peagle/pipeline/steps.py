@@ -84,11 +84,12 @@ def ensure_target(source: str, target_uri: str, dtype: str, trust_remote_code: b
 
 
 def init_run(*, output_root: str, run_name: str, job_id: str, config: str, data_connection: str = "",
-             **params: Any) -> str:
+             train_beside_extract: bool = False, **params: Any) -> str:
     """Resolve and validate the run's configuration, write ``<run>/run.json``, normalise the target.
 
     Fails before any heavy work when a setting is invalid, or when the data connection lacks a key the
-    run needs (:func:`~peagle.pipeline.connection.check_data_connection`). Returns the run URI.
+    run needs (:func:`~peagle.pipeline.connection.check_data_connection`), or when the settings do not suit
+    the profile's ``train_beside_extract``. Returns the run URI.
     """
     with stage("init_run") as info:
         uris = {"output_root": output_root, "target": str(params.get("target") or "")}
@@ -98,7 +99,7 @@ def init_run(*, output_root: str, run_name: str, job_id: str, config: str, data_
         check_uri(output_root, "output_root")
         p = PipelineParams(**params)
         uri = make_run_uri(output_root, run_name, job_id)
-        run = resolve_run(p, config, uri)
+        run = resolve_run(p, config, uri, trainer_beside_extract=train_beside_extract)
         layout = RunLayout(uri)
         write_json(layout.run_json, run.model_dump(mode="json"))
         print(f"run {uri}: K={run.config.draft.num_depths} layers={run.config.draft.num_layers} "
@@ -216,7 +217,7 @@ def _extract_once(a: dict[str, Any]) -> str:
                 summary[split] = {"rows": 0}
                 continue
             res = run_extract(rows, target, layout.hidden_states(split), run.config.extract,
-                              shard_index=index, num_shards=count)
+                              shard_index=index, num_shards=count, prepared=layout.data, split=split)
             summary[split] = {"rows": res.num_samples, "written": len(res.shards_written),
                               "skipped": len(res.shards_skipped), "complete": res.manifest is not None}
             print(f"{split}: {res.num_samples} samples, {len(res.shards_written)} shards written, "

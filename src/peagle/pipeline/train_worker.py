@@ -27,17 +27,14 @@ from ..run_config import RunConfig
 from .layout import RunLayout
 
 
-def training_config(run_config: RunConfig, layout: RunLayout, target_dir: str, work_dir: str,
-                    num_extract_workers: int = 1) -> RunConfig:
-    """The run's configuration with the paths this node trains with (and, streaming, the extraction layout)."""
+def training_config(run_config: RunConfig, layout: RunLayout, target_dir: str, work_dir: str) -> RunConfig:
+    """The run's configuration with the paths this node trains with. A streaming trainer reads the
+    extraction's layout and prepared data from the plan the extract workers publish
+    (:class:`peagle.extract.hidden_states.ExtractionPlan`), not from here."""
     data = run_config.model_dump(mode="json")
     data["target"]["path"] = str(target_dir)
     data["train"]["data"] = layout.hidden_states("train")
     data["train"]["output"] = layout.train
-    if data["train"]["data_mode"] == "streaming":  # the layout the extract workers write
-        data["train"]["stream"].update(
-            prepared=layout.data, split="train", samples_per_shard=run_config.extract.samples_per_shard,
-            num_shard_sets=num_extract_workers * run_config.extract.sets_per_worker)
     data["work_dir"] = str(work_dir)
     return RunConfig.model_validate(data)
 
@@ -65,7 +62,7 @@ def run_training(run_uri: str, nproc_per_node: int | None = None, work_dir: str 
                 or Path(os.environ.get("TMPDIR", "/tmp")) / "peagle-train")
     work.mkdir(parents=True, exist_ok=True)
     target = fetch(layout.target)
-    cfg = training_config(run.config, layout, str(target), str(work), run.params.extract_shards)
+    cfg = training_config(run.config, layout, str(target), str(work))
     config_path = work / "train.yaml"
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     cmd = command(str(config_path), nproc, os.environ)

@@ -371,10 +371,6 @@ class TrainJobLauncher:
 
         return sorted(pods, key=index)
 
-    def _node0_pod(self, name: str, namespace: str) -> dict[str, Any] | None:
-        pods = self._pods(name, namespace)
-        return pods[0] if pods else None
-
     def _list_pods(self, name: str, namespace: str) -> list[dict[str, Any]]:
         try:
             return self._pods(name, namespace)

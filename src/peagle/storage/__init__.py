@@ -41,7 +41,7 @@ __all__ = [
     "StorageConfigError", "StorageError", "StorageTimeoutError", "Store", "TransferSettings", "check_bucket",
     "check_key", "delete_published",
     "check_uri", "file_uri_path", "is_complete", "list_complete", "open_dataset", "open_published", "open_store",
-    "parse_uri", "publish", "publish_dir", "read_verified", "sha256_bytes", "scan_published", "sha256_file",
+    "parse_uri", "publish", "publish_dir", "sha256_bytes", "scan_published", "sha256_file",
     "unpublish",
 ]
 
@@ -60,8 +60,3 @@ def open_store(uri: str | os.PathLike, *, settings: S3Settings | None = None,
     settings = settings if settings is not None else S3Settings.from_env(env)
     bucket = resolve_bucket(parsed, str(uri), settings.bucket)
     return S3Store(bucket, parsed.prefix, settings)
-
-
-def read_verified(store: Store, key: str, sha256: str) -> bytes:
-    """Read ``key`` and check it against ``sha256``; ChecksumMismatchError names the object."""
-    return store.get_bytes(key, sha256=sha256)

@@ -4,16 +4,15 @@ Entry point: :func:`train` (``python -m peagle.train`` on the command line). Dat
 :mod:`peagle.train.data`; checkpoint layout: :mod:`peagle.train.checkpoint`; the loop itself:
 :mod:`peagle.train.loop`.
 """
-from .cod import CodElements, cod_depth_size, sample_cod
+from .cod import CodElements, cod_depth_size, sample_cod, sample_elements
 from .data import (DatasetError, DatasetInfo, ListDataset, SampleDataset, SampleFileDataset, open_dataset,
                    write_sample_file)
-from .elements import Elements, ShiftedRow, build_elements, sample_elements, shift_row
 from .settings import TrainRunConfig, TrainSettings
 
 __all__ = [
-    "CodElements", "DatasetError", "DatasetInfo", "Elements", "ListDataset", "SampleDataset", "SampleFileDataset",
-    "ShiftedRow", "TrainError", "TrainResult", "TrainRunConfig", "TrainSettings", "build_elements", "cod_depth_size",
-    "open_dataset", "sample_cod", "sample_elements", "shift_row", "train", "write_sample_file",
+    "CodElements", "DatasetError", "DatasetInfo", "ListDataset", "SampleDataset", "SampleFileDataset", "TrainError",
+    "TrainResult", "TrainRunConfig", "TrainSettings", "cod_depth_size", "open_dataset", "sample_cod",
+    "sample_elements", "train", "write_sample_file",
 ]
 
 

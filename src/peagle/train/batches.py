@@ -40,8 +40,9 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from ..model.elements import shift_row
+from .cod import sample_elements
 from .data import SampleDataset, check_sample
-from .elements import sample_elements, shift_row
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ def row_seed(*parts) -> int:
 
 
 @dataclass
-class PreparedRow:
+class TrainingRow:
     """Everything one micro-batch needs, on one device. S = elements, n = supervised elements."""
 
     input_ids: torch.Tensor  # [1, S] int64
@@ -260,7 +261,7 @@ class PreparedRow:
     num_tokens: int  # real (non-padding) tokens in the packed row
     dense_masks: dict[str, torch.Tensor] | None = field(default=None)  # {layer type: [1, 1, S, S]} when dense
 
-    def to(self, device: torch.device) -> "PreparedRow":
+    def to(self, device: torch.device) -> "TrainingRow":
         moved = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -269,7 +270,7 @@ class PreparedRow:
             elif isinstance(v, dict):
                 v = {k: t.to(device, non_blocking=True) for k, t in v.items()}
             moved[f.name] = v
-        return PreparedRow(**moved)
+        return TrainingRow(**moved)
 
 
 def pack_samples(samples: list[tuple[dict, int]], pad_to_multiple: int, hidden_dtype: torch.dtype):
@@ -297,7 +298,7 @@ def pack_samples(samples: list[tuple[dict, int]], pad_to_multiple: int, hidden_d
 def prepare_row(samples: list[tuple[dict, int]], *, num_depths: int, generator: torch.Generator,
                 cod_ratio: float, cod_ratio_min: float, max_anchors: int | None, pad_to_multiple: int,
                 hidden_dtype: torch.dtype, dense_layer_types: list[str] | None,
-                sliding_window: int | None) -> PreparedRow:
+                sliding_window: int | None) -> TrainingRow:
     """Pack, shift, COD-sample one row; with ``dense_layer_types`` also build its dense SDPA masks."""
     packed = pack_samples(samples, pad_to_multiple, hidden_dtype)
     row = shift_row(packed["input_ids"], packed["aux_hidden"], packed["loss_mask"], packed["document_ids"],
@@ -306,7 +307,7 @@ def prepare_row(samples: list[tuple[dict, int]], *, num_depths: int, generator: 
     inputs = el.model_inputs(row)
     supervised = el.loss_mask.nonzero().squeeze(1)
     masks = el.layer_masks(dense_layer_types, sliding_window, "dense") if dense_layer_types else None
-    return PreparedRow(
+    return TrainingRow(
         input_ids=inputs["input_ids"], aux_hidden=inputs["aux_hidden"], position_ids=inputs["position_ids"],
         depths=inputs["depths"], anchors=el.anchors, document_ids=el.document_ids, supervised=supervised,
         supervised_depths=el.depths[supervised], teacher_hidden=row.teacher_hidden[el.target_rows[supervised]],
@@ -332,7 +333,7 @@ class RowMaker:
     sliding_window: int | None
     check: bool = True  # False when every sample was already checked before step 1 (scan_samples)
 
-    def __call__(self, row: tuple[tuple[int, int], ...], seed: int) -> PreparedRow:
+    def __call__(self, row: tuple[tuple[int, int], ...], seed: int) -> TrainingRow:
         samples = []
         for index, n in row:
             s = self.dataset[index]

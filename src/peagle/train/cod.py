@@ -42,6 +42,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..model.elements import Elements, ShiftedRow, build_elements
+
 DEFAULT_RATIO = 0.7
 DEFAULT_RATIO_MIN = 0.2
 DEFAULT_MAX_ANCHORS = 512
@@ -144,3 +146,18 @@ def sample_cod(
         nxt = nxt[nxt < t]
         pool = nxt[eligible[nxt]]
     return CodElements(torch.cat(anchors).to(device), torch.cat(depths).to(device))
+
+
+def sample_elements(
+    row: ShiftedRow,
+    num_depths: int,
+    generator: torch.Generator,
+    *,
+    ratio: float = DEFAULT_RATIO,
+    ratio_min: float = DEFAULT_RATIO_MIN,
+    max_anchors: int | None = DEFAULT_MAX_ANCHORS,
+) -> Elements:
+    """COD-sample (document-aware) and build the elements of one shifted row."""
+    cod = sample_cod(row.loss_mask, num_depths, generator, ratio=ratio, ratio_min=ratio_min,
+                     max_anchors=max_anchors, document_ids=row.document_ids)
+    return build_elements(row, cod.anchors, cod.depths)

@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from ..extract.shard_format import DatasetHeader
 from ..stage_io import local_path
 from ..storage.base import atomic_path
 from ..errors import PeagleError
@@ -51,6 +52,11 @@ class DatasetInfo:
     aux_layer_ids: list[int]
     hidden_size: int
     target_fingerprint: str | None
+
+    @classmethod
+    def of(cls, header: DatasetHeader) -> "DatasetInfo":
+        """The facts of an extraction with ``header`` (stored or streamed)."""
+        return cls(header.aux_layer_ids, int(header.hidden_size), header.target_fingerprint)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -236,7 +242,7 @@ class ExtractedDataset:
                 self._cache.put(shard)  # the first pass fills the cache: a dataset that fits is read once
         except ExtractError as exc:
             raise DatasetError(str(exc)) from None
-        self.info = DatasetInfo(self.hs.aux_layer_ids, self.hs.hidden_size, self.hs.manifest.get("target_fingerprint"))
+        self.info = DatasetInfo.of(self.hs.header)
         self._index = index
         self._file_bytes = {e["name"]: int(e["bytes"]) for e in self.hs.manifest["shards"]}
         self.shard_loads = 0  # shard reads from storage after opening (cache misses), all threads

@@ -110,7 +110,7 @@ def attended_pairs(anchors: torch.Tensor, depths: torch.Tensor, docs: torch.Tens
     Per query (a, d, D >= 0): the depth-0 keys of document D with anchors in (a + d - window, a], plus
     its own rollout (anchor a, depth <= d), less the depth-0 key at a where both count it; a padding
     query attends to itself. Element documents must be those of their anchors (as
-    :func:`peagle.train.elements.build_elements` makes them). O(S log S).
+    :func:`peagle.model.elements.build_elements` makes them). O(S log S).
     """
     anchors, depths, docs = (x.detach().reshape(-1).long().cpu() for x in (anchors, depths, docs))
     if anchors.numel() == 0:
@@ -157,5 +157,5 @@ def row_flops(spec: DraftSpec, anchors: torch.Tensor, depths: torch.Tensor, docs
 
 
 def prepared_row_flops(spec: DraftSpec, row) -> int:
-    """:func:`row_flops` of a :class:`peagle.train.batches.PreparedRow` (depths are stored [1, S])."""
+    """:func:`row_flops` of a :class:`peagle.train.batches.TrainingRow` (depths are stored [1, S])."""
     return row_flops(spec, row.anchors, row.depths.reshape(-1), row.document_ids)

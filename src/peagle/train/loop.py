@@ -10,8 +10,9 @@
 4. trains: per step, each rank runs its rows as micro-batches and accumulates gradients; the loss of
    every row is normalised by the supervised-element count of the *global* batch, so W processes
    with B/W rows each compute the same update as one process with B rows;
-   progress and metrics lines report tokens/s, model TFLOP/s per device and, on a GPU of known peak,
-   MFU (:mod:`peagle.train.flops`);
+   progress and metrics lines (:mod:`.metrics_log`) report tokens/s, model TFLOP/s per device and, on
+   a GPU of known peak, MFU (:mod:`peagle.train.flops`); what happens to the data besides reading it
+   (read accounting, streaming deletion and announcements) is the data lifecycle's (:mod:`.lifecycle`);
 5. validates, checkpoints every ``checkpoint_every`` steps and at the end, and finally publishes the
    vLLM-servable draft as ``final/``.
 
@@ -26,8 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,19 +38,21 @@ from ..model import init_draft, inspect_target, resolve_spec
 from ..model.attention_mask import layer_masks
 from ..model.factory import load_tokenizer
 from ..model.target import fingerprint, read_target_tensors
-from ..progress import report as report_progress
+from ..model.teacher import Teacher
 from ..storage import check_uri, open_store
-from .batches import PreparedRow, Prefetcher, RowMaker, RunPlan, pack_rows, rank_rows, row_seed, shard_windows
+from .batches import Prefetcher, RowMaker, RunPlan, TrainingRow, pack_rows, rank_rows, row_seed
 from .checkpoint import (ResumeError, export_final, load_checkpoint, prune_checkpoints, resume_plan, save_checkpoint,
                          step_prefix)
 from .data import (DatasetError, SampleDataset, check_dataset_matches, check_sample, open_dataset,
                    split_indices)
 from .distributed import (DistEnv, all_gather_objects, all_reduce_sum, gradient_sync, init_distributed,
                           local_tensor, shutdown, wrap_model)
-from .flops import device_peak_flops, prepared_row_flops
-from .loss import EPS, Teacher, metrics_from_stats, row_loss
+from .flops import prepared_row_flops
+from .lifecycle import data_lifecycle
+from .loss import EPS, LossStats, metrics_from_stats, row_loss
+from .metrics_log import TrainLog, json_safe, log_line, start_metrics_file
 from .optim import build_optimizer, build_scheduler
-from .settings import TrainRunConfig
+from .settings import TrainRunConfig, TrainSettings
 from .stream import StreamedExtraction
 
 
@@ -99,18 +100,9 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     tokenizer = None if cfg.draft.mask_token_id is not None else load_tokenizer(info, cfg.target.trust_remote_code)
     spec = resolve_spec(info, cfg.draft, tokenizer)
     streaming = s.data_mode == "streaming"
-    if dataset is None:
-        if not s.data:
-            raise DatasetError("no training data: set train.data")
-        dataset = StreamedExtraction(s.data, s.stream) if streaming else open_dataset(s.data)
+    dataset = dataset if dataset is not None else open_training_data(s)
     where = f"dataset {s.data or type(dataset).__name__}"
-    check_dataset_matches(dataset.info, spec.aux_layer_ids, spec.hidden_size, fingerprint(info.path), where)
-    if len(dataset) == 0:
-        raise DatasetError(f"{where} is empty: it holds no samples")
-    train_idx, val_idx = split_indices(dataset, s.seed, s.val_fraction)
-    if not train_idx:
-        raise DatasetError(f"{where}: all {len(dataset)} samples fell into the validation split "
-                           f"(train.val_fraction={s.val_fraction})")
+    train_idx, val_idx = split_checked(dataset, s, spec, fingerprint(info.path), where)
     count_tokens = spec.draft_vocab_size < spec.vocab_size
     if streaming:  # no hidden state exists yet: counts from the prepared rows, samples checked as they are read
         token_counts = dataset.supervised_token_counts(train_idx, spec.vocab_size) if count_tokens else None
@@ -123,30 +115,15 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     # continue a run, changing its data may not.
     full_plan = RunPlan(dataset, train_idx, row_tokens=s.row_tokens, global_batch_rows=s.global_batch_rows,
                         epochs=s.epochs, seed=s.seed, window_shards=s.shuffle_window_shards)
-    fingerprint_of_plan = full_plan.fingerprint
     steps = full_plan.head(s.max_steps) if s.max_steps is not None else full_plan
     if not steps:
         raise DatasetError(f"{where}: {len(train_idx)} training samples pack into fewer than "
                            f"train.global_batch_rows={s.global_batch_rows} rows of {s.row_tokens} tokens: no full step")
     total_steps = len(steps)
-    # Streaming with deletion: the step after which each shard set is read no more, and a checkpoint at
-    # each window's end so that its sets can go (a restart never needs a deleted set).
-    last_use, release_at, min_ahead = (consumed_sets(dataset, full_plan) if streaming and s.stream.delete_consumed
-                                       else ({}, set(), 0))
-    if last_use and env.is_main:  # workers with extract.max_sets_ahead wait for the consumption
-        dataset.announce(min_sets_ahead=min_ahead)
+    # what happens to the data besides reading it: read accounting, streaming deletion (lifecycle.py)
+    data = data_lifecycle(dataset, s, env, full_plan)
 
-    model = init_draft(str(info.path), cfg.draft, token_counts, cfg.target.trust_remote_code)
-    if model.spec != spec:
-        raise RuntimeError("init_draft resolved a different draft spec than the checks above")
-    norm = read_target_tensors(info.path, {"norm": ("model.norm.weight", "norm.weight")}).get("norm")
-    if norm is None:
-        raise DatasetError(f"{info.path}: no final norm weight (model.norm.weight) to rebuild teacher logits")
-    teacher = Teacher(norm, model.lm_head.weight, float(info.config.rms_norm_eps)).to(device)
-    model.to(device)
-    if s.embeddings == "frozen":
-        model.embed_tokens.weight.requires_grad_(False)
-    wrapped = wrap_model(model, s.distributed, env)
+    wrapped, teacher = build_draft(cfg, info, spec, token_counts, env)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     optimizer = build_optimizer(wrapped, s)
     scheduler = build_scheduler(optimizer, s, total_steps)
@@ -155,65 +132,35 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     store = open_store(s.output)
     work = Path(cfg.work_dir)
     metrics_path, staging = work / "metrics.jsonl", work / "staging"
-    start = 0
     plan = resume_plan(store, resume=s.resume, on_damaged=s.resume_from_damaged, env=env)
-    latest = (plan.start, plan.prefix) if plan.prefix else None
-    if latest is not None:
-        if latest[0] > total_steps:
-            raise ResumeError(f"{store.uri_for(latest[1])} is past the {total_steps} planned steps "
+    start = plan.start if plan.prefix else 0
+    if plan.prefix:
+        if start > total_steps:
+            raise ResumeError(f"{store.uri_for(plan.prefix)} is past the {total_steps} planned steps "
                               "(train.max_steps lowered?); use another train.output")
-        load_checkpoint(store=store, prefix=latest[1], model=wrapped, optimizer=optimizer, scheduler=scheduler,
-                        env=env, spec=spec, plan_fingerprint=fingerprint_of_plan, metrics_path=metrics_path)
-        start = latest[0]
-        if last_use and env.is_main:  # killed between a checkpoint and the deletions it allowed
-            dataset.delete_sets(sorted(k for k, last in last_use.items() if last < start), start)
+        load_checkpoint(store=store, prefix=plan.prefix, model=wrapped, optimizer=optimizer, scheduler=scheduler,
+                        env=env, spec=spec, plan_fingerprint=full_plan.fingerprint, metrics_path=metrics_path)
     elif env.is_main:
-        metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        metrics_path.write_text("")  # a fresh run starts a fresh log
+        start_metrics_file(metrics_path)
+    data.on_start(start)
     if env.is_main:
-        rows = total_steps * s.global_batch_rows  # every step has global_batch_rows rows
-        print(f"[peagle.train] {total_steps} steps ({s.epochs} epoch(s), {rows} rows of <= {s.row_tokens} tokens, "
-              f"{len(train_idx)} train / {len(val_idx)} validation samples), world size {env.world_size} "
-              f"({s.distributed if env.distributed else 'single process'}, {attention} attention, {device}, "
-              f"{'bf16' if bf16 else 'fp32'} matmuls)"
-              + (f"; resuming after step {start} from {store.uri_for(latest[1])}" if start else ""),
-              file=sys.stderr, flush=True)
-        windows = shard_windows(dataset, train_idx, seed=s.seed, epoch=0, window_shards=s.shuffle_window_shards)
-        if streaming:
-            sets = dataset.set_windows()
-            print(f"[peagle.train] streaming {s.data}: {s.stream.num_shard_sets} shard sets in {len(sets)} window(s) "
-                  f"of <= {max(map(len, sets))} sets (<= {s.stream.window_bytes} bytes); "
-                  + ("deleting each set once a checkpoint covers it" if last_use else "sets are left in place"),
-                  file=sys.stderr, flush=True)
-        elif windows is not None:
-            print(f"[peagle.train] data order: shuffled within windows of shards ({len(windows)} windows of "
-                  f"<= {max(map(len, windows))} shards per epoch; shard cache {dataset.cache_bytes} bytes)",
-                  file=sys.stderr, flush=True)
+        log_line(describe_run(s, env, total_steps, len(train_idx), len(val_idx), attention, bf16)
+                 + (f"; resuming after step {start} from {store.uri_for(plan.prefix)}" if start else ""))
+        if (order := data.describe(train_idx)) is not None:
+            log_line(order)
 
     # ---- 4. Train ---------------------------------------------------------------------------
-    make_row = RowMaker(
-        dataset=dataset, hidden_size=spec.hidden_size, num_aux=spec.num_aux, vocab_size=spec.vocab_size,
-        num_depths=spec.num_depths, cod_ratio=s.cod_ratio, cod_ratio_min=s.cod_ratio_min,
-        max_anchors=s.max_anchors, pad_to_multiple=s.pad_to_multiple,
-        hidden_dtype=torch.bfloat16 if cuda else torch.float32,
-        dense_layer_types=spec.layer_types if attention == "dense" else None, sliding_window=spec.sliding_window,
-        # scan_samples checked every sample already, unless it did not run (or ran without reading them)
-        check=streaming or not (s.validate_samples or count_tokens))
+    # scan_samples checked every sample already, unless it did not run (or ran without reading them)
+    make_row = row_maker(dataset, spec, s, attention, cuda, check=streaming or not (s.validate_samples or count_tokens))
 
-    reads_of = getattr(dataset, "thread_reads", lambda: (0, 0))
-
-    def rows_of_step(step: int) -> tuple[list[PreparedRow], int, int]:
-        # Disjoint rows per rank; COD seeded by the row's place in the global batch, not by the rank.
-        # Also the shard loads and bytes this step's rows read from storage (counted per thread, so
-        # a validation pass on the main thread is not charged to the prefetched step).
+    def rows_of_step(step: int) -> tuple[list[TrainingRow], int, int]:
+        # Disjoint rows per rank; COD seeded by the row's place in the global batch, not by the rank;
+        # with the shard loads and bytes they read (per thread: a validation pass is not charged to the step)
         plan = steps[step]
-        loads, nbytes = reads_of()
-        rows = [make_row(row, row_seed(s.seed, "train", plan.epoch, step, i))
-                for i, row in rank_rows(plan, env.rank, env.world_size)]
-        loads_after, nbytes_after = reads_of()
-        return rows, loads_after - loads, nbytes_after - nbytes
+        return data.counting_reads(lambda: [make_row(row, row_seed(s.seed, "train", plan.epoch, step, i))
+                                            for i, row in rank_rows(plan, env.rank, env.world_size)])
 
-    def forward_row(row: PreparedRow):
+    def forward_row(row: TrainingRow):
         row = row.to(device)
         masks = row.dense_masks if attention == "dense" else layer_masks(
             spec.layer_types, row.anchors, row.depths[0], row.document_ids, spec.sliding_window, "flex")
@@ -223,110 +170,55 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
                         spec.num_depths, s.loss, s.depth_weight)
 
     K = spec.num_depths
-    last_metrics: dict = {}
     val_metrics: dict = {}
     final_sd, saved_last = None, False
     prefetcher = Prefetcher(range(start, total_steps), rows_of_step, s.prefetch)
-    t_start = time.perf_counter()
-    t_last, tokens_since, wait_last, flops_since = t_start, 0.0, 0.0, 0.0
-    peak_flops = device_peak_flops(device)  # None on CPU and unknown GPUs: no MFU then
-    window = torch.zeros(2 + 2 * K, dtype=torch.float64)  # summed stats of the steps since the last log line
-    data_reads: list[dict] = []  # per epoch: training shard loads and bytes, all ranks
+    log = TrainLog(metrics_path, env=env, device=device, start=start, total_steps=total_steps, num_depths=K,
+                   log_every=s.log_every)
     try:
         wrapped.train()
         for step, (rows, step_loads, step_bytes) in enumerate(prefetcher, start=start):
-            # The objective is Σ ℓ / (Σ m + eps) over the *global* batch; DDP/FSDP average gradients
-            # over ranks, hence the factor world_size.
-            n_global = all_reduce_sum(torch.tensor([float(sum(r.supervised.numel() for r in rows))]), env).item()
-            scale = env.world_size / (n_global + EPS)
-            stats = torch.zeros(2 + 2 * K, dtype=torch.float64)
-            for i, row in enumerate(rows):
-                with gradient_sync(wrapped, enabled=i == len(rows) - 1):
-                    rl = forward_row(row)
-                    (rl.loss_sum * scale).backward()
-                stats += rl.stats.cpu()
+            stats = accumulate_gradients(wrapped, forward_row, rows, env, K)
             grad_norm = local_tensor(torch.nn.utils.clip_grad_norm_(trainable, s.grad_clip)).item()
             lr = scheduler.get_last_lr()[0]
             # real tokens and model FLOPs (peagle.train.flops) of the step, summed over ranks, and the ranks
             # whose loss or gradient norm is not finite: all ranks decide alike, before the update
-            diverged = not (math.isfinite(grad_norm) and math.isfinite(stats[0].item()))
+            diverged = not (math.isfinite(grad_norm) and math.isfinite(stats.loss_sum.item()))
             tokens, flops, loads, nbytes, diverged_ranks = all_reduce_sum(torch.tensor(
                 [float(sum(r.num_tokens for r in rows)), float(sum(prepared_row_flops(spec, r) for r in rows)),
                  float(step_loads), float(step_bytes), float(diverged)], dtype=torch.float64), env).tolist()
-            step_stats = all_reduce_sum(stats, env)
+            step_stats = LossStats.from_tensor(all_reduce_sum(stats.to_tensor(), env))
             if diverged_ranks:
-                raise TrainError(f"step {step + 1}/{total_steps}: the training loss is "
-                                 f"{metrics_from_stats(step_stats, K)['loss']:.4g} and the gradient norm "
-                                 f"{grad_norm:.4g}: not finite, training diverged; stopping without publishing a "
-                                 f"draft. Lower train.lr ({s.lr:g}) or train.weight_decay ({s.weight_decay:g}), "
-                                 "or check the data")
+                raise divergence_error(step + 1, total_steps, metrics_from_stats(step_stats)["loss"], grad_norm, s)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
 
-            epoch = steps[step].epoch
-            if not data_reads or data_reads[-1]["epoch"] != epoch:
-                data_reads.append({"epoch": epoch, "shard_loads": 0, "bytes_read": 0})
-            data_reads[-1]["shard_loads"] += int(loads)
-            data_reads[-1]["bytes_read"] += int(nbytes)
-            window += step_stats
-            tokens_since += tokens
-            flops_since += flops
-            done = step + 1
-            if done % s.log_every == 0 or done == total_steps:
-                now = time.perf_counter()
-                elapsed = now - t_start
-                last_metrics = {"step": done, "epoch": steps[step].epoch, "lr": lr, "grad_norm": grad_norm,
-                                **metrics_from_stats(window, K), "tokens": tokens_since,
-                                "tokens_per_s": tokens_since / max(now - t_last, 1e-9), "elapsed_s": elapsed,
-                                "eta_s": elapsed / (done - start) * (total_steps - done),
-                                # share of wall time this rank's step loop waited for its next batch
-                                "data_wait_share": (prefetcher.wait_s - wait_last) / max(now - t_last, 1e-9),
-                                # model FLOP/s per device; MFU against the device's dense bf16 peak
-                                "model_tflops_per_s": flops_since / max(now - t_last, 1e-9) / env.world_size / 1e12,
-                                # shard loads / file bytes read from storage this epoch so far, all ranks
-                                "epoch_shard_loads": data_reads[-1]["shard_loads"],
-                                "epoch_bytes_read": data_reads[-1]["bytes_read"]}
-                if peak_flops:
-                    last_metrics["mfu"] = last_metrics["model_tflops_per_s"] * 1e12 / peak_flops
-                t_last, tokens_since, wait_last, flops_since = now, 0.0, prefetcher.wait_s, 0.0
-                window.zero_()
-                if env.is_main:
-                    write_metrics(metrics_path, last_metrics)
-                    print_progress(last_metrics, total_steps, K)
-                    report_progress("train", done, total_steps, "steps", elapsed_s=elapsed, eta_s=last_metrics["eta_s"],
-                                    rate=(done - start) / max(elapsed, 1e-9), finished=done == total_steps,
-                                    detail=f"loss {last_metrics['loss']:.4f}")
+            done, epoch = step + 1, steps[step].epoch
             is_last = done == total_steps
-            if env.is_main and (is_last or steps[step + 1].epoch != epoch) and data_reads[-1]["shard_loads"]:
-                print(f"[peagle.train] epoch {epoch}: {data_reads[-1]['shard_loads']} shard loads, "
-                      f"{data_reads[-1]['bytes_read'] / 1e6:.1f} MB read from storage"
-                      + (" (since the resume)" if start and data_reads[0] is data_reads[-1] else ""),
-                      file=sys.stderr, flush=True)
+            log.step(done, epoch=epoch, lr=lr, grad_norm=grad_norm, stats=step_stats, tokens=tokens, flops=flops,
+                     loads=loads, nbytes=nbytes, wait_s=prefetcher.wait_s,
+                     epoch_ends=is_last or steps[step + 1].epoch != epoch)
             if val_idx and (is_last or (s.eval_every and done % s.eval_every == 0)):
                 val_metrics = validate(wrapped, forward_row, make_row, dataset, val_idx, s, env, K)
-                if env.is_main:
-                    write_metrics(metrics_path, {"step": done, **val_metrics})
-                    print_progress({"step": done, **val_metrics}, total_steps, K, prefix="val_")
-            checkpoint_due = is_last or done % s.checkpoint_every == 0 or done in release_at
+                log.validation(done, val_metrics)
+            checkpoint_due = is_last or done % s.checkpoint_every == 0 or done in data.checkpoint_steps
             if checkpoint_due:  # never a checkpoint (or draft) holding NaN: it would resume or serve garbage
                 check_finite_state(wrapped, optimizer, env, done)
             if checkpoint_due and done in plan.damaged:
                 if env.is_main:  # kept as evidence: never published over (see peagle.train.checkpoint)
-                    print(f"[peagle.train] not saving step {done}: {store.uri_for(step_prefix(done))} is a damaged "
-                          "checkpoint, kept as it is", file=sys.stderr, flush=True)
+                    log_line(f"not saving step {done}: {store.uri_for(step_prefix(done))} is a damaged checkpoint, "
+                             "kept as it is")
             elif checkpoint_due:
-                state = {"epoch": steps[step].epoch, "total_steps": total_steps,
-                         "plan_fingerprint": fingerprint_of_plan, "scheduler": scheduler.state_dict(),
-                         "spec": json.loads(spec.model_dump_json()), "settings": json.loads(s.model_dump_json()),
-                         "metrics": json_safe(last_metrics)}
+                state = {"epoch": epoch, "total_steps": total_steps, "plan_fingerprint": full_plan.fingerprint,
+                         "scheduler": scheduler.state_dict(), "spec": json.loads(spec.model_dump_json()),
+                         "settings": json.loads(s.model_dump_json()), "metrics": json_safe(log.metrics)}
                 final_sd = save_checkpoint(store=store, step=done, model=wrapped, optimizer=optimizer,
                                            trainer_state=state, metrics_path=metrics_path, staging=staging, env=env)
                 saved_last = is_last
                 if env.is_main and s.keep_checkpoints:
                     prune_checkpoints(store, s.keep_checkpoints)
-                if env.is_main and last_use:  # read by no later step, and the checkpoint is published
-                    dataset.delete_sets(sorted(k for k, last in last_use.items() if last < done), done)
+                data.after_checkpoint(done)
     finally:
         prefetcher.close()
 
@@ -338,48 +230,81 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         final_sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     final_uri = ""
     if env.is_main:
-        final_uri = export_final(store=store, model_sd=final_sd, spec=spec, staging=staging,
-                                 metadata={"step": total_steps, "kind": "peagle-draft",
-                                           # how this draft was trained, for lineage (and tests): no log parsing
-                                           "world_size": env.world_size,
-                                           "distributed": s.distributed if env.distributed else None,
-                                           "resumed_after_step": start,
-                                           "metrics": json_safe(last_metrics), "val_metrics": json_safe(val_metrics)})
-        print(f"[peagle.train] done: {total_steps} steps; servable draft at {final_uri}", file=sys.stderr, flush=True)
-        if last_use:
-            dataset.announce(min_sets_ahead=min_ahead, done=True)  # no worker waits for this trainer any more
-    return TrainResult(total_steps, start, final_uri, last_metrics, val_metrics, data_reads)
-
-
-def consumed_sets(dataset, plan) -> tuple[dict[int, int], set[int], int]:
-    """Of a streaming plan -- the full one, before ``train.max_steps``: a set goes only once no step
-    of the plan reads it any more, so a run stopped early by max_steps deletes only sets it has read
-    for good, and a rerun with a larger max_steps resumes and finds every set it still needs --
-    {shard set: index of the last step reading it}; the step counts at which a window's sets are all
-    read for good (the loop checkpoints there, then deletes them); and the lag the workers need at
-    least (``extract.max_sets_ahead``): releasing window [a, b] at step r needs every set the steps
-    before r read, up to M, so a worker may not wait on any set >= M - lag + 1 > a - 1. One pass over
-    the plan, holding a few numbers per set."""
-    last_use: dict[int, int] = {}
-    top_then: dict[int, int] = {}  # of each set: the highest set read by steps 0..last_use[set]
-    top = -1
-    for k, st in enumerate(plan):
-        sets = {dataset.set_of_sample(i) for row in st.rows for i, _ in row}
-        top = max(top, *sets)
-        for shard_set in sets:
-            last_use[shard_set], top_then[shard_set] = k, top
-    release_at, min_ahead = set(), 1
-    for w in dataset.set_windows():
-        used = [shard_set for shard_set in w if shard_set in last_use]
-        if used:
-            last = max(used, key=last_use.__getitem__)
-            release_at.add(last_use[last] + 1)
-            min_ahead = max(min_ahead, top_then[last] - min(w) + 1)
-    return last_use, release_at, min_ahead
+        # how this draft was trained, for lineage (and tests): no log parsing
+        lineage = {"step": total_steps, "kind": "peagle-draft", "world_size": env.world_size,
+                   "distributed": s.distributed if env.distributed else None, "resumed_after_step": start,
+                   "metrics": json_safe(log.metrics), "val_metrics": json_safe(val_metrics)}
+        final_uri = export_final(store=store, model_sd=final_sd, spec=spec, staging=staging, metadata=lineage)
+        log_line(f"done: {total_steps} steps; servable draft at {final_uri}")
+    data.on_finish()
+    return TrainResult(total_steps, start, final_uri, log.metrics, val_metrics, log.data_reads)
 
 
 # ----------------------------------------------------------------------------------------------
 # Helpers used by the loop
+
+def open_training_data(s: TrainSettings) -> SampleDataset:
+    """``train.data`` as the dataset of ``train.data_mode``."""
+    if not s.data:
+        raise DatasetError("no training data: set train.data")
+    return StreamedExtraction(s.data, s.stream) if s.data_mode == "streaming" else open_dataset(s.data)
+
+
+def split_checked(dataset: SampleDataset, s: TrainSettings, spec, target_fingerprint: str | None,
+                  where: str) -> tuple[list[int], list[int]]:
+    """(train, validation) sample indices of a dataset made for this draft and target, not empty."""
+    check_dataset_matches(dataset.info, spec.aux_layer_ids, spec.hidden_size, target_fingerprint, where)
+    if len(dataset) == 0:
+        raise DatasetError(f"{where} is empty: it holds no samples")
+    train_idx, val_idx = split_indices(dataset, s.seed, s.val_fraction)
+    if not train_idx:
+        raise DatasetError(f"{where}: all {len(dataset)} samples fell into the validation split "
+                           f"(train.val_fraction={s.val_fraction})")
+    return train_idx, val_idx
+
+
+def accumulate_gradients(wrapped, forward_row, rows: list[TrainingRow], env: DistEnv, num_depths: int) -> LossStats:
+    """Forward and backward this rank's rows of a step (gradients synchronised at the last one); their stats.
+
+    The objective is Σ ℓ / (Σ m + eps) over the *global* batch; DDP/FSDP average gradients over
+    ranks, hence the factor world_size."""
+    n_global = all_reduce_sum(torch.tensor([float(sum(r.supervised.numel() for r in rows))]), env).item()
+    scale = env.world_size / (n_global + EPS)
+    stats = LossStats.zeros(num_depths)
+    for i, row in enumerate(rows):
+        with gradient_sync(wrapped, enabled=i == len(rows) - 1):
+            rl = forward_row(row)
+            (rl.loss_sum * scale).backward()
+        stats = stats + rl.stats.cpu()
+    return stats
+
+
+def row_maker(dataset: SampleDataset, spec, s: TrainSettings, attention: str, cuda: bool, *, check: bool) -> RowMaker:
+    return RowMaker(
+        dataset=dataset, hidden_size=spec.hidden_size, num_aux=spec.num_aux, vocab_size=spec.vocab_size,
+        num_depths=spec.num_depths, cod_ratio=s.cod_ratio, cod_ratio_min=s.cod_ratio_min,
+        max_anchors=s.max_anchors, pad_to_multiple=s.pad_to_multiple,
+        hidden_dtype=torch.bfloat16 if cuda else torch.float32,
+        dense_layer_types=spec.layer_types if attention == "dense" else None, sliding_window=spec.sliding_window,
+        check=check)
+
+
+def build_draft(cfg: TrainRunConfig, info, spec, token_counts: dict[int, int] | None,
+                env: DistEnv) -> tuple[torch.nn.Module, Teacher]:
+    """The draft on ``env.device``, wrapped for ``train.distributed``, and the teacher it learns from."""
+    s, device = cfg.train, env.device
+    model = init_draft(str(info.path), cfg.draft, token_counts, cfg.target.trust_remote_code)
+    if model.spec != spec:
+        raise RuntimeError("init_draft resolved a different draft spec than the checks above")
+    norm = read_target_tensors(info.path, {"norm": ("model.norm.weight", "norm.weight")}).get("norm")
+    if norm is None:
+        raise DatasetError(f"{info.path}: no final norm weight (model.norm.weight) to rebuild teacher logits")
+    teacher = Teacher(norm, model.lm_head.weight, float(info.config.rms_norm_eps)).to(device)
+    model.to(device)
+    if s.embeddings == "frozen":
+        model.embed_tokens.weight.requires_grad_(False)
+    return wrap_model(model, s.distributed, env), teacher
+
 
 
 def use_bf16(precision: str, device: torch.device) -> bool:
@@ -390,6 +315,20 @@ def use_bf16(precision: str, device: torch.device) -> bool:
         return True
     # CPUs without native bf16 emulate it, which is slower than float32.
     return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def describe_run(s: TrainSettings, env: DistEnv, total_steps: int, num_train: int, num_val: int, attention: str,
+                 bf16: bool) -> str:
+    return (f"{total_steps} steps ({s.epochs} epoch(s), {total_steps * s.global_batch_rows} rows of <= "
+            f"{s.row_tokens} tokens, {num_train} train / {num_val} validation samples), world size {env.world_size} "
+            f"({s.distributed if env.distributed else 'single process'}, {attention} attention, {env.device}, "
+            f"{'bf16' if bf16 else 'fp32'} matmuls)")
+
+
+def divergence_error(step: int, total_steps: int, loss: float, grad_norm: float, s: TrainSettings) -> TrainError:
+    return TrainError(f"step {step}/{total_steps}: the training loss is {loss:.4g} and the gradient norm "
+                      f"{grad_norm:.4g}: not finite, training diverged; stopping without publishing a draft. "
+                      f"Lower train.lr ({s.lr:g}) or train.weight_decay ({s.weight_decay:g}), or check the data")
 
 
 def check_finite_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv, step: int) -> None:
@@ -449,33 +388,12 @@ def validate(wrapped, forward_row, make_row: RowMaker, dataset: SampleDataset, v
     mine = list(range(env.rank, len(rows), env.world_size))
     # FSDP forwards are collective: every rank runs the same number, repeating a row (uncounted) if short.
     rounds = math.ceil(len(rows) / env.world_size)
-    stats = torch.zeros(2 + 2 * num_depths, dtype=torch.float64)
+    stats = LossStats.zeros(num_depths)
     wrapped.eval()
     for k in range(rounds):
         index = mine[k] if k < len(mine) else 0
         rl = forward_row(make_row(rows[index], row_seed(s.seed, "val", index)))
         if k < len(mine):
-            stats += rl.stats.cpu()
+            stats = stats + rl.stats.cpu()
     wrapped.train()
-    return metrics_from_stats(all_reduce_sum(stats, env), num_depths, prefix="val_")
-
-
-def json_safe(metrics: dict) -> dict:
-    """NaN (a depth without supervised elements) as null: strict JSON readers reject NaN."""
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
-
-
-def write_metrics(path: Path, metrics: dict) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(json_safe(metrics), sort_keys=True) + "\n")
-
-
-def print_progress(m: dict, total_steps: int, num_depths: int, prefix: str = "") -> None:
-    accs = " ".join(f"{m[f'{prefix}position_{d}_acc']:.3f}" for d in range(num_depths))
-    line = f"step {m['step']:>6}/{total_steps} | {prefix}loss {m[f'{prefix}loss']:.4f} | {prefix}acc/depth {accs}"
-    if not prefix:
-        line += f" | lr {m['lr']:.2e} | gnorm {m['grad_norm']:.3f} | {m['tokens_per_s']:,.0f} tok/s"
-        if "mfu" in m:
-            line += f" | {m['model_tflops_per_s']:.0f} TFLOP/s, MFU {m['mfu']:.1%}"
-        line += f" | {m['elapsed_s']:.0f}s elapsed, eta {m['eta_s']:.0f}s"
-    print(line, file=sys.stderr, flush=True)
+    return metrics_from_stats(LossStats.from_tensor(all_reduce_sum(stats.to_tensor(), env)), prefix="val_")

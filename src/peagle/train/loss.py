@@ -1,9 +1,7 @@
 """Objective and metrics (docs/peagle-format.md §3.3).
 
-Teacher: the target's own next-token distribution rebuilt from its last hidden state y (before
-the final norm): logits = lm_head_pruned(RMSNorm_target(y)), where lm_head_pruned are the target
-``lm_head`` rows of the draft vocabulary (t2d) — so the teacher is renormalised over the draft
-vocabulary, exactly like the draft's own softmax.
+Teacher (:class:`peagle.model.teacher.Teacher`): the target's own next-token distribution over
+the draft vocabulary, rebuilt from its last hidden state.
 
 Per supervised element i: ``kl`` ℓ_i = KL(p_teacher ‖ q_draft) = Σ p (log p − log q), ``ce``
 ℓ_i = −log q[argmax p], ``tv`` ℓ_i = ½ Σ |p − q|, or ``jsd`` ℓ_i = ½ KL(p ‖ m) + ½ KL(q ‖ m) with
@@ -20,26 +18,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 EPS = 1e-5
-
-
-class Teacher(nn.Module):
-    """Frozen target final norm + pruned target lm_head; float32."""
-
-    def __init__(self, norm_weight: torch.Tensor, head_weight: torch.Tensor, eps: float):
-        super().__init__()
-        self.register_buffer("norm_weight", norm_weight.detach().float().clone())
-        self.register_buffer("head_weight", head_weight.detach().float().clone())  # [Vd, H]
-        self.eps = eps
-
-    @torch.no_grad()
-    def forward(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        """[n, H] pre-norm last hidden states -> [n, Vd] float32 logits over the draft vocabulary."""
-        h = last_hidden.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.norm_weight * h) @ self.head_weight.T
 
 
 def per_element_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, kind: str) -> torch.Tensor:
@@ -62,9 +42,41 @@ def per_element_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, k
 
 
 @dataclass
+class LossStats:
+    """Metric sums over supervised elements (float64, no grad): what rows, steps and ranks add up.
+
+    Summed across ranks as one vector, :meth:`to_tensor`: loss sum, elements, correct per depth,
+    elements per depth (:meth:`from_tensor` reads it back)."""
+
+    loss_sum: torch.Tensor  # [] Σ ℓ_i over supervised elements (unweighted)
+    elements: torch.Tensor  # [] supervised elements n
+    correct: torch.Tensor  # [K] elements whose draft argmax is the teacher's, per depth
+    counted: torch.Tensor  # [K] supervised elements per depth
+
+    @classmethod
+    def zeros(cls, num_depths: int) -> "LossStats":
+        return cls.from_tensor(torch.zeros(2 + 2 * num_depths, dtype=torch.float64))
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> "LossStats":
+        k = (t.numel() - 2) // 2
+        return cls(t[0], t[1], t[2:2 + k], t[2 + k:])
+
+    def to_tensor(self) -> torch.Tensor:
+        """[2 + 2K] float64, a new tensor (e.g. for an in-place all-reduce)."""
+        return torch.cat([self.loss_sum.reshape(1), self.elements.reshape(1), self.correct, self.counted])
+
+    def cpu(self) -> "LossStats":
+        return LossStats.from_tensor(self.to_tensor().cpu())  # one device-to-host copy
+
+    def __add__(self, other: "LossStats") -> "LossStats":
+        return LossStats.from_tensor(self.to_tensor() + other.to_tensor())
+
+
+@dataclass
 class RowLoss:
     loss_sum: torch.Tensor  # scalar with grad: Σ over supervised elements of ℓ_i
-    stats: torch.Tensor  # float64 [2 + 2K] without grad: loss_sum, n, correct per depth, count per depth
+    stats: LossStats  # without grad, on the logits' device
 
 
 def row_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, depths: torch.Tensor,
@@ -81,19 +93,18 @@ def row_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, depths: t
         per_depth_correct = torch.zeros(num_depths, dtype=torch.float64, device=ell.device).index_add_(0, d, correct)
         per_depth_count = torch.zeros(num_depths, dtype=torch.float64, device=ell.device).index_add_(
             0, d, torch.ones_like(correct))
-        head = torch.stack([ell.detach().sum().double(), torch.tensor(float(ell.numel()), dtype=torch.float64,
-                                                                       device=ell.device)])
-        stats = torch.cat([head, per_depth_correct, per_depth_count])
+        stats = LossStats(ell.detach().sum().double(),
+                          torch.tensor(float(ell.numel()), dtype=torch.float64, device=ell.device),
+                          per_depth_correct, per_depth_count)
     return RowLoss(loss_sum, stats)
 
 
-def metrics_from_stats(stats: torch.Tensor, num_depths: int, prefix: str = "") -> dict[str, float]:
+def metrics_from_stats(stats: LossStats, prefix: str = "") -> dict[str, float]:
     """Globally summed stats -> {"loss", "full_acc", "position_<d>_acc", "supervised"} (with ``prefix``)."""
-    s = stats.double().cpu().tolist()
-    loss_sum, n = s[0], s[1]
-    correct, count = s[2:2 + num_depths], s[2 + num_depths:2 + 2 * num_depths]
+    loss_sum, n = stats.loss_sum.item(), stats.elements.item()
+    correct, count = stats.correct.tolist(), stats.counted.tolist()
     out = {f"{prefix}loss": loss_sum / (n + EPS), f"{prefix}full_acc": sum(correct) / max(sum(count), 1.0),
            f"{prefix}supervised": n}
-    for d in range(num_depths):
+    for d in range(len(correct)):
         out[f"{prefix}position_{d}_acc"] = correct[d] / count[d] if count[d] > 0 else float("nan")
     return out

@@ -1,12 +1,15 @@
 """``train.optimizer=muon``: Muon on the draft's hidden weight matrices, AdamW on everything else.
 
-Muon (Keller Jordan, 2024; the speculators 0.9 default) replaces a matrix's update by the nearest
-semi-orthogonal matrix of its Nesterov momentum, computed with five Newton-Schulz iterations in
-bf16 (coefficients 3.4445, -4.7750, 2.0315). Its step is scaled by 0.2 * sqrt(max(rows, cols)) so
-that its update has about AdamW's RMS and the same learning rate serves both (torch's
-``adjust_lr_fn="match_rms_adamw"``). Embeddings, norms, biases and the mask embedding are not
-hidden matrices: they get AdamW. One optimizer with two kinds of parameter group, so the schedule,
-the checkpoint (state tensors by parameter name) and a resume treat it like AdamW.
+Muon (Keller Jordan, 2024) replaces a matrix's update by the nearest semi-orthogonal matrix of its
+Nesterov momentum, computed with five Newton-Schulz iterations in bf16 (coefficients 3.4445,
+-4.7750, 2.0315). Its step is scaled by 0.2 * sqrt(max(rows, cols)) so that its update has about
+AdamW's RMS and the same learning rate serves both (torch's ``adjust_lr_fn="match_rms_adamw"``).
+Embeddings, norms, biases and the mask embedding are not hidden matrices: they get AdamW. One
+optimizer with two kinds of parameter group, so the schedule, the checkpoint (state tensors by
+parameter name) and a resume treat it like AdamW.
+
+speculators 0.9's ``train`` command defaults to Muon (its library ``TrainerConfig`` to AdamW);
+peagle's default is AdamW (docs/acceptance.md, earlier ablations).
 """
 from __future__ import annotations
 

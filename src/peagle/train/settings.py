@@ -1,14 +1,15 @@
 """Settings of the training stage (pydantic, ``extra="forbid"``, like :mod:`peagle.config`).
 
-:class:`TrainSettings` is the ``train`` section of a run; :class:`TrainRunConfig` is the whole
-config the stand-alone CLI (``python -m peagle.train``) reads: the target, the draft shape and the
-training knobs. Defaults follow speculators 0.9.0 / the published P-EAGLE recipe
-(docs/peagle-format.md §3.5) where that makes sense, except the optimiser (AdamW by default; Muon, the
-speculators default, is ``train.optimizer=muon``).
+:class:`TrainSettings` is the ``train`` section of a run; :class:`TrainRunConfig` is what
+:func:`peagle.train.train` reads: the target, the draft shape, the training knobs and ``work_dir``
+(a whole :class:`peagle.run_config.RunConfig`, which the stand-alone CLI ``python -m peagle.train``
+passes, has those sections too). Defaults follow speculators 0.9.0 / the published P-EAGLE recipe
+(docs/peagle-format.md §3.5) where that makes sense, except the optimiser (AdamW by default; Muon,
+the default of speculators' ``train`` command, is ``train.optimizer=muon``).
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -22,23 +23,18 @@ MAX_WEIGHT_DECAY = 10.0
 MAX_PAD_TO_MULTIPLE = 65536  # tokens: a row is padded up to a multiple of this
 MAX_POLL_INTERVAL_S = 3600.0  # time.sleep() overflows on huge values; an hour is already a slow poll
 MAX_WAIT_TIMEOUT_S = 30 * 86400.0
+# Keys of train.stream that the run knows: the extraction publishes them in its plan.
+DERIVED_STREAM_KEYS = ("prepared", "split", "num_shard_sets", "samples_per_shard")
 
 
 class StreamSettings(StrictModel):
     """``train.data_mode=streaming``: train on an extraction while its workers are still publishing it
-    (:mod:`peagle.train.stream`). The plan comes from the prepared rows the extraction reads; the
-    hidden states of each shard set are read once it is published."""
+    (:mod:`peagle.train.stream`). The plan comes from the prepared rows the extraction reads, named in
+    the plan its workers publish (the split, the shard sets, the samples per shard: nothing to set
+    here); the hidden states of each shard set are read once it is published."""
 
     model_config = ConfigDict(allow_inf_nan=False)  # NaN or inf is no setting for any float below
 
-    prepared: str = Field("", description="the prepared data (peagle prepare output: directory or s3:// URI) "
-                          "whose rows the extraction reads")
-    split: Literal["train", "validation"] = Field("train", description="the split of the prepared data extracted")
-    num_shard_sets: int | None = Field(
-        None, ge=1, description="shard sets of the extraction: extraction workers x extract.sets_per_worker "
-        "(the pipeline fills it in)")
-    samples_per_shard: int | None = Field(
-        None, ge=1, description="extract.samples_per_shard of the extraction (the pipeline fills it in)")
     window_bytes: int = Field(
         2 << 30, ge=1, description="byte budget of the window of shard sets trained on together (hidden states "
         "as stored); samples are shuffled within a window, windows follow the sets in order")
@@ -49,8 +45,18 @@ class StreamSettings(StrictModel):
     poll_interval_s: float = Field(2.0, gt=0, le=MAX_POLL_INTERVAL_S,
                                    description="how often to look for the next shard set (seconds)")
     wait_timeout_s: float = Field(
-        86400.0, gt=0, le=MAX_WAIT_TIMEOUT_S, description="fail when a needed shard set is not published after this long "
-        "(an extraction worker that never comes back)")
+        86400.0, gt=0, le=MAX_WAIT_TIMEOUT_S, description="fail when the extraction's plan or a needed shard set is "
+        "not published after this long (an extraction worker that never comes back)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_keys(cls, data: Any) -> Any:
+        found = [k for k in DERIVED_STREAM_KEYS if isinstance(data, dict) and k in data]
+        if found:
+            raise ValueError(f"train.stream.{', train.stream.'.join(found)}: not settings any more: the streaming "
+                             "trainer reads the prepared data, split, shard sets and samples per shard from the plan "
+                             "the extraction workers publish (_PLAN.json beside the shard sets); remove the key")
+        return data
 
 
 class TrainSettings(StrictModel):

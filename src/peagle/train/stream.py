@@ -2,14 +2,15 @@
 
 The extraction workers and the trainer run at the same time and meet only in the object store:
 
-* **The plan comes first, from the prepared rows.** The extraction reads the prepared split in
-  order and places row i in shard set ``i % num_shard_sets`` (:func:`peagle.extract.output.plan_layout`);
-  the trainer reads the same rows (ids, lengths, loss masks: no hidden states) and derives the same
-  layout. So it knows every sample's shard, every sample's length (for packing) and the supervised
-  token counts (for the draft vocabulary) before a single hidden state exists, and plans the run
-  before step 1 (:class:`peagle.train.batches.RunPlan`, an epoch at a time): the plan, the
-  fingerprint a resume checks, and the learning-rate schedule are those of a stored run over the
-  same data.
+* **The plan comes first, from the prepared rows.** Every extraction worker first publishes its
+  plan (:class:`peagle.extract.hidden_states.ExtractionPlan`: the prepared data and split it reads,
+  the number of shard sets, the samples per shard) and places prepared row i in shard set
+  ``i % num_shard_sets``; the trainer waits for that plan, reads the same rows (ids, lengths, loss
+  masks: no hidden states) and derives the same layout. So it knows every sample's shard, every
+  sample's length (for packing) and the supervised token counts (for the draft vocabulary) before a
+  single hidden state exists, and plans the run before step 1 (:class:`peagle.train.batches.RunPlan`,
+  an epoch at a time): the plan, the fingerprint a resume checks, and the learning-rate schedule are
+  those of a stored run over the same data.
 * **Order.** The shard sets are cut, in set order (the order the workers publish them), into
   windows whose hidden states fit ``train.stream.window_bytes`` (estimated from token counts and the
   stored bytes per token); each epoch shuffles the samples within each window, deterministically
@@ -33,37 +34,27 @@ The extraction workers and the trainer run at the same time and meet only in the
   until then (re-extracting each epoch would cost a target forward pass per sample per epoch instead;
   see docs/capacity.md).
 * **Markers.** A set is gone only when its consumed marker is there *and* it is not published
-  (:mod:`peagle.extract.output`): a stray marker beside a published set 0 changes nothing, set 0's
-  verified manifest gives the header. A marker or ``_STREAM.json`` that is not what peagle writes
-  stops the run (exit 2) naming it.
+  (:mod:`peagle.extract.hidden_states`, the contract every read and write of the prefix goes
+  through): a stray marker beside a published set 0 changes nothing, set 0's verified manifest gives
+  the header. A marker, ``_STREAM.json`` or ``_PLAN.json`` that is not what peagle writes stops the
+  run (exit 2) naming it.
 """
 from __future__ import annotations
 
 import sys
 import threading
 import time
-from typing import Any
 
 import torch
 
 from ..extract.errors import ExtractError, ShardChecksumError
-from ..extract.output import (CONSUMED, announce_stream, consumed_info, is_consumed, mark_consumed, plan_layout,
-                              sample_ids_digest, set_of, set_prefix)
-from ..extract.shard_format import FORMAT as SHARD_FORMAT, decode_shard
-from ..storage import (ChecksumMismatchError, DamagedPrefixError, IncompletePrefixError, ObjectNotFoundError, Published,
-                       delete_published, open_published, open_store, unpublish)
+from ..extract.hidden_states import (CONSUMED, PLAN, ConsumedMarker, ExtractionPlan, HiddenStates, PublishedSet,
+                                     StreamAnnouncement, sample_ids_digest, set_of, set_prefix)
+from ..extract.shard_format import DatasetHeader, decode_shard
+from ..storage import ChecksumMismatchError, DamagedPrefixError, ObjectNotFoundError, open_store
 from .batches import fill_windows
 from .data import DatasetError, DatasetInfo, ShardCache, TrainSample, train_sample
 from .settings import StreamSettings
-
-
-def stored_bytes_per_token(header: dict[str, Any]) -> int:
-    """Bytes one token's hidden states take in a shard: the 4 captured layers at the storage dtype
-    (fp8 adds a float32 scale per token and layer)."""
-    layers, hidden = len(header["layer_ids"]), int(header["hidden_size"])
-    if header["storage_dtype"] == "fp8":
-        return layers * (hidden + 4)
-    return layers * hidden * 2
 
 
 class StreamedExtraction:
@@ -74,18 +65,14 @@ class StreamedExtraction:
     """
 
     def __init__(self, uri: str, settings: StreamSettings, *, log=None):
-        if not settings.prepared:
-            raise DatasetError("train.data_mode=streaming needs train.stream.prepared: the prepared data the "
-                               "extraction reads")
-        if settings.num_shard_sets is None or settings.samples_per_shard is None:
-            raise DatasetError("train.data_mode=streaming needs train.stream.num_shard_sets and "
-                               "train.stream.samples_per_shard: the extraction's layout")
         self.uri, self.settings = uri, settings
         self._log = log or (lambda msg: print(f"[peagle.train] {msg}", file=sys.stderr, flush=True))
-        self.store = open_store(uri)
-        ids, lengths, self._tokens = _read_prepared(settings.prepared, settings.split)
+        self.hs = HiddenStates(open_store(uri))
+        self.waited_s = 0.0  # time spent waiting for the plan and for shard sets to be published
+        self.plan = self._wait_for_plan()
+        ids, lengths, self._tokens = _read_prepared(self.plan)
         by_id = dict(zip(ids, lengths))
-        self.layout = plan_layout(ids, settings.num_shard_sets, settings.samples_per_shard)
+        self.layout = self.plan.layout(ids)
         self._index: list[tuple[str, int, str, int]] = []  # (shard name, position, sample id, tokens)
         self._row_of: dict[str, int] = {sid: i for i, sid in enumerate(ids)}  # prepared row of each sample
         self._shard_tokens: dict[str, int] = {}  # planned tokens per shard
@@ -93,15 +80,13 @@ class StreamedExtraction:
             for k, sid in enumerate(shard_ids):
                 self._index.append((name, k, sid, by_id[sid]))
             self._shard_tokens[name] = sum(by_id[sid] for sid in shard_ids)
-        self._sets: dict[int, Published] = {}
+        self._sets: dict[int, PublishedSet] = {}
         self._lock = threading.Lock()
         self._cache = ShardCache(settings.window_bytes)
-        self.waited_s = 0.0  # time spent waiting for shard sets to be published
         self.deleted_sets: list[int] = []
-        self.header = self._first_header()  # set 0 fixes what every set must be
-        self.info = DatasetInfo([int(i) for i in self.header["layer_ids"][:-1]], int(self.header["hidden_size"]),
-                                self.header.get("target_fingerprint"))
-        self.bytes_per_token = stored_bytes_per_token(self.header)
+        self.header: DatasetHeader = self._first_header()  # set 0 fixes what every set must be
+        self.info = DatasetInfo.of(self.header)
+        self.bytes_per_token = self.header.stored_bytes_per_token
         self.cache_bytes = settings.window_bytes  # the budget shard_windows and the loop's log line read
 
     # ---- the SampleDataset protocol
@@ -158,61 +143,73 @@ class StreamedExtraction:
 
     # ---- shard sets
 
-    def _first_header(self) -> dict[str, Any]:
-        """Set 0's header: from its publication (waiting for it), or from its consumed marker if a
-        resumed run already deleted it. A published set 0 wins over any marker beside it
-        (:func:`peagle.extract.output.consumed_info`)."""
-        self.header = None
-        info = consumed_info(self.store, 0)
-        if info is None:
-            return self._open_set(0).manifest.metadata["header"]
-        self.deleted_sets.append(0)
-        return _marker_header(info["header"], self.store.uri_for(f"{set_prefix(0)}/{CONSUMED}"))
-
-    def _open_set(self, shard_set: int) -> Published:
-        """The publication of ``shard_set``, waiting until it exists; checked against the plan."""
-        if shard_set in self._sets:
-            return self._sets[shard_set]
-        prefix = set_prefix(shard_set)
+    def _wait(self, what: str, uri: str, ready, gone=lambda: None):
+        """``ready()`` once it is not None, polling every ``poll_interval_s`` for at most
+        ``wait_timeout_s``; ``gone()`` raises when waiting cannot help."""
         deadline = time.monotonic() + self.settings.wait_timeout_s
         t0, said = time.monotonic(), False
-        while True:
-            try:
-                published = open_published(self.store, prefix)
-                break
-            except DamagedPrefixError as e:  # published, then a shard went missing: waiting will not help
-                raise DatasetError(f"shard set {self.store.uri_for(prefix)}: {e}") from None
-            except IncompletePrefixError:
-                pass
-            if is_consumed(self.store, shard_set):
-                raise DatasetError(f"shard set {self.store.uri_for(prefix)} was already trained on and deleted "
-                                   f"({CONSUMED}); this run cannot read it again (resuming from before its deletion?)")
+        while (found := ready()) is None:
+            gone()
             if time.monotonic() > deadline:
-                raise DatasetError(f"shard set {self.store.uri_for(prefix)} is not published after "
-                                   f"{self.settings.wait_timeout_s:.0f} s (train.stream.wait_timeout_s): did its "
-                                   "extraction worker fail?")
+                raise DatasetError(f"{what} {uri} is not published after {self.settings.wait_timeout_s:.0f} s "
+                                   "(train.stream.wait_timeout_s): did its extraction worker fail?")
             if not said:
-                self._log(f"waiting for shard set {self.store.uri_for(prefix)} to be published")
+                self._log(f"waiting for {what} {uri} to be published")
                 said = True
             time.sleep(self.settings.poll_interval_s)
         self.waited_s += time.monotonic() - t0
-        meta = published.manifest.metadata
-        header = meta.get("header") or {}
-        if header.get("format") != SHARD_FORMAT:
-            raise DatasetError(f"{published.uri_for('_MANIFEST.json')}: shard format {header.get('format')!r}, "
-                               f"expected {SHARD_FORMAT!r}")
-        if self.header is not None and header != self.header:
-            diff = sorted(k for k in set(header) | set(self.header) if header.get(k) != self.header.get(k))
-            raise DatasetError(f"shard set {self.store.uri_for(prefix)} was extracted with other settings than set 0 "
+        return found
+
+    def _wait_for_plan(self) -> ExtractionPlan:
+        """The extraction's plan (:class:`peagle.extract.hidden_states.ExtractionPlan`), waiting for
+        the first worker to publish it."""
+        try:
+            return self._wait("the extraction plan", self.hs.uri_for(PLAN), self.hs.plan)
+        except ExtractError as exc:
+            raise DatasetError(str(exc)) from None
+
+    def _first_header(self) -> DatasetHeader:
+        """Set 0's header: from its publication (waiting for it), or from its consumed marker if a
+        resumed run already deleted it. A published set 0 wins over any marker beside it
+        (:meth:`peagle.extract.hidden_states.HiddenStates.consumed`)."""
+        self.header = None
+        marker = self.hs.consumed(0)
+        if marker is None:
+            return self._open_set(0).header
+        self.deleted_sets.append(0)
+        return marker.header
+
+    def _open_set(self, shard_set: int) -> PublishedSet:
+        """The publication of ``shard_set``, waiting until it exists; checked against the plan."""
+        if shard_set in self._sets:
+            return self._sets[shard_set]
+        uri = self.hs.uri_for(set_prefix(shard_set))
+
+        def ready() -> PublishedSet | None:
+            try:
+                return self.hs.open_set(shard_set)
+            except DamagedPrefixError as e:  # published, then a shard went missing: waiting will not help
+                raise DatasetError(f"shard set {uri}: {e}") from None
+            except ExtractError as e:  # its header is not one
+                raise DatasetError(str(e)) from None
+
+        def gone() -> None:
+            if self.hs.is_consumed(shard_set):
+                raise DatasetError(f"shard set {uri} was already trained on and deleted ({CONSUMED}); this run "
+                                   "cannot read it again (resuming from before its deletion?)")
+
+        published = self._wait("shard set", uri, ready, gone)
+        if self.header is not None and published.header != self.header:
+            mine, first = published.header.as_dict(), self.header.as_dict()
+            diff = sorted(k for k in mine if mine[k] != first[k])
+            raise DatasetError(f"shard set {uri} was extracted with other settings than set 0 "
                                f"({', '.join(diff)} differ)")
-        got = {e["name"]: e["sample_ids_sha256"] for e in meta["shards"]}
+        got = {e["name"]: e["sample_ids_sha256"] for e in published.entries}
         want = {n: sample_ids_digest(ids) for n, ids in self.layout.items() if set_of(n) == shard_set}
         if got != want:
-            raise DatasetError(
-                f"shard set {self.store.uri_for(prefix)} holds other shards or samples than planned from "
-                f"{self.settings.prepared} (split {self.settings.split}): train.stream.num_shard_sets="
-                f"{self.settings.num_shard_sets} and samples_per_shard={self.settings.samples_per_shard} must be "
-                "the extraction's (workers x extract.sets_per_worker, extract.samples_per_shard)")
+            raise DatasetError(f"shard set {uri} holds other shards or samples than planned in "
+                               f"{self.hs.uri_for(PLAN)} ({self.plan.describe()}): the plan is not the layout the "
+                               "set was written with (an extraction rerun with other settings?)")
         self._sets[shard_set] = published
         return published
 
@@ -223,7 +220,7 @@ class StreamedExtraction:
             return cached
         # Waiting for the set and reading it happen outside the lock: the loop's deletions (and other
         # readers) must not queue behind a reader that waits for a set still being extracted.
-        published = self._open_set(set_of(name))
+        published = self._open_set(set_of(name)).published
         try:
             data = published.get_bytes(name)
         except ObjectNotFoundError:
@@ -243,8 +240,8 @@ class StreamedExtraction:
 
     def announce(self, *, min_sets_ahead: int, done: bool = False) -> None:
         """Tell workers running with ``extract.max_sets_ahead`` how far they may run ahead (or that
-        this trainer is done): :func:`peagle.extract.output.announce_stream`."""
-        announce_stream(self.store, min_sets_ahead=min_sets_ahead, done=done)
+        this trainer is done): :meth:`peagle.extract.hidden_states.HiddenStates.announce`."""
+        self.hs.announce(StreamAnnouncement(min_sets_ahead, done))
 
     def delete_sets(self, sets: list[int], step: int) -> None:
         """Delete shard sets the run has trained on for good (a checkpoint at ``step`` covers them):
@@ -252,45 +249,26 @@ class StreamedExtraction:
         for s in sets:
             if s in self.deleted_sets:
                 continue
-            prefix = set_prefix(s)
-            mark_consumed(self.store, s, {"step": step, "by": "peagle.train", "header": self.header})
-            unpublish(self.store, "")  # a complete dataset would name the shards deleted next
-            delete_published(self.store, prefix, keep=(CONSUMED,))
+            self.hs.delete_set(s, ConsumedMarker(step, self.header))
             with self._lock:
                 self._sets.pop(s, None)
                 self._cache.drop([n for n in self._cache if set_of(n) == s])
             self.deleted_sets.append(s)
 
 
-def _marker_header(header: dict[str, Any], uri: str) -> dict[str, Any]:
-    """The shard header set 0's consumed marker recorded, checked where this module reads it."""
-    layer_ids, hidden = header.get("layer_ids"), header.get("hidden_size")
-    if header.get("format") != SHARD_FORMAT:
-        bad = "format"
-    elif not (isinstance(layer_ids, list) and len(layer_ids) >= 2
-              and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layer_ids)):
-        bad = "layer_ids"
-    elif not (isinstance(hidden, int) and not isinstance(hidden, bool) and hidden > 0):
-        bad = "hidden_size"
-    elif header.get("storage_dtype") not in ("bfloat16", "fp8"):
-        bad = "storage_dtype"
-    else:
-        return header
-    raise DatasetError(f"{uri}: the consumed marker's header has no valid {bad}: not a header of {SHARD_FORMAT} "
-                       "shards; remove the marker if set 0 is still to be extracted")
-
-
-def _read_prepared(uri: str, split: str) -> tuple[list[str], list[int], "PreparedTokens"]:
-    """(sample ids, token counts, the flat token ids and loss masks) of the prepared ``split``, in row order."""
+def _read_prepared(plan: ExtractionPlan) -> tuple[list[str], list[int], "PreparedTokens"]:
+    """(sample ids, token counts, the flat token ids and loss masks) of the prepared split the
+    extraction reads, in row order."""
     from ..data import PrepareError, read_split
 
+    uri, split = plan.prepared, plan.split
     try:
         table = read_split(uri, split, verify=True)
     except (PrepareError, OSError) as exc:
-        raise DatasetError(f"train.stream.prepared {uri}: cannot read split {split!r}: {exc}") from None
+        raise DatasetError(f"the extraction's prepared data {uri}: cannot read split {split!r}: {exc}") from None
     ids = [str(s) for s in table.column("sample_id").to_pylist()]
     if not ids:
-        raise DatasetError(f"train.stream.prepared {uri}: split {split!r} has no rows")
+        raise DatasetError(f"the extraction's prepared data {uri}: split {split!r} has no rows")
     tokens = PreparedTokens(table)
     return ids, tokens.lengths.tolist(), tokens
 

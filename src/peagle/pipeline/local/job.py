@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from ...config import ConfigError, DraftSettings, add_flags, build_config, flag_values
-from ...extract.settings import ExtractSettings
 from ...run_config import RunConfig, check_trainer_order
 from ..params import COVERAGE, COVERED_KEYS, PIPELINE_OWNED, config_text
 from . import embedded
@@ -32,7 +31,7 @@ def pipeline_arguments(user: dict[str, Any], *, prompts: int | None = None, max_
     params = dict(embedded.PARAMS)
     config = embedded.merged_config(user)
     # kfp.local runs one task at a time, and the local profile trains after extraction anyway.
-    check_trainer_order(ExtractSettings.model_validate(config.get("extract") or {}), trainer_beside_extract=False,
+    check_trainer_order(RunConfig.model_validate(config), trainer_beside_extract=False,
                         runner="peagle run (kfp.local, one task at a time)")
     target_path = (user.get("target") or {}).get("path")
     if target_path:

@@ -10,7 +10,7 @@ rate, ETA: :mod:`peagle.progress` events, at most every ``PROGRESS_EVERY_S`` per
 
 * ``task`` wall time: from kfp.local handing the task to its runner until it returns (process
   start, imports, the kfp executor and the stage itself);
-* ``stage`` time: measured inside the step (:mod:`.progress`);
+* ``stage`` time: measured inside the step (:mod:`peagle.progress`);
 * orchestration overhead = total wall time - the time covered by stages (parallel stages counted
   once), split into task start-up (task - stage) and the orchestrator itself (total - task).
 """

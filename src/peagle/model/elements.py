@@ -1,4 +1,5 @@
-"""From one packed row of target outputs to the flattened P-EAGLE element batch.
+"""From one packed row of target outputs to the flattened P-EAGLE element batch (what the trainer
+and the offline evaluation both feed the draft).
 
 Two steps, both for a single packed row (micro-batch 1, docs/peagle-format.md §3.5):
 
@@ -20,13 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.attention_mask import dense_mask, layer_masks
-from .cod import (
-    DEFAULT_MAX_ANCHORS,
-    DEFAULT_RATIO,
-    DEFAULT_RATIO_MIN,
-    sample_cod,
-)
+from .attention_mask import dense_mask, layer_masks
 
 
 @dataclass
@@ -144,18 +139,3 @@ def build_elements(row: ShiftedRow, anchors: torch.Tensor, depths: torch.Tensor)
         target_rows=targets,
         loss_mask=supervised,
     )
-
-
-def sample_elements(
-    row: ShiftedRow,
-    num_depths: int,
-    generator: torch.Generator,
-    *,
-    ratio: float = DEFAULT_RATIO,
-    ratio_min: float = DEFAULT_RATIO_MIN,
-    max_anchors: int | None = DEFAULT_MAX_ANCHORS,
-) -> Elements:
-    """COD-sample (document-aware) and build the elements of one shifted row."""
-    cod = sample_cod(row.loss_mask, num_depths, generator, ratio=ratio, ratio_min=ratio_min,
-                     max_anchors=max_anchors, document_ids=row.document_ids)
-    return build_elements(row, cod.anchors, cod.depths)
