@@ -42,7 +42,7 @@ pytestmark = pytest.mark.vllm
 
 CATEGORIES = ["code", "math", "qa", "translation"]
 WORKLOAD = ["--prompt-sets", *CATEGORIES, "--prompts-per-category", "2", "--max-tokens", "32", "--ignore-eos",
-            "--dtype", "float32", "--max-model-len", "1024", "--cpu-kv-cache-gib", "1", "--engine-in-process"]
+            "--dtype", "float32", "--engine-max-model-len", "1024", "--engine-cpu-kv-cache-gib", "1", "--engine-in-process"]
 K = 4
 BAR = 1.3  # the gate used for both drafts
 

@@ -73,7 +73,7 @@ def test_float32_outputs_of_smollm2_with_an_accepted_draft_equal_the_target_alon
          "--max-tokens", str(TOKENS), "--ignore-eos", "--temperatures", "0", "--num-speculative-tokens", str(K),
          "--no-measure-baseline", "--no-self-consistency",
          "--lossless-check", "float32", "--lossless-check-prompts", str(len(prompts)), "--require-lossless",
-         "--max-model-len", "1024", "--cpu-kv-cache-gib", "1", "--engine-in-process"],
+         "--engine-max-model-len", "1024", "--engine-cpu-kv-cache-gib", "1", "--engine-in-process"],
         capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     fp32 = json.loads((tmp_path / "eval" / "report.json").read_text())["summary"]["lossless_float32"]
