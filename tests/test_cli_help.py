@@ -11,7 +11,7 @@ import pytest
 from peagle.cli import build_parser, main
 
 COMMANDS = ["draft", "models", "prepare", "regenerate", "extract", "train", "config", "run", "evaluate", "deploy",
-            "pipeline"]
+            "pipeline", "serve", "replay", "refresh", "gate"]
 
 
 def _help(argv: list[str]) -> str:

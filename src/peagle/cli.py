@@ -177,7 +177,14 @@ DELEGATED = {
     "evaluate": "measure the draft's acceptance with real vLLM (engine or endpoint), write the report, gate",
     "deploy": "render or apply the serving stack (KServe InferenceService or a Deployment) for target + draft",
     "pipeline": "the Kubeflow pipeline: compile, submit to a pipeline server, render its objects, run locally",
+    "serve": "serve target + draft with the real vLLM OpenAI server locally, optionally capturing traffic",
+    "replay": "send a prompt set to a served endpoint and print the served acceptance with its interval",
+    "refresh": "turn a window of captured traffic into a candidate draft and gate it against the serving draft",
+    "gate": "compare a candidate draft with the serving draft on the same prompts (paired, with intervals)",
 }
+# The traffic loop's commands: each module has its own main(argv).
+TRAFFIC_COMMANDS = {"serve": "peagle.traffic.serve", "replay": "peagle.traffic.replay",
+                    "refresh": "peagle.refresh.steps", "gate": "peagle.traffic.gate"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         from .evaluate.__main__ import main as evaluate_main
 
         return evaluate_main(argv[1:])
+    if argv[:1] and argv[0] in TRAFFIC_COMMANDS:
+        import importlib
+
+        return importlib.import_module(TRAFFIC_COMMANDS[argv[0]]).main(argv[1:])
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:

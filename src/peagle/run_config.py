@@ -12,6 +12,7 @@ from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
 from .evaluate.settings import EvaluateSettings
 from .extract.settings import ExtractSettings
+from .traffic.settings import GateSettings, RefreshSettings
 from .train.settings import TrainSettings
 
 
@@ -25,6 +26,8 @@ class RunConfig(StrictModel):
     extract: ExtractSettings = Field(default_factory=ExtractSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
     evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
+    refresh: RefreshSettings = Field(default_factory=RefreshSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
     work_dir: str = Field("runs/local", description="where local outputs go")
 
     @model_validator(mode="after")

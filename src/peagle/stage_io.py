@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import PeagleError
-from .scratch import owned_dir
+from .scratch import owned_dir, scratch_dir
 from .storage import (MANIFEST, SUCCESS, IncompletePrefixError, LocalStore, Manifest, ObjectNotFoundError,
                       PrefixWriter, Store, file_uri_path, is_complete, open_published, open_store, publish_dir)
 from .storage.base import TMP_MARKER
@@ -293,3 +293,11 @@ def fetched_input(uri: str | os.PathLike, cache_root: str | os.PathLike | None =
         shutil.rmtree(dest, ignore_errors=True)
         published.download(dest)
     return dest
+
+
+def copy_published(src: str, dst: str) -> str:
+    """Republish the published prefix ``src`` at ``dst`` (same files, new manifest); returns ``dst``."""
+    published = open_published(open_store(src), "")
+    with scratch_dir("peagle-copy-") as tmp:
+        publish_dir(open_store(dst), "", published.download(tmp), overwrite=True)
+    return dst

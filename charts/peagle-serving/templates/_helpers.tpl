@@ -126,6 +126,13 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
 {{- end }}
 {{- if .Values.speculative.enabled }}
 - {{ printf "--speculative-config=%s" (include "peagle-serving.speculativeConfig" .) | quote }}
+# Per-request acceptance in each response's usage (vLLM refuses it without a speculative config).
+- "--per-request-spec-decode-metrics=summary"
+{{- end }}
+{{- if .Values.capture.enabled }}
+- "--middleware=peagle.traffic.middleware.CaptureMiddleware"
+# Streams end with a usage chunk, which carries the acceptance the capture records.
+- "--enable-force-include-usage"
 {{- end }}
 {{- range .Values.vllm.extraArgs }}
 - {{ . | quote }}
@@ -145,9 +152,81 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
   value: /cache/triton
 - name: HF_HOME
   value: /cache/hf
+{{- include "peagle-serving.captureEnv" . }}
 {{- with .Values.vllm.env }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/*
+Capture (peagle.traffic): the middleware's settings, one PEAGLE_CAPTURE_<FIELD> variable per field of
+peagle.traffic.settings.CaptureSettings (strings as they are, everything else as JSON: what
+CaptureSettings.to_env writes). target_dir/draft_dir are the served directories, so the recorded
+fingerprints are those of what answers. tests/test_traffic_chart.py keeps the names equal to the fields.
+*/}}
+{{- define "peagle-serving.captureSettings" -}}
+{{- $c := .Values.capture -}}
+{{- $draftDir := ternary (include "peagle-serving.draftPath" .) "" (.Values.speculative.enabled | default false) -}}
+{{- toJson (dict "enabled" true "uri" $c.uri "sample_rate" $c.sampleRate "flush_interval_s" $c.flushIntervalSeconds
+    "batch_records" $c.batchRecords "queue_records" $c.queueRecords "max_record_bytes" $c.maxRecordBytes
+    "retention_days" $c.retentionDays "redact" $c.redact
+    "target_dir" (include "peagle-serving.targetPath" .) "draft_dir" $draftDir
+    "target_fingerprint" "" "draft_fingerprint" "") -}}
+{{- end -}}
+
+{{- define "peagle-serving.captureEnv" -}}
+{{- if .Values.capture.enabled }}
+{{- $settings := include "peagle-serving.captureSettings" . | fromJson }}
+{{- range $field := keys $settings | sortAlpha }}
+{{- $v := index $settings $field }}
+- name: {{ printf "PEAGLE_CAPTURE_%s" (upper $field) }}
+  value: {{ ternary $v (toJson $v) (kindIs "string" $v) | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The S3 credentials of an s3:// capture URI: every key of the Secret (a data connection) as env. */}}
+{{- define "peagle-serving.captureEnvFrom" -}}
+{{- if and .Values.capture.enabled (hasPrefix "s3://" .Values.capture.uri) }}
+envFrom:
+  - secretRef:
+      name: {{ .Values.capture.s3SecretName }}
+{{- end }}
+{{- end -}}
+
+{{- define "peagle-serving.captureOnPvc" -}}
+{{- if and .Values.capture.enabled (hasPrefix "/" .Values.capture.uri) }}true{{ end -}}
+{{- end -}}
+
+{{- define "peagle-serving.captureVolumeMount" -}}
+{{- if include "peagle-serving.captureOnPvc" . }}
+- name: capture
+  mountPath: {{ .Values.capture.uri }}
+  {{- with trimAll "/" .Values.capture.pvc.path }}
+  subPath: {{ . }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "peagle-serving.captureVolume" -}}
+{{- if include "peagle-serving.captureOnPvc" . }}
+- name: capture
+  persistentVolumeClaim:
+    claimName: {{ .Values.capture.pvc.claimName }}
+{{- end }}
+{{- end -}}
+
+{{/* Fail early on an incomplete capture block, naming the missing value. */}}
+{{- define "peagle-serving.checkCapture" -}}
+{{- $c := .Values.capture -}}
+{{- range .Values.vllm.env -}}
+{{- if hasPrefix "PEAGLE_CAPTURE_" (toString .name) }}{{ fail (printf "vllm.env: %s is set by the chart from capture.*; set the capture value instead" .name) }}{{ end -}}
+{{- end -}}
+{{- if $c.enabled -}}
+{{- if not $c.uri }}{{ fail "capture.uri is required with capture.enabled=true (s3://bucket/prefix, or an absolute path on capture.pvc)" }}{{ end -}}
+{{- if and (hasPrefix "s3://" $c.uri) (not $c.s3SecretName) }}{{ fail "capture.s3SecretName is required with an s3:// capture.uri: the Secret (e.g. an OpenShift AI data connection) holding the S3 credentials" }}{{ end -}}
+{{- if and (hasPrefix "/" $c.uri) (not $c.pvc.claimName) }}{{ fail "capture.pvc.claimName is required with a path capture.uri: the claim mounted there" }}{{ end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "peagle-serving.probes" -}}

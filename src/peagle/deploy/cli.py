@@ -18,7 +18,7 @@ from ..errors import PeagleError, report
 from .kube import Apis, apply, current_namespace, endpoint, fingerprint_of, wait_ready
 from .render import render, values_for, write_manifests
 from .smoke import chat, require_model
-from .values import check_flags, check_image, check_prefix, rule_of
+from .values import check_capture_uri, check_flags, check_image, check_prefix, rule_of
 
 # Flags whose values land in the manifests, and their rule (the chart's schema holds the same ones).
 ARGUMENT_RULES = {
@@ -32,6 +32,8 @@ ARGUMENT_RULES = {
     "--pvc": rule_of("dnsSubdomain"),
     "--service-account": rule_of("dnsSubdomain"),
     "--image": check_image,
+    "--capture": check_capture_uri,
+    "--capture-secret": rule_of("dnsSubdomain"),
 }
 
 
@@ -72,12 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--draft-tensor-parallel-size", type=int, help="1 or the target's tensor-parallel size")
     srv.add_argument("--max-model-len", type=int)
     srv.add_argument("--image", help="vLLM image [REGISTRY[:PORT]/]PATH:TAG, or ...@sha256:DIGEST")
+    srv.add_argument("--capture", metavar="URI",
+                     help="capture served traffic into this log root: s3://bucket/prefix (with --capture-secret), "
+                          "or a path where capture.pvc.claimName is mounted (--set); off by default")
+    srv.add_argument("--capture-secret", metavar="SECRET",
+                     help="Secret with the capture's S3 credentials, e.g. an OpenShift AI data connection")
     srv.add_argument("--vllm-arg", dest="extra_args", action="append", default=[], metavar="FLAG",
                      help="extra vLLM flag, e.g. --vllm-arg=--enforce-eager (repeatable)")
     srv.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
                      help="chart values file (repeatable)")
     srv.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                      help="chart value in helm --set syntax (repeatable)")
+    srv.add_argument("--set-json", dest="set_jsons", action="append", default=[], metavar="KEY=JSON",
+                     help="chart value as JSON, as helm --set-json (repeatable): numbers that are not whole, "
+                          "e.g. capture.sampleRate=0.1 (--set passes them as strings)")
     srv.add_argument("--chart", help="chart directory (default: charts/peagle-serving)")
 
     run = p.add_argument_group("apply")
@@ -103,6 +113,7 @@ def values_from_args(ns: argparse.Namespace) -> dict:
     from ..config import load_yaml_mapping
 
     extra = [load_yaml_mapping(f, "values file") for f in ns.values]
+    extra += [helm.parse_set_json(s) for s in ns.set_jsons]  # Helm's order: --set wins over --set-json
     extra += [helm.parse_set_string(s) for s in ns.sets]
     return values_for(
         mode=ns.mode, data_connection=ns.data_connection, path=ns.path, storage_uri=ns.storage_uri,
@@ -110,7 +121,7 @@ def values_from_args(ns: argparse.Namespace) -> dict:
         num_speculative_tokens=ns.num_speculative_tokens, draft_fingerprint=ns.draft_fingerprint,
         gpus=ns.gpus, tensor_parallel_size=ns.tensor_parallel_size,
         draft_tensor_parallel_size=ns.draft_tensor_parallel_size, image=ns.image, max_model_len=ns.max_model_len,
-        extra_args=ns.extra_args, extra_values=extra)
+        capture_uri=ns.capture, capture_secret=ns.capture_secret, extra_args=ns.extra_args, extra_values=extra)
 
 
 def deploy(objs: list[dict], apis: Apis, *, timeout: float, smoke_test: bool = True,

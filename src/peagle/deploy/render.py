@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from .values import InvalidValue, check, parse_image
+from .values import InvalidValue, check, check_capture, parse_image
 from ..errors import PeagleError
 
 CHART_NAME = "peagle-serving"
@@ -60,6 +60,7 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
                num_speculative_tokens: int | None = None, gpus: int | None = None,
                tensor_parallel_size: int | None = None, draft_tensor_parallel_size: int | None = None,
                image: str | None = None, max_model_len: int | None = None, draft_fingerprint: str | None = None,
+               capture_uri: str | None = None, capture_secret: str | None = None,
                extra_args: Iterable[str] = (), extra_values: Iterable[Mapping] = ()) -> dict:
     """Chart values for one deployment. Exactly one model source:
 
@@ -71,6 +72,8 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
 
     ``draft_fingerprint`` names the draft (e.g. the first 12 hex digits of the sha256 of its manifest);
     without it the chart derives one from the model source and the speculative config.
+    ``capture_uri`` turns on the traffic capture into that log root (``s3://...`` with ``capture_secret``,
+    the Secret holding its S3 credentials, e.g. a data connection; or a path on ``capture.pvc``).
     ``image`` is a full reference ``registry[:port]/path:tag`` (or ``...@sha256:...``), checked by
     :func:`.values.parse_image`; every other string is checked by the chart's schema at :func:`render`.
     ``extra_values`` (parsed ``-f``/``--set`` maps) are merged last and win.
@@ -114,6 +117,10 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
             raise RenderError(f"image: {e}") from None
         # Both parts always: the chart's default tag must not stay next to a digest given alone.
         _set(v, "image", {"repository": repo, "tag": tag, "digest": digest})
+    if capture_uri:
+        _set(v, "capture", {"enabled": True, "uri": capture_uri})
+    if capture_secret:
+        _set(v, "capture.s3SecretName", capture_secret)
     if extra_args:
         _set(v, "vllm.extraArgs", list(extra_args))
     for extra in extra_values:
@@ -132,6 +139,10 @@ def render(values: Mapping, name: str, namespace: str, chart: str | os.PathLike 
             check(rule, value)
         except InvalidValue as e:
             raise RenderError(f"{what}: {e}") from None
+    try:  # in CaptureSettings' words (the chart's schema and template say the same, less precisely)
+        check_capture(values.get("capture"))
+    except InvalidValue as e:
+        raise RenderError(str(e)) from None
     try:
         files = helm.Chart.load(str(chart_dir(chart))).render(dict(values), name=name, namespace=namespace)
     except helm.HelmError as e:  # schema violations and template `fail`s name the value

@@ -9,6 +9,10 @@ under ``definitions`` -- ``tests/test_deploy_values.py`` checks that they are id
 same good and bad examples through both -- so ``helm install --set image.tag=...`` fails at render
 exactly where ``peagle deploy --image`` does.
 
+:func:`check_capture` checks the chart's ``capture`` block against
+:class:`peagle.traffic.settings.CaptureSettings` (the chart passes it to the middleware as
+``PEAGLE_CAPTURE_*``), so ``peagle deploy`` names a bad ``capture.*`` key before Helm runs.
+
 :func:`check` raises :class:`InvalidValue` saying why a value breaks its rule; the pydantic types
 (:data:`ImageRef`, :data:`Quantity`, ...) apply the rules to the cluster profile's fields.
 """
@@ -16,12 +20,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Mapping
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, ValidationError
 
 from ..config import short_repr
 from ..errors import PeagleError
+from ..traffic.settings import CaptureSettings
 
 # -- building blocks (the OCI / Docker distribution reference grammar; Kubernetes' validation)
 _ALNUM = "[a-z0-9]+"
@@ -190,3 +195,78 @@ LabelKey = Annotated[str, AfterValidator(rule_of("labelKey"))]
 LabelValue = Annotated[str, AfterValidator(rule_of("labelValue"))]
 DnsLabel = Annotated[str, AfterValidator(rule_of("dnsLabel"))]
 DnsSubdomain = Annotated[str, AfterValidator(rule_of("dnsSubdomain"))]
+
+
+# -- the chart's `capture` block (peagle.traffic): its keys and the CaptureSettings field each one sets
+CAPTURE_VALUES: dict[str, str] = {
+    "enabled": "enabled", "uri": "uri", "sampleRate": "sample_rate", "flushIntervalSeconds": "flush_interval_s",
+    "batchRecords": "batch_records", "queueRecords": "queue_records", "maxRecordBytes": "max_record_bytes",
+    "retentionDays": "retention_days", "redact": "redact",
+}
+# Where the credentials or the volume of the log come from: the pod's wiring, not a capture setting.
+CAPTURE_WIRING = ("s3SecretName", "pvc")
+# Fields the chart fills from what it serves, not from values.
+CAPTURE_FROM_CHART = ("target_dir", "draft_dir", "target_fingerprint", "draft_fingerprint")
+
+
+def check_capture_uri(uri: str) -> str:
+    """A traffic log root the chart can wire: ``s3://bucket/prefix`` or an absolute path (a mounted claim)."""
+    if isinstance(uri, str) and uri.startswith("s3://"):
+        return check("storageUri", uri)
+    if isinstance(uri, str) and uri.startswith("/") and uri != "/":
+        return check("volumePath", uri)
+    raise InvalidValue(f"{short_repr(uri)} is not s3://bucket/prefix or an absolute path on a mounted claim")
+
+
+def check_capture(capture: Any) -> CaptureSettings | None:
+    """The chart's ``capture`` values as :class:`CaptureSettings` (``None`` when capture is off).
+
+    Keys not given take the chart's defaults, which are CaptureSettings' defaults. Raises
+    :class:`InvalidValue` ``capture.<key>: why`` for an unknown key, a value the settings refuse,
+    ``enabled`` without ``uri``, or a ``uri`` whose credentials or volume are not named
+    (``s3SecretName`` for s3://, ``pvc.claimName`` for a path)."""
+    if capture is None:
+        return None
+    if not isinstance(capture, Mapping):
+        raise InvalidValue(f"capture: {short_repr(capture)} is not a mapping")
+    known = (*CAPTURE_VALUES, *CAPTURE_WIRING)
+    for key in capture:
+        if key not in known:
+            raise InvalidValue(f"capture.{key}: unknown key (known: {', '.join(known)})")
+    pvc = capture.get("pvc") or {}
+    if not isinstance(pvc, Mapping):
+        raise InvalidValue(f"capture.pvc: {short_repr(pvc)} is not a mapping")
+    for key in pvc:
+        if key not in ("claimName", "path"):
+            raise InvalidValue(f"capture.pvc.{key}: unknown key (known: claimName, path)")
+    for key, rule, value in (("s3SecretName", "dnsSubdomain", capture.get("s3SecretName", "")),
+                             ("pvc.claimName", "dnsSubdomain", pvc.get("claimName", "")),
+                             ("pvc.path", "volumePath", pvc.get("path", ""))):
+        if value != "":
+            try:
+                check(rule, value)
+            except InvalidValue as e:
+                raise InvalidValue(f"capture.{key}: {e}") from None
+    fields = {field: capture[key] for key, field in CAPTURE_VALUES.items() if key in capture}
+    try:
+        # strict, as the chart's schema is: `helm --set capture.sampleRate=0.5` passes the string "0.5"
+        settings = CaptureSettings.model_validate(fields, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = next((f"capture.{k}" for k, f in CAPTURE_VALUES.items() if err["loc"] and f == err["loc"][0]), "capture")
+        raise InvalidValue(f"{where}: {err['msg']} (got {short_repr(err.get('input'))})") from None
+    if not settings.enabled:
+        return None
+    if not settings.uri:
+        raise InvalidValue("capture.uri is required with capture.enabled=true (s3://bucket/prefix, or an "
+                           "absolute path on capture.pvc)")
+    try:
+        check_capture_uri(settings.uri)
+    except InvalidValue as e:
+        raise InvalidValue(f"capture.uri: {e}") from None
+    if settings.uri.startswith("s3://") and not capture.get("s3SecretName"):
+        raise InvalidValue("capture.s3SecretName is required with an s3:// capture.uri: the Secret (e.g. an "
+                           "OpenShift AI data connection) holding the S3 credentials")
+    if settings.uri.startswith("/") and not pvc.get("claimName"):
+        raise InvalidValue("capture.pvc.claimName is required with a path capture.uri: the claim mounted there")
+    return settings

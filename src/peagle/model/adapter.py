@@ -11,10 +11,14 @@ and its must-match list, §1.4). It has
   place, so a reader never sees a half-written checkpoint;
 * the hand-off to its consumers (evaluate, deploy, the pipeline's steps): :meth:`Draft.open` on a
   published draft (local or ``s3://``) and its :class:`DraftHeader`, read from the verified
-  ``config.json`` -- nobody else reads that file as a dict.
+  ``config.json`` -- nobody else reads that file as a dict;
+* the reverse direction (:func:`import_tensors`, :meth:`Draft.state_dict`): checkpoint tensors back
+  to the model's state dict, through the same name map and required-key check (a warm start of
+  training reads a published draft this way).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -25,6 +29,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
 from ..errors import PeagleError
@@ -257,6 +262,31 @@ def read_spec(ckpt_dir: str | os.PathLike) -> DraftSpec:
     return _parse_config(f.read_bytes(), str(f))
 
 
+def import_tensors(spec: DraftSpec, tensors: Mapping[str, torch.Tensor], where: str,
+                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The reverse of :func:`export_tensors`: checkpoint tensors -> the model's full state dict.
+
+    Old names are read through ``READ_ALIASES``; then the required-key check (:func:`_check_tensors`,
+    naming a missing, unexpected or mis-shaped tensor) and the name map. Float tensors become
+    ``dtype`` (values are kept exactly when ``dtype`` is at least as wide as the stored one), d2t/t2d
+    keep their integer/bool types, and a full-vocabulary draft (no d2t/t2d stored) gets the identity maps."""
+    renamed = {}
+    for name, t in tensors.items():
+        for old, new in READ_ALIASES.items():
+            if name.startswith(old):
+                name = new + name[len(old):]
+        renamed[name] = t
+    _check_tensors(spec, renamed, where)
+    state = {}
+    for ckpt_name, (model_name, _) in checkpoint_tensors(spec).items():
+        t = renamed[ckpt_name]
+        state[model_name] = t.to(INTEGER_TENSORS[ckpt_name]) if ckpt_name in INTEGER_TENSORS else t.to(dtype)
+    if spec.draft_vocab_size == spec.vocab_size:  # identity maps are not stored
+        state["d2t"] = torch.zeros(spec.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(spec.vocab_size, dtype=torch.bool)
+    return state
+
+
 def load_draft(ckpt_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) -> PEagleDraftModel:
     """Read a speculators P-EAGLE checkpoint into a model (float params in ``dtype``)."""
     d = Path(ckpt_dir)
@@ -264,24 +294,10 @@ def load_draft(ckpt_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) 
     wf = d / WEIGHTS_FILE
     if not wf.is_file():
         raise CheckpointError(f"{d}: no {WEIGHTS_FILE}")
-    tensors = {}
     with safe_open(str(wf), "pt") as fh:
-        for name in fh.keys():
-            target = name
-            for old, new in READ_ALIASES.items():
-                if target.startswith(old):
-                    target = new + target[len(old):]
-            tensors[target] = fh.get_tensor(name)
-    _check_tensors(spec, tensors, str(wf))
+        tensors = {name: fh.get_tensor(name) for name in fh.keys()}
     model = PEagleDraftModel(spec)
-    state = {}
-    for ckpt_name, (model_name, _) in checkpoint_tensors(spec).items():
-        t = tensors[ckpt_name]
-        state[model_name] = t if ckpt_name in INTEGER_TENSORS else t.to(dtype)
-    if spec.draft_vocab_size == spec.vocab_size:  # identity maps are not stored
-        state["d2t"] = torch.zeros(spec.draft_vocab_size, dtype=torch.long)
-        state["t2d"] = torch.ones(spec.vocab_size, dtype=torch.bool)
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(import_tensors(spec, tensors, str(wf), dtype), strict=True)
     return model.to(dtype)
 
 
@@ -357,6 +373,25 @@ class Draft:
 
     def load(self, dtype: torch.dtype = torch.float32) -> PEagleDraftModel:
         return load_draft(self.local_dir(), dtype)
+
+    def state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """The model state dict of this draft (:func:`import_tensors`), read from the publication itself
+        (sha256-verified bytes, no local copy: every training rank may call it at once)."""
+        where = self.published.uri_for(WEIGHTS_FILE)
+        try:
+            data = self.published.get_bytes(WEIGHTS_FILE)
+        except ChecksumMismatchError as exc:
+            raise CheckpointError(f"{where}: contents do not match the manifest's sha256 ({exc})") from None
+        return import_tensors(self.header.spec, load_safetensors(data), where, dtype)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 over the bytes of ``model.safetensors``, then ``config.json``: the value
+        :func:`peagle.evaluate.report.draft_fingerprint` gives for its files (what served traffic records)."""
+        h = hashlib.sha256()
+        for name in (WEIGHTS_FILE, CONFIG_FILE):
+            h.update(self.published.get_bytes(name))
+        return h.hexdigest()
 
     @classmethod
     def publish(cls, model: PEagleDraftModel, out: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,

@@ -7,6 +7,8 @@ the cluster profile, compilation/submission and the kfp.local runner (``peagle p
 * :mod:`.training`    -- train in the pod (:mod:`.train_worker`) or through a TrainJob (:mod:`.trainjob`)
 * :mod:`.evaluation`  -- vLLM-measured acceptance and the deploy gate
 * :mod:`.deployment`  -- serve (or render) target + draft
+* :mod:`.refresh_params`, :mod:`.refresh_steps` -- the traffic refresh pipeline's parameters and
+  components (``pipelines/peagle_refresh.py``), around :mod:`peagle.refresh.steps`
 * :mod:`.profile`     -- the cluster profile applied at compile time
 * :mod:`.build`       -- find ``pipelines/`` + ``components/``, compile
 * :mod:`.submit`      -- kfp.Client submission

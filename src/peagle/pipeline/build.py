@@ -1,4 +1,8 @@
-"""Find the pipeline definition (``pipelines/``, ``components/`` at the project root) and compile it.
+"""Find the pipeline definitions (``pipelines/``, ``components/`` at the project root) and compile them.
+
+Two pipelines: ``peagle`` (``pipelines/peagle_pipeline.py``: train a draft from scratch and deploy it)
+and ``refresh`` (``pipelines/peagle_refresh.py``: a candidate draft from captured traffic, gated
+against the serving draft). Both are built for a cluster profile.
 
 The pipeline and its components live next to ``src/`` (they are deployment assets, not library
 code); this module puts the project root on ``sys.path`` to import them, the way
@@ -16,6 +20,7 @@ from .profile import ClusterProfile, load_profile
 
 COMPILED_DIR = Path("pipelines") / "compiled"
 PROFILES_DIR = Path("pipelines") / "profiles"
+PIPELINES = {"peagle": "pipelines.peagle_pipeline", "refresh": "pipelines.peagle_refresh"}  # name -> module
 
 
 def project_dir() -> Path:
@@ -36,21 +41,40 @@ def profile_path(name_or_path: str | os.PathLike) -> Path:
     return project_dir() / PROFILES_DIR / f"{name_or_path}.yaml"
 
 
-def pipeline_for(profile: ClusterProfile | str | os.PathLike = "default") -> Any:
-    """The pipeline function built for ``profile`` (a ClusterProfile, a profile name or a file)."""
+def pipeline_for(profile: ClusterProfile | str | os.PathLike = "default", pipeline: str = "peagle") -> Any:
+    """The ``pipeline`` (a name in :data:`PIPELINES`) function built for ``profile`` (a ClusterProfile, a
+    profile name or a file)."""
+    if pipeline not in PIPELINES:
+        raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {sorted(PIPELINES)}")
     if not isinstance(profile, ClusterProfile):
         profile = load_profile(profile_path(profile))
     root = str(project_dir())
     if root not in sys.path:
         sys.path.insert(0, root)
-    from pipelines.peagle_pipeline import build_pipeline
-
-    return build_pipeline(profile)
+    return importlib.import_module(PIPELINES[pipeline]).build_pipeline(profile)
 
 
-def compiled_path(profile_name: str) -> Path:
-    """Where the committed YAML for a profile lives (``pipelines/compiled/peagle-<profile>.yaml``)."""
-    return project_dir() / COMPILED_DIR / f"peagle-{profile_name}.yaml"
+def package_pipeline(package: str | os.PathLike) -> str:
+    """Which of :data:`PIPELINES` a compiled package is (by its pipeline name); ``peagle`` for any other name."""
+    import yaml
+
+    with open(package, encoding="utf-8") as f:
+        spec = next(yaml.safe_load_all(f), None) or {}
+    name = (spec.get("pipelineInfo") or {}).get("name") if isinstance(spec, dict) else None
+    return "refresh" if name == "peagle-refresh" else "peagle"
+
+
+def compiled_path(profile_name: str, pipeline: str = "peagle") -> Path:
+    """Where the committed YAML of a pipeline for a profile lives: ``pipelines/compiled/peagle-<profile>.yaml``,
+    ``peagle-refresh.yaml`` (default profile) or ``peagle-refresh-<profile>.yaml``."""
+    if pipeline == "refresh":
+        name = "peagle-refresh" + ("" if profile_name == "default" else f"-{profile_name}")
+    elif profile_name == "refresh" or profile_name.startswith("refresh-"):
+        raise ValueError(f"profile name {profile_name!r} would compile to the refresh pipeline's file name; "
+                         "rename the profile")
+    else:
+        name = f"peagle-{profile_name}"
+    return project_dir() / COMPILED_DIR / f"{name}.yaml"
 
 
 def init_run_component_path() -> Path:
@@ -72,13 +96,14 @@ def write_init_run_component() -> bool:
     return True
 
 
-def compile_pipeline(profile: str | os.PathLike = "default", out: str | os.PathLike | None = None) -> Path:
-    """Compile the pipeline for ``profile`` to IR YAML (what the OpenShift AI dashboard imports)."""
+def compile_pipeline(profile: str | os.PathLike = "default", out: str | os.PathLike | None = None,
+                     pipeline: str = "peagle") -> Path:
+    """Compile ``pipeline`` for ``profile`` to IR YAML (what the OpenShift AI dashboard imports)."""
     from kfp import compiler
 
     path = profile_path(profile)
     prof = load_profile(path)
-    out = Path(out) if out else compiled_path(prof.name)
+    out = Path(out) if out else compiled_path(prof.name, pipeline)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(pipeline_for(prof), package_path=str(out))
+    compiler.Compiler().compile(pipeline_for(prof, pipeline), package_path=str(out))
     return out

@@ -78,7 +78,12 @@ def describe(prefix: str, stage: str) -> dict[str, Any]:
 
 def record(artifact: Any, run_uri: str, stage: str, **extra: Any) -> dict[str, Any]:
     """Fill the KFP output ``artifact`` (anything with ``metadata`` and ``path``) for ``stage``."""
-    meta = {**describe(stage_prefix(run_uri, stage), stage), **extra}
+    return record_prefix(artifact, stage_prefix(run_uri, stage), stage, **extra)
+
+
+def record_prefix(artifact: Any, prefix: str, stage: str, **extra: Any) -> dict[str, Any]:
+    """Fill the KFP output ``artifact`` with what ``stage`` published at ``prefix`` (any pipeline's layout)."""
+    meta = {**describe(prefix, stage), **extra}
     artifact.metadata.update(meta)
     os.makedirs(os.path.dirname(artifact.path) or ".", exist_ok=True)
     with open(artifact.path, "w", encoding="utf-8") as f:

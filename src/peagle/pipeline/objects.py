@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..scratch import scratch_dir
 from ..stage_io import is_remote, local_path
-from ..storage import is_complete, open_published, open_store, publish_dir
+from ..storage import is_complete, open_store
 
 
 def _split(uri: str) -> tuple[str, str]:
@@ -42,11 +41,3 @@ def read_json(uri: str) -> Any:
 def is_published(uri: str) -> bool:
     """True when ``uri`` is a complete published prefix (``_SUCCESS`` after ``_MANIFEST.json``)."""
     return is_complete(open_store(uri), "")
-
-
-def copy_published(src: str, dst: str) -> str:
-    """Republish the published prefix ``src`` at ``dst`` (same files, new manifest); returns ``dst``."""
-    published = open_published(open_store(src), "")
-    with scratch_dir("peagle-copy-") as tmp:
-        publish_dir(open_store(dst), "", published.download(tmp), overwrite=True)
-    return dst

@@ -240,17 +240,17 @@ def resolve_run(params: PipelineParams, config_text: str, run_uri: str, *,
     return PipelineRun(run_uri=run_uri, params=params, config=cfg)
 
 
-def parameter_types() -> dict[str, type]:
+def parameter_types(models: tuple[type[StrictModel], ...] = PIPELINE_MODELS) -> dict[str, type]:
     """Every pipeline parameter's name -> its KFP Python type (str, int, float or bool)."""
-    return {n: _kfp_type(f.annotation) for model in PIPELINE_MODELS for n, f in model.model_fields.items()}
+    return {n: _kfp_type(f.annotation) for model in models for n, f in model.model_fields.items()}
 
 
-def parse_argument(text: str) -> tuple[str, Any]:
+def parse_argument(text: str, types: dict[str, type] | None = None) -> tuple[str, Any]:
     """``NAME=VALUE`` of ``pipeline submit --param``: the value YAML-typed, except that a string parameter
-    keeps the text as typed unless it is a YAML string (``run_name=2024`` is the name "2024", and
-    ``config=train: {lr: 1}`` the YAML text)."""
+    (of ``types``, default the default pipeline's :func:`parameter_types`) keeps the text as typed unless it
+    is a YAML string (``run_name=2024`` is the name "2024", and ``config=train: {lr: 1}`` the YAML text)."""
     key, sep, raw = text.partition("=")
-    if sep and parameter_types().get(key.strip()) is str:
+    if sep and (parameter_types() if types is None else types).get(key.strip()) is str:
         try:
             value = parse_override(text)[1]
         except ConfigError:
@@ -311,10 +311,11 @@ def _kfp_type(annotation: Any) -> type:
     return annotation
 
 
-def pipeline_parameters() -> list[inspect.Parameter]:
-    """Every pipeline parameter, in order: the typed run parameters, then the run's placement."""
+def pipeline_parameters(models: tuple[type[StrictModel], ...] = PIPELINE_MODELS) -> list[inspect.Parameter]:
+    """Every pipeline parameter of ``models``, in order (default: the typed run parameters, then the run's
+    placement)."""
     out = []
-    for model in PIPELINE_MODELS:
+    for model in models:
         for name, f in model.model_fields.items():
             default = inspect.Parameter.empty if f.is_required() else f.default
             out.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
@@ -322,14 +323,14 @@ def pipeline_parameters() -> list[inspect.Parameter]:
     return out
 
 
-def pipeline_signature() -> inspect.Signature:
-    return inspect.Signature(pipeline_parameters())
+def pipeline_signature(models: tuple[type[StrictModel], ...] = PIPELINE_MODELS) -> inspect.Signature:
+    return inspect.Signature(pipeline_parameters(models))
 
 
-def pipeline_docstring(summary: str) -> str:
+def pipeline_docstring(summary: str, models: tuple[type[StrictModel], ...] = PIPELINE_MODELS) -> str:
     """``summary`` plus an ``Args:`` section (KFP shows these descriptions for the run form's fields)."""
     lines = [summary, "", "Args:"]
-    for model in PIPELINE_MODELS:
+    for model in models:
         for name, f in model.model_fields.items():
             lines.append(f"    {name}: {f.description}")
     return "\n".join(lines)

@@ -15,9 +15,8 @@ from pydantic import Field
 
 from ..config import MAX_DURATION_S, StrictModel
 from ..deploy.values import DnsSubdomain, ImageRef, LabelKey, LabelValue, Quantity, ResourceName
-from ..stage_io import join
+from ..stage_io import copy_published, join
 from .layout import RunLayout
-from .objects import copy_published
 from .progress import stage
 from ..deploy.kube import current_namespace
 from .trainjob import (JOB_ID_LABEL, RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob,

@@ -5,6 +5,8 @@
 1. checks, before any heavy work: target and draft resolve, the dataset matches the draft (aux
    layers, hidden size, target fingerprint), is not empty, every sample is well formed;
 2. plans every step (packing, world-size independent) and builds model, teacher, optimiser, schedule;
+   the model starts fresh from the target, or from a published draft (``train.init_from``: its
+   weights and draft vocabulary, see :mod:`.warm_start`);
 3. resumes from the newest intact checkpoint under ``train.output`` if there is one (a damaged newer
    one stops the run unless ``train.resume_from_damaged=previous``; see :mod:`.checkpoint`);
 4. trains: per step, each rank runs its rows as micro-batches and accumulates gradients; the loss of
@@ -54,6 +56,7 @@ from .metrics_log import TrainLog, json_safe, log_line, start_metrics_file
 from .optim import build_optimizer, build_scheduler
 from .settings import TrainRunConfig, TrainSettings
 from .stream import StreamedExtraction
+from .warm_start import InitDraft, check_resumed_init, open_init_draft
 
 
 class TrainError(PeagleError, RuntimeError):
@@ -85,6 +88,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     s = cfg.train
     check_uri(s.output, "train.output")  # bad URIs stop the run here, not after the data scan
     check_uri(s.data, "train.data")
+    check_uri(s.init_from, "train.init_from")
     device = env.device
     cuda = device.type == "cuda"
     attention = s.attention if s.attention != "auto" else ("flex" if cuda else "dense")
@@ -99,11 +103,13 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     info = inspect_target(cfg.target.path, cfg.target.trust_remote_code)
     tokenizer = None if cfg.draft.mask_token_id is not None else load_tokenizer(info, cfg.target.trust_remote_code)
     spec = resolve_spec(info, cfg.draft, tokenizer)
+    init = open_init_draft(s.init_from, spec, env) if s.init_from else None
     streaming = s.data_mode == "streaming"
     dataset = dataset if dataset is not None else open_training_data(s)
     where = f"dataset {s.data or type(dataset).__name__}"
     train_idx, val_idx = split_checked(dataset, s, spec, fingerprint(info.path), where)
-    count_tokens = spec.draft_vocab_size < spec.vocab_size
+    # a warm start keeps the init draft's vocabulary: no token counts
+    count_tokens = spec.draft_vocab_size < spec.vocab_size and not s.init_from
     if streaming:  # no hidden state exists yet: counts from the prepared rows, samples checked as they are read
         token_counts = dataset.supervised_token_counts(train_idx, spec.vocab_size) if count_tokens else None
     else:
@@ -123,7 +129,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     # what happens to the data besides reading it: read accounting, streaming deletion (lifecycle.py)
     data = data_lifecycle(dataset, s, env, full_plan)
 
-    wrapped, teacher = build_draft(cfg, info, spec, token_counts, env)
+    wrapped, teacher = build_draft(cfg, info, spec, token_counts, init, env)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     optimizer = build_optimizer(wrapped, s)
     scheduler = build_scheduler(optimizer, s, total_steps)
@@ -138,14 +144,17 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         if start > total_steps:
             raise ResumeError(f"{store.uri_for(plan.prefix)} is past the {total_steps} planned steps "
                               "(train.max_steps lowered?); use another train.output")
-        load_checkpoint(store=store, prefix=plan.prefix, model=wrapped, optimizer=optimizer, scheduler=scheduler,
-                        env=env, spec=spec, plan_fingerprint=full_plan.fingerprint, metrics_path=metrics_path)
+        resumed = load_checkpoint(store=store, prefix=plan.prefix, model=wrapped, optimizer=optimizer,
+                                  scheduler=scheduler, env=env, spec=spec, plan_fingerprint=full_plan.fingerprint,
+                                  metrics_path=metrics_path)
+        check_resumed_init(resumed, init, store.uri_for(plan.prefix))
     elif env.is_main:
         start_metrics_file(metrics_path)
     data.on_start(start)
     if env.is_main:
         log_line(describe_run(s, env, total_steps, len(train_idx), len(val_idx), attention, bf16)
-                 + (f"; resuming after step {start} from {store.uri_for(plan.prefix)}" if start else ""))
+                 + (f"; resuming after step {start} from {store.uri_for(plan.prefix)}" if start else "")
+                 + (f"; warm start from {init.uri}" if init and not start else ""))
         if (order := data.describe(train_idx)) is not None:
             log_line(order)
 
@@ -212,7 +221,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
             elif checkpoint_due:
                 state = {"epoch": epoch, "total_steps": total_steps, "plan_fingerprint": full_plan.fingerprint,
                          "scheduler": scheduler.state_dict(), "spec": json.loads(spec.model_dump_json()),
-                         "settings": json.loads(s.model_dump_json()), "metrics": json_safe(log.metrics)}
+                         "settings": json.loads(s.model_dump_json()), "metrics": json_safe(log.metrics),
+                         "init_from": init.record() if init else None}
                 final_sd = save_checkpoint(store=store, step=done, model=wrapped, optimizer=optimizer,
                                            trainer_state=state, metrics_path=metrics_path, staging=staging, env=env)
                 saved_last = is_last
@@ -233,7 +243,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
         # how this draft was trained, for lineage (and tests): no log parsing
         lineage = {"step": total_steps, "kind": "peagle-draft", "world_size": env.world_size,
                    "distributed": s.distributed if env.distributed else None, "resumed_after_step": start,
-                   "metrics": json_safe(log.metrics), "val_metrics": json_safe(val_metrics)}
+                   "metrics": json_safe(log.metrics), "val_metrics": json_safe(val_metrics),
+                   "init_from": init.record() if init else None}
         final_uri = export_final(store=store, model_sd=final_sd, spec=spec, staging=staging, metadata=lineage)
         log_line(f"done: {total_steps} steps; servable draft at {final_uri}")
     data.on_finish()
@@ -289,11 +300,16 @@ def row_maker(dataset: SampleDataset, spec, s: TrainSettings, attention: str, cu
         check=check)
 
 
-def build_draft(cfg: TrainRunConfig, info, spec, token_counts: dict[int, int] | None,
+def build_draft(cfg: TrainRunConfig, info, spec, token_counts: dict[int, int] | None, init: InitDraft | None,
                 env: DistEnv) -> tuple[torch.nn.Module, Teacher]:
-    """The draft on ``env.device``, wrapped for ``train.distributed``, and the teacher it learns from."""
+    """The draft on ``env.device``, wrapped for ``train.distributed``, and the teacher it learns from.
+
+    Fresh (``init`` None): initialised from the target, the draft vocabulary from ``token_counts``.
+    Warm start: the init draft's weights and vocabulary. Either way the teacher's head is the draft's
+    frozen ``lm_head`` (the target's rows of the draft vocabulary, as the draft serves them)."""
     s, device = cfg.train, env.device
-    model = init_draft(str(info.path), cfg.draft, token_counts, cfg.target.trust_remote_code)
+    model = (init.model(spec) if init is not None
+             else init_draft(str(info.path), cfg.draft, token_counts, cfg.target.trust_remote_code))
     if model.spec != spec:
         raise RuntimeError("init_draft resolved a different draft spec than the checks above")
     norm = read_target_tensors(info.path, {"norm": ("model.norm.weight", "norm.weight")}).get("norm")

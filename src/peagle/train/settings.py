@@ -73,6 +73,10 @@ class TrainSettings(StrictModel):
         "runs/local/train", description="object store URI (s3://bucket/prefix, file:///path or a path) for checkpoints"
     )
     seed: int = Field(42, description="seed of the data order, the train/validation split and COD sampling")
+    init_from: str = Field(
+        "", description="published vLLM-format draft (directory or URI) to start from instead of a fresh init: "
+        "its weights and its draft vocabulary (d2t/t2d) are kept; the configured draft must match it (draft.*, "
+        "target). A checkpoint of this run under train.output still wins (resume). Empty: fresh init")
 
     # Data and batching
     row_tokens: int = Field(4096, ge=2, description="token budget of one packed row (one micro-batch)")

@@ -1,0 +1,129 @@
+"""The refresh pipeline's parameters: typed parameters + one config YAML, as for the default pipeline.
+
+The run form shows the traffic window and the gate's bars as typed parameters (:class:`RefreshParams`);
+every other setting comes through the ``config`` parameter, the sections of
+:class:`peagle.run_config.RunConfig` (the serving draft's own run's ``draft``/``train``/``extract``
+sections, plus ``refresh`` and ``gate``). The rules are the default pipeline's
+(:mod:`peagle.pipeline.params`): a parameter that covers a config key (:data:`REFRESH_COVERAGE`)
+takes that key's default, bounds and description from the schema, may appear in ``config`` only with
+the same value, and is validated as that key is, so an error names the parameter. The run's placement
+(``data_connection``, ``output_root``, ``run_name``, ``config``) is the default pipeline's
+:class:`~peagle.pipeline.params.RunPlacement`.
+
+The first step (``select``) resolves both once and writes ``<refresh>/run.json``
+(:class:`RefreshRun`); later steps read it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from ..config import ConfigError, StrictModel, build_config
+from ..run_config import RunConfig
+from .params import (PIPELINE_OWNED, Covered, RunPlacement, _key_adapter, _schema_bounds, _validated, flatten,
+                     parse_config_text, parameter_types, schema_field)
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+REFRESH_COVERAGE: tuple[Covered, ...] = (
+    Covered("traffic", "refresh.traffic", _same, _same),
+    Covered("base_data", "refresh.base_data", _same, _same),
+    Covered("since", "refresh.since", _same, _same),
+    Covered("until", "refresh.until", _same, _same),
+    Covered("replay_fraction", "refresh.replay_fraction", float, float),
+    Covered("gate_margin", "gate.margin", float, float),
+    Covered("gate_tolerance", "gate.tolerance", float, float),
+)
+# The refresh sets these itself: the warm start is the serving_draft parameter.
+REFRESH_OWNED = (*PIPELINE_OWNED, "train.init_from")
+
+
+def _covering(key: str, **overrides: Any) -> Any:
+    """A parameter field for config key ``key``: the schema's default, bounds and description."""
+    f = schema_field(key)
+    kw: dict[str, Any] = {"default": f.default, **_schema_bounds(key), "description": f"{f.description} ({key})"}
+    return Field(**{**kw, **overrides})
+
+
+class RefreshParams(StrictModel):
+    """The typed parameters of a refresh run (what the dashboard's run form shows)."""
+
+    target: str = Field(..., description="the served target: the published prefix the serving draft's run "
+                        "normalised (<run>/models/target) or a local directory; traffic captured from another "
+                        "target (fingerprint) is dropped and counted")
+    serving_draft: str = Field(..., description="the draft now served: a published prefix (<run>/models/draft) or a "
+                               "local directory; the candidate starts from its weights and is gated against it")
+    traffic: str = _covering("refresh.traffic", default=...)
+    base_data: str = _covering("refresh.base_data")
+    since: str = _covering("refresh.since")
+    until: str = _covering("refresh.until")
+    replay_fraction: float = _covering("refresh.replay_fraction")
+    gate_margin: float = _covering("gate.margin")
+    gate_tolerance: float = _covering("gate.tolerance")
+
+    @field_validator(*dict.fromkeys(c.param for c in REFRESH_COVERAGE))
+    @classmethod
+    def _valid_for_its_config_key(cls, value: Any, info) -> Any:
+        # Checked here, not only once merged into the run's config, so that the error names the parameter.
+        (c,) = [c for c in REFRESH_COVERAGE if c.param == info.field_name]
+        try:
+            _key_adapter(c.key).validate_python(c.to_config(value))
+        except ValidationError as exc:
+            raise PydanticCustomError("config_key", "{msg} (config key {key})",
+                                      {"msg": exc.errors()[0]["msg"], "key": c.key}) from None
+        return value
+
+
+REFRESH_MODELS = (RefreshParams, RunPlacement)
+
+
+class RefreshRun(StrictModel):
+    """Everything the steps of one refresh run need (``<refresh>/run.json``)."""
+
+    refresh_uri: str
+    params: RefreshParams
+    config: RunConfig
+
+
+def resolve_refresh(params: RefreshParams, config_text: str, refresh_uri: str) -> RefreshRun:
+    """Merge the typed parameters into the config YAML and validate everything (the module docstring's rules)."""
+    flat = flatten(parse_config_text(config_text))
+    for key in REFRESH_OWNED:
+        if key in flat or any(k.startswith(key + ".") for k in flat):
+            raise ConfigError(f"config sets '{key}', which the refresh pipeline sets itself; remove it")
+    for c in REFRESH_COVERAGE:
+        value = getattr(params, c.param)
+        wanted = c.to_config(value)
+        if c.key in flat and flat[c.key] != wanted:
+            raise ConfigError(f"config sets '{c.key}' to {flat[c.key]!r} but pipeline parameter '{c.param}' "
+                              f"({value!r}) covers it; set the parameter instead")
+        flat[c.key] = wanted
+    try:
+        cfg = build_config(RunConfig, values=flat)
+    except ConfigError as exc:
+        raise ConfigError(f"pipeline parameter 'config': {exc}") from None
+    return RefreshRun(refresh_uri=refresh_uri, params=params, config=cfg)
+
+
+def refresh_parameters() -> list[str]:
+    """The typed parameters the ``select`` component takes (and passes on to :func:`resolve_refresh`)."""
+    return list(RefreshParams.model_fields)
+
+
+def check_refresh_arguments(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a refresh submission, validated as its first step validates them (ConfigError names
+    the parameter or config key); returned as the parameters' types."""
+    known = parameter_types(REFRESH_MODELS)
+    unknown = [k for k in args if k not in known]
+    if unknown:
+        raise ConfigError(f"'{unknown[0]}' is not a parameter of the refresh pipeline; the parameters are "
+                          + ", ".join(known))
+    params = _validated(RefreshParams, {k: v for k, v in args.items() if k in RefreshParams.model_fields})
+    placement = _validated(RunPlacement, {k: v for k, v in args.items() if k in RunPlacement.model_fields})
+    resolve_refresh(params, placement.config, "/refresh")
+    return {k: getattr(params if k in RefreshParams.model_fields else placement, k) for k in args}

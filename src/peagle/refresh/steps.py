@@ -1,0 +1,449 @@
+"""``peagle refresh``: a window of captured traffic into a candidate draft, gated against the serving draft.
+
+    peagle refresh --config run.yaml --target T --serving-draft D --traffic URI --base-data PREPARED \\
+        --out DIR [--since ISO] [--until ISO] [--no-gate]
+
+Steps (each a function of the run configuration and a :class:`RefreshLayout`; the KFP refresh
+pipeline calls the same functions):
+
+1. :func:`select_step` -- read the window of the traffic log, clean and split it by time
+   (:mod:`.selection`) into ``selection/``; with ``refresh.sampled_responses=regenerate`` the target
+   answers the sampled records again, greedily (the regenerate stage, which rewrites every assistant
+   turn of those conversations);
+2. :func:`prepare_step` -- the prepare stage on the selected conversations (served responses as
+   assistant turns), then ``refresh.replay_fraction`` of the training rows drawn from the serving
+   draft's own prepared data (``refresh.base_data``), into ``data/``;
+3. :func:`extract_step` -- the target's hidden states of both splits into ``hidden_states/``;
+4. :func:`train_step` -- training warm-started from the serving draft (``train.init_from``), the
+   candidate published at ``draft/`` (checkpoints in ``train/``);
+5. :func:`gate_step` -- :func:`peagle.traffic.gate.run_gate` on the held-out newest traffic and the
+   general set, into ``gate/``;
+6. :func:`lineage_step` -- ``lineage.json``: the window covered, row counts, replay, base draft, verdict.
+
+Exit status: 0 the candidate passed the gate (or ``--no-gate``), 1 the gate rejected it, 2 bad
+configuration or input (too little usable traffic in the window: the message names the counts).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import __version__
+from .. import config as C
+from ..errors import PeagleError, report
+from ..data.errors import PrepareError
+from ..data.output import FORMAT, SPLITS, TOKEN_FREQ, PreparedData, PreparedHeader, PreparedWriter
+from ..data.rows import PreparedRow
+from ..run_config import RunConfig
+from ..stage_io import fetched_input, is_remote, join
+from ..traffic.settings import RefreshSettings
+from .selection import COUNTS_FILE, HELDOUT_FILE, REGENERATE_FILE, TRAIN_FILE, describe_counts
+
+if TYPE_CHECKING:
+    from ..traffic.gate import GateResult
+
+log = logging.getLogger(__name__)
+
+SELECTION_KIND = "peagle-traffic-selection"
+REGENERATED_FILE = "regenerated.jsonl"
+LINEAGE_FORMAT = "peagle.traffic.lineage/v1"
+REPLAY_LABEL = "replay"  # sample ids of replayed rows start with "replay/" (never a prepare source label here)
+
+
+@dataclass(frozen=True)
+class RefreshLayout:
+    """Where one refresh keeps its outputs (local paths or URIs under ``root``)."""
+
+    root: str
+    selection: str  # train.jsonl, heldout.jsonl (prompt file), counts.json [, regenerate/regenerated.jsonl]
+    data: str  # prepared rows: traffic + replay
+    hidden_states: str  # one extraction per split below it
+    train: str  # checkpoints
+    draft: str  # the candidate draft (vLLM format)
+    gate: str  # gate.json, gate.html
+    lineage: str  # lineage.json
+
+    @classmethod
+    def of(cls, out: str) -> "RefreshLayout":
+        root = str(out).rstrip("/") or str(out)
+        return cls(root, *(join(root, name) for name in ("selection", "data", "hidden_states", "train", "draft",
+                                                          "gate", "lineage.json")))
+
+    def hidden_states_of(self, split: str) -> str:
+        return join(self.hidden_states, split)
+
+
+@dataclass
+class RefreshOutcome:
+    layout: RefreshLayout
+    selection: dict[str, Any]  # select_step's summary
+    data: dict[str, Any]  # prepare_step's summary
+    candidate_draft: str
+    gate: "GateResult | None"
+    lineage: dict[str, Any]
+
+    @property
+    def passed(self) -> bool | None:
+        """The gate's verdict; None when the gate was not run."""
+        return None if self.gate is None else bool(self.gate.passed)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _with(cfg: RunConfig, **dotted: Any) -> RunConfig:
+    """``cfg`` with ``section__key=value`` settings changed, validated again (a bad value names the key)."""
+    data = cfg.model_dump()
+    for key, value in dotted.items():
+        section, name = key.split("__", 1)
+        data[section][name] = value
+    try:
+        return RunConfig.model_validate(data)
+    except ValueError as exc:
+        raise C.ConfigError(f"refresh: {exc}") from None
+
+
+def _window(settings: RefreshSettings) -> tuple[datetime | None, datetime | None]:
+    """``refresh.since``/``until`` as aware UTC datetimes (None when empty); ConfigError naming the key."""
+    from ..traffic.record import parse_time
+
+    out = []
+    for name in ("since", "until"):
+        text = getattr(settings, name)
+        try:
+            out.append(parse_time(text) if text else None)
+        except ValueError:
+            raise C.ConfigError(f"refresh.{name}={text!r} is not an ISO 8601 timestamp "
+                                "(e.g. 2026-12-03T15:00:00Z)") from None
+    if out[0] is not None and out[1] is not None and out[0] >= out[1]:
+        raise C.ConfigError(f"refresh.since ({settings.since}) is not before refresh.until ({settings.until})")
+    return out[0], out[1]
+
+
+def _nonempty(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _draft_identity(uri: str) -> dict[str, Any]:
+    """Where a published draft is and which one it is (the fingerprint served traffic records)."""
+    from ..model.adapter import Draft
+
+    draft = Draft.open(uri)
+    return {"uri": str(uri), "fingerprint": draft.fingerprint, "manifest_sha256": draft.manifest_sha256}
+
+
+def _read_selection_summary(layout: RefreshLayout) -> dict[str, Any]:
+    return json.loads((fetched_input(layout.selection) / COUNTS_FILE).read_text(encoding="utf-8"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps
+
+
+def select_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> dict[str, Any]:
+    """Select the training and held-out traffic of ``refresh.traffic`` in the window into ``layout.selection``.
+
+    Returns the selection summary (``counts``, ``window``, ``sampled_responses``; ``regenerated`` when
+    sampled responses were regenerated). :class:`~.selection.TrafficSelectionError` (exit 2) when the
+    window holds too little usable traffic of this target.
+    """
+    from ..model.target import fingerprint
+    from ..stage_io import staged
+    from ..traffic.log import TrafficLog
+    from .selection import select_traffic, write_selection
+
+    s = cfg.refresh
+    if not s.traffic:
+        raise C.ConfigError("refresh needs the traffic log: --traffic URI (or refresh.traffic in the config)")
+    since, until = _window(s)
+    records = TrafficLog(s.traffic).records(since=since, until=until)
+    selection = select_traffic(records, target_fingerprint=fingerprint(target), settings=s)
+    summary = selection.summary()
+    with staged(layout.selection, kind=SELECTION_KIND) as tmp:
+        paths = write_selection(selection, tmp)
+        if REGENERATE_FILE in paths:
+            summary["regenerated"] = _regenerate(cfg, target, paths[REGENERATE_FILE], tmp / REGENERATED_FILE)
+            (tmp / COUNTS_FILE).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    return summary
+
+
+def _regenerate(cfg: RunConfig, target: str, conversations: Path, out: Path) -> dict[str, int]:
+    """The target answers the sampled conversations again, greedily (the regenerate stage)."""
+    from ..data.regenerate import run_regenerate
+
+    settings = cfg.regenerate.model_copy(update={"sources": [str(conversations)], "max_conversations": None,
+                                                 "temperature": 0.0})
+    result = run_regenerate(settings, target, out, template_time_limit_s=cfg.prepare.template_time_limit_s)
+    return dict(result.counts)
+
+
+def _table_rows(data: PreparedData, split: str, indices: list[int] | None = None,
+                prefix: str = "") -> list[PreparedRow]:
+    """Rows of ``split`` (those at ``indices``, when given) as PreparedRow, sample ids prefixed."""
+    table = data.table(split)
+    if indices is not None:
+        table = table.take(indices)
+    cols = [table.column(c).to_pylist() for c in ("sample_id", "source", "input_ids", "loss_mask")]
+    return [PreparedRow(prefix + sid, prefix + sid, source, np.asarray(ids, dtype=np.int32),
+                        np.asarray(mask, dtype=np.int8)) for sid, source, ids, mask in zip(*cols)]
+
+
+def replay_count(traffic_rows: int, fraction: float) -> int:
+    """Base rows to mix into ``traffic_rows`` so that they are ``fraction`` of the merged rows."""
+    return round(fraction * traffic_rows / (1.0 - fraction))
+
+
+def prepare_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> dict[str, Any]:
+    """Prepare the selected conversations with the run's ``prepare`` settings, mix in the replay rows and
+    publish the merged prepared data at ``layout.data``; returns the rows per split and origin.
+
+    Replay: ``refresh.replay_fraction`` of the final rows of each split are drawn (seed ``refresh.seed``,
+    without replacement) from the same split of ``refresh.base_data``, which must have been rendered
+    with the same tokenizer. With fewer base rows than that, all of them (``replay_short`` says so).
+    """
+    from ..data import run_prepare
+    from ..scratch import scratch_dir
+
+    s = cfg.refresh
+    if s.replay_fraction > 0 and not s.base_data:
+        raise C.ConfigError("refresh.replay_fraction > 0 needs the serving draft's prepared data: --base-data URI "
+                            "(or refresh.base_data); --set refresh.replay_fraction=0 trains on traffic alone")
+    selection = fetched_input(layout.selection)
+    sources = [str(p) for p in (selection / TRAIN_FILE, selection / REGENERATED_FILE) if _nonempty(p)]
+    if not sources:
+        raise PrepareError(f"{layout.selection}: no training conversations (train.jsonl and regenerated.jsonl "
+                           "are empty)")
+    settings = cfg.prepare.model_copy(update={"sources": sources})
+    base = PreparedData.open(s.base_data) if s.replay_fraction > 0 else None
+    with scratch_dir("peagle-refresh-prepare-") as tmp:
+        result = run_prepare(settings, target, tmp / "traffic", trust_remote_code=cfg.target.trust_remote_code)
+        traffic = PreparedData.open(tmp / "traffic")
+        if base is not None and base.header.target.tokenizer_sha256 != traffic.header.target.tokenizer_sha256:
+            raise PrepareError(f"refresh.base_data {s.base_data} was rendered with another tokenizer "
+                               f"({base.header.target.path}) than the target {target}: its token ids cannot be mixed")
+        rng = random.Random(s.seed)
+        rows: dict[str, list[PreparedRow]] = {}
+        summary: dict[str, Any] = {"traffic_rows": {}, "replayed_rows": {}, "rows": {}, "replay_short": False,
+                                   "replay_fraction": s.replay_fraction, "base_data": s.base_data or None,
+                                   "prepare_counts": dict(result.counts)}
+        for split in SPLITS:
+            own = _table_rows(traffic, split)
+            wanted = replay_count(len(own), s.replay_fraction) if base is not None else 0
+            available = base.header.rows(split) if base is not None else 0
+            n = min(wanted, available)
+            replayed = _table_rows(base, split, sorted(rng.sample(range(available), n)), REPLAY_LABEL + "/") if n else []
+            rows[split] = own + replayed
+            summary["traffic_rows"][split], summary["replayed_rows"][split] = len(own), n
+            summary["rows"][split] = len(rows[split])
+            summary["replay_short"] |= n < wanted
+        _write_prepared(layout.data, rows, traffic.header, summary, base, settings.shard_rows)
+    return summary
+
+
+def _write_prepared(out: str, rows: dict[str, list[PreparedRow]], header: PreparedHeader, summary: dict[str, Any],
+                    base: PreparedData | None, shard_rows: int) -> None:
+    """Publish ``rows`` as a prepared dataset: the traffic's manifest with the merged shards and counts."""
+    vocab = header.target.vocab_size
+    writer = PreparedWriter(out)
+    try:
+        shards: dict[str, list[dict[str, Any]]] = {}
+        tokens: dict[str, dict[str, int]] = {}
+        for split, split_rows in rows.items():
+            shards[split] = [writer.write_shard(split, i, split_rows[start:start + shard_rows])
+                             for i, start in enumerate(range(0, len(split_rows), shard_rows))]
+            tokens[split] = {"total": sum(r.num_tokens for r in split_rows),
+                             "supervised": sum(r.num_supervised for r in split_rows)}
+        freq = np.zeros(vocab, dtype=np.int64)  # supervised train tokens: the input of a draft vocabulary
+        for r in rows["train"]:
+            freq += np.bincount(r.input_ids[r.loss_mask.astype(bool)], minlength=vocab)
+        freq_map = {str(i): int(c) for i, c in enumerate(freq) if c}
+        freq_entry = writer.write_json(TOKEN_FREQ, freq_map)
+        meta = dict(header.metadata)
+        counts = dict(meta["counts"])
+        counts.update(kept=len(rows["train"]) + len(rows["validation"]), train=len(rows["train"]),
+                      validation=len(rows["validation"]), replayed=sum(summary["replayed_rows"].values()))
+        if base is not None:
+            meta["sources"] = [*meta["sources"], {"spec": base.uri, "label": REPLAY_LABEL, "location": base.uri,
+                                                   "replayed": dict(summary["replayed_rows"])}]
+        meta.update(format=FORMAT, peagle_version=__version__, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                      time.gmtime()),
+                    counts=counts, tokens=tokens, shards=shards, refresh=summary,
+                    token_freq={**freq_entry, "split": "train", "distinct_ids": len(freq_map),
+                                "total": int(freq.sum())})
+        writer.write_manifest(meta)
+    except BaseException:
+        writer.discard()
+        raise
+
+
+def extract_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> None:
+    """Hidden states of the target on both splits of ``layout.data`` (as ``peagle extract`` does)."""
+    from ..data import read_rows
+    from ..extract import run_extract
+
+    data = fetched_input(layout.data)
+    prepared = layout.data if is_remote(layout.data) else str(data.resolve())  # read by a streaming trainer
+    for split in SPLITS:
+        rows = read_rows(data, split)
+        if not rows:
+            continue
+        res = run_extract(rows, target, layout.hidden_states_of(split), cfg.extract, prepared=prepared, split=split)
+        log.info("extract %s: %d samples -> %s", split, res.num_samples, res.out_dir)
+
+
+def train_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> str:
+    """Train the candidate on ``layout.hidden_states`` warm-started from ``serving_draft``
+    (``train.init_from``: its weights and draft vocabulary); publish it at ``layout.draft``, return that."""
+    from ..stage_io import copy_published
+    from ..train import TrainError, train
+
+    if cfg.refresh.vocab != "keep":
+        raise C.ConfigError(f"refresh.vocab={cfg.refresh.vocab}: a warm start keeps the serving draft's vocabulary; "
+                            "re-deriving it is not implemented (use refresh.vocab=keep)")
+    run = _with(cfg, target__path=target, train__data=layout.hidden_states_of("train"), train__output=layout.train,
+                train__init_from=serving_draft)
+    result = train(run)
+    if not result.final_uri:
+        raise TrainError(f"training into {layout.train} published no draft")
+    return copy_published(result.final_uri, layout.draft)
+
+
+def gate_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> "GateResult":
+    """Compare the candidate at ``layout.draft`` with ``serving_draft`` (:func:`peagle.traffic.gate.run_gate`)
+    on the held-out traffic prompts and ``gate.general``; writes ``layout.gate``."""
+    from ..traffic.gate import run_gate
+
+    prompts = fetched_input(layout.selection) / HELDOUT_FILE
+    return run_gate(target=target, serving_draft=serving_draft, candidate_draft=layout.draft,
+                    traffic_prompts=str(prompts), general=cfg.gate.general, settings=cfg.gate, out=layout.gate)
+
+
+def lineage_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout,
+                 gate: "GateResult | None") -> dict[str, Any]:
+    """Write ``layout.lineage`` (``peagle.traffic.lineage/v1``) and return it: the traffic window asked for and
+    covered, the selection counts, rows from traffic and replayed, the base draft and data, the target, the
+    candidate and the gate's verdict (None: not gated). Reads what the earlier steps published."""
+    from ..model.target import fingerprint
+    from ..storage import open_store
+
+    selection = _read_selection_summary(layout)
+    data = dict(PreparedData.open(layout.data).header.metadata["refresh"])
+    window = selection["window"]
+    firsts = [p["first_received_at"] for p in window.values() if p["first_received_at"]]
+    lasts = [p["last_received_at"] for p in window.values() if p["last_received_at"]]
+    lineage = {
+        "format": LINEAGE_FORMAT,
+        "peagle_version": __version__,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "traffic": {"uri": cfg.refresh.traffic, "since": cfg.refresh.since or None, "until": cfg.refresh.until or None,
+                    "covered": {"first_received_at": min(firsts), "last_received_at": max(lasts), **window}},
+        "counts": selection["counts"],
+        "sampled_responses": selection["sampled_responses"],
+        "regenerated": selection.get("regenerated"),
+        "rows": {"traffic": data["traffic_rows"], "replayed": data["replayed_rows"], "total": data["rows"]},
+        "replay": {"fraction": data["replay_fraction"], "base_data": data["base_data"],
+                   "rows": data["replayed_rows"], "short": data["replay_short"]},
+        "target": {"path": str(target), "fingerprint": fingerprint(target)},
+        "base_draft": _draft_identity(serving_draft),
+        "candidate_draft": _draft_identity(layout.draft),
+        "gate": None if gate is None else {"passed": bool(gate.passed), "reasons": list(gate.reasons),
+                                           "report": join(layout.gate, "gate.json")},
+        "settings": {"refresh": cfg.refresh.model_dump(mode="json"), "gate": cfg.gate.model_dump(mode="json")},
+        "outputs": {"selection": layout.selection, "data": layout.data, "hidden_states": layout.hidden_states,
+                    "draft": layout.draft, "gate": layout.gate},
+    }
+    store = open_store(layout.root)
+    store.put_bytes(layout.lineage.rsplit("/", 1)[-1], (json.dumps(lineage, indent=1) + "\n").encode())
+    return lineage
+
+
+def refresh(cfg: RunConfig, *, target: str, serving_draft: str, out: str, gate: bool = True,
+            say=print) -> RefreshOutcome:
+    """Run every step in order into ``out`` (see the module docstring); ``gate=False`` skips the gate.
+
+    ``out`` should be new for each refresh: a rerun into the same ``out`` resumes the extraction and the
+    training there, which refuse data that changed since.
+    """
+    from ..model.adapter import Draft
+
+    layout = RefreshLayout.of(out)
+    started = time.monotonic()
+    Draft.open(serving_draft)  # a serving draft that is not one stops the refresh before any work
+
+    def done(what: str) -> None:
+        say(f"[{time.monotonic() - started:6.0f}s] {what}")
+
+    selection = select_step(cfg, target=target, layout=layout)
+    done(f"selected traffic: {describe_counts(selection['counts'])}")
+    data = prepare_step(cfg, target=target, layout=layout)
+    done(f"prepared rows: traffic {data['traffic_rows']}, replayed {data['replayed_rows']} "
+         f"(replay_fraction={data['replay_fraction']})")
+    extract_step(cfg, target=target, layout=layout)
+    done(f"extracted hidden states: {layout.hidden_states}")
+    candidate = train_step(cfg, target=target, serving_draft=serving_draft, layout=layout)
+    done(f"trained candidate draft: {candidate}")
+    result = gate_step(cfg, target=target, serving_draft=serving_draft, layout=layout) if gate else None
+    if result is not None:
+        done(f"gate {'passed' if result.passed else 'REJECTED'}: {layout.gate}")
+    lineage = lineage_step(cfg, target=target, serving_draft=serving_draft, layout=layout, gate=result)
+    done(f"lineage: {layout.lineage}")
+    return RefreshOutcome(layout, selection, data, candidate, result, lineage)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="peagle refresh", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--config", help="YAML run configuration (the one the serving draft was trained with)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set refresh.replay_fraction=0.5 (repeatable)")
+    p.add_argument("--target", help="target directory (target.path): the serving target")
+    p.add_argument("--serving-draft", required=True, help="the serving draft (directory or URI): warm start, base")
+    p.add_argument("--traffic", help="traffic log root (refresh.traffic)")
+    p.add_argument("--base-data", help="prepared data the serving draft was trained on (refresh.base_data)")
+    p.add_argument("--since", help="window start, ISO 8601 UTC, inclusive (refresh.since)")
+    p.add_argument("--until", help="window end, ISO 8601 UTC, exclusive (refresh.until)")
+    p.add_argument("--out", required=True, help="output directory or URI of this refresh")
+    p.add_argument("--no-gate", action="store_true", help="stop after training (no gate: the candidate is unvetted)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    values = {key: value for key, value in (("target.path", ns.target), ("refresh.traffic", ns.traffic),
+                                             ("refresh.base_data", ns.base_data), ("refresh.since", ns.since),
+                                             ("refresh.until", ns.until)) if value}
+    try:
+        cfg: RunConfig = C.build_config(RunConfig, ns.config, ns.overrides, values)  # type: ignore[assignment]
+        if not cfg.target.path:
+            raise C.ConfigError("refresh needs the serving target: --target DIR (or target.path in the config)")
+        outcome = refresh(cfg, target=cfg.target.path, serving_draft=ns.serving_draft, out=ns.out,
+                          gate=not ns.no_gate)
+    except PeagleError as exc:
+        return report(exc)
+    print(f"candidate draft: {outcome.candidate_draft}; lineage: {outcome.layout.lineage}")
+    if outcome.passed is False:
+        print(f"gate REJECTED the candidate: see {outcome.layout.gate}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,484 @@
+"""``peagle gate``: does a candidate draft beat the serving draft? Paired, on the same prompts, by real vLLM.
+
+    peagle gate --target DIR --serving-draft DIR --candidate-draft DIR --traffic-prompts heldout.jsonl \\
+        [--general sharegpt-heldout@32] [--config run.yaml] [--set gate.margin=0.05] --out DIR
+
+One vLLM child interpreter runs, one after another: the target with the serving draft, the target with
+the candidate (same K, same greedy workloads in the same batches: the newest held-out traffic, then the
+general held-out set), then the float32 check (the target alone and the target with the candidate, in
+float32, on ``gate.lossless_prompts`` prompts; greedy outputs must be identical). vLLM returns each
+request's acceptance histogram, so every prompt has a figure for both drafts; the difference of the
+pooled acceptance length (and first-position acceptance) gets a percentile bootstrap interval that
+resamples prompts jointly for both drafts (:func:`paired_comparison`). The candidate passes only if
+every check holds (:func:`gate_checks`): enough traffic prompts, a traffic gain of at least
+``gate.margin`` with the interval above zero, a general loss within ``gate.tolerance``, float32
+losslessness, and it loads in the pinned vLLM (its engine started and drafted). A candidate that cannot
+be read or whose engine fails is rejected with the reason, not raised.
+
+Outputs (``--out``, a directory or URI, published as a ``peagle-gate``): ``gate.json``, ``gate.html``
+(:mod:`.gate_report`). Exit status: 0 passed, 1 rejected, 2 bad input, 3 the measurement failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from pydantic import Field
+
+from .. import config as C
+from ..config import ConfigError
+from ..engine.settings import EngineSettings
+from ..errors import PeagleError, report
+from ..evaluate.live import Sampling, Workload, fp32_check_workload
+from ..evaluate.prompts import Prompt, PromptSet, PromptSetError, load_prompt_sets
+from ..evaluate.settings import EvaluateEngineSettings, EvaluateSettings
+from ..storage.settings import strip_userinfo
+from .gate_report import (GATE_HTML, GATE_JSON, GATE_KIND, GENERAL, TRAFFIC, DraftFigures, Estimate, GateCheck,
+                          GateResult, PairedComparison, log_gate_metrics, summary_lines, write_gate)
+from .settings import GateSettings
+
+__all__ = ["GateError", "GateResult", "GateRunConfig", "choose_k", "gate_checks", "general_prompt_set",
+           "log_gate_metrics", "main", "paired_comparison", "run_gate", "traffic_prompt_set"]
+
+log = logging.getLogger(__name__)
+
+
+class GateError(PeagleError, RuntimeError):
+    """The measurement itself failed (not the candidate's fault: the target or the serving draft's engine)."""
+
+    exit_code = 3
+
+
+# ---- statistics -------------------------------------------------------------------------------------
+
+def _matrix(rows: list[Sequence[int]], width: int) -> np.ndarray:
+    out = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def _acceptance(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(AL, first-position acceptance) of summed histograms [..., K+1] (NaN where there were no steps)."""
+    steps = sums.sum(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        al = 1.0 + (sums * np.arange(sums.shape[-1])).sum(axis=-1) / steps
+        first = 1.0 - sums[..., 0] / steps
+    return al, first
+
+
+def paired_comparison(serving: Sequence[Sequence[int] | None], candidate: Sequence[Sequence[int] | None], *,
+                      resamples: int = 1000, level: float = 0.95, seed: int = 0) -> PairedComparison:
+    """Both drafts' acceptance on the same prompts and the difference candidate - serving.
+
+    ``serving[i]`` and ``candidate[i]`` are vLLM's acceptance histograms of prompt ``i`` (``h[j]``: steps
+    with ``j`` drafts accepted; None: not returned, the prompt is left out for both). Figures pool the
+    histograms over prompts (as :func:`peagle.evaluate.confidence.figures`); intervals are percentiles of
+    ``resamples`` draws of prompts with replacement (fixed ``seed``), the same draw for both drafts, so
+    what the prompts share (how predictable they are) cancels out of the difference. Fewer than two
+    prompts: no intervals.
+    """
+    if len(serving) != len(candidate):
+        raise ValueError(f"{len(serving)} serving histograms but {len(candidate)} candidate histograms")
+    pairs = [(s, c) for s, c in zip(serving, candidate) if s is not None and c is not None]
+    width = max((len(h) for pair in pairs for h in pair), default=1)
+    s_rows, c_rows = _matrix([s for s, _ in pairs], width), _matrix([c for _, c in pairs], width)
+    s_al, s_first = _acceptance(s_rows.sum(axis=0))
+    c_al, c_first = _acceptance(c_rows.sum(axis=0))
+    point = {"s_al": s_al, "s_first": s_first, "c_al": c_al, "c_first": c_first,
+             "d_al": c_al - s_al, "d_first": c_first - s_first}
+    bounds: dict[str, tuple[float, float] | None] = dict.fromkeys(point)
+    if len(pairs) >= 2:
+        picks = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
+        rs_al, rs_first = _acceptance(s_rows[picks].sum(axis=1))
+        rc_al, rc_first = _acceptance(c_rows[picks].sum(axis=1))
+        draws = {"s_al": rs_al, "s_first": rs_first, "c_al": rc_al, "c_first": rc_first,
+                 "d_al": rc_al - rs_al, "d_first": rc_first - rs_first}
+        lo_q, hi_q = (1 - level) / 2 * 100, (1 + level) / 2 * 100
+        for key, values in draws.items():
+            values = values[np.isfinite(values)]
+            if values.size >= resamples // 2:  # else undefined in most draws (no steps at all)
+                bounds[key] = (float(np.percentile(values, lo_q)), float(np.percentile(values, hi_q)))
+
+    def est(key: str) -> Estimate:
+        v = float(point[key])
+        return Estimate(v if np.isfinite(v) else None, bounds[key])
+
+    return PairedComparison(
+        prompts=len(pairs), excluded=len(serving) - len(pairs),
+        serving=DraftFigures(est("s_al"), est("s_first"), int(s_rows.sum())),
+        candidate=DraftFigures(est("c_al"), est("c_first"), int(c_rows.sum())),
+        acceptance_length_difference=est("d_al"), first_position_difference=est("d_first"),
+        level=level, resamples=resamples)
+
+
+# ---- verdict ----------------------------------------------------------------------------------------
+
+def _diff_text(e: Estimate) -> str:
+    text = "not measured" if e.value is None else f"acceptance length {e.value:+.3f}"
+    return text + (f" [{e.interval[0]:+.3f}, {e.interval[1]:+.3f}]" if e.interval else " (no interval)")
+
+
+def gate_checks(*, traffic_prompts: int, sets: dict[str, PairedComparison], lossless_float32: dict[str, Any] | None,
+                loads: tuple[bool, str], settings: GateSettings, not_measured: str = "") -> tuple[GateCheck, ...]:
+    """The five checks of the verdict, in order; the candidate passes when all pass.
+
+    ``traffic_prompts``: held-out traffic prompts available (the measured ones when measured);
+    ``loads``: (the candidate's engine started and drafted, why); ``not_measured``: why vLLM did not run."""
+    missing = f"not measured: {not_measured}" if not_measured else "not measured"
+    checks = [GateCheck("enough_traffic", traffic_prompts >= settings.min_traffic_prompts, float(traffic_prompts),
+                        float(settings.min_traffic_prompts), f"{traffic_prompts} held-out traffic prompts, at least "
+                        f"{settings.min_traffic_prompts} needed (gate.min_traffic_prompts)")]
+    t = sets.get(TRAFFIC)
+    if t is None:
+        checks.append(GateCheck("traffic_gain", False, None, settings.margin, missing))
+    else:
+        d = t.acceptance_length_difference
+        ok = d.value is not None and d.value >= settings.margin and d.interval is not None and d.interval[0] > 0
+        checks.append(GateCheck("traffic_gain", ok, d.value, settings.margin,
+                                f"{_diff_text(d)} on {t.prompts} traffic prompts (candidate - serving); needs at "
+                                f"least +{settings.margin:g} (gate.margin) with the interval above 0"))
+    g = sets.get(GENERAL)
+    if g is None:
+        checks.append(GateCheck("general_loss", False, None, -settings.tolerance, missing))
+    else:
+        d = g.acceptance_length_difference
+        checks.append(GateCheck("general_loss", d.value is not None and d.value >= -settings.tolerance, d.value,
+                                -settings.tolerance, f"{_diff_text(d)} on {g.prompts} general prompts; may lose at "
+                                f"most {settings.tolerance:g} (gate.tolerance)"))
+    if lossless_float32 is None:
+        why = "skipped (gate.lossless_prompts is 0)" if settings.lossless_prompts == 0 and not not_measured else missing
+        checks.append(GateCheck("lossless_float32", False, None, None, why))
+    else:
+        same, n = lossless_float32["identical"], lossless_float32["compared"]
+        checks.append(GateCheck("lossless_float32", n > 0 and same == n, float(same), float(n),
+                                f"{same}/{n} greedy float32 outputs identical with the candidate (target alone vs "
+                                f"target + candidate); {lossless_float32['accepted_tokens']} drafted tokens accepted"))
+    checks.append(GateCheck("loads", loads[0], float(loads[0]), 1.0, loads[1]))
+    return tuple(checks)
+
+
+# ---- prompts ----------------------------------------------------------------------------------------
+
+def traffic_prompt_set(source: PromptSet | str | Path, newest: int | None) -> PromptSet:
+    """The held-out traffic as one set, its last ``newest`` prompts (a file lists them oldest first).
+
+    ``source``: a PromptSet, or a ``.jsonl`` file (local path or URI) of rows ``{"id", "messages",
+    "category"}`` (or ``{"prompt"}``), read in file order whatever their categories."""
+    if isinstance(source, PromptSet):
+        ps = PromptSet(TRAFFIC, source.source, source.attribution, list(source.prompts), group=TRAFFIC)
+    else:
+        text = _read_text(str(source))
+        ps = PromptSet(TRAFFIC, strip_userinfo(str(source)), "held-out served traffic", group=TRAFFIC)
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{strip_userinfo(str(source))}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PromptSetError(f"{where}: not valid JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise PromptSetError(f"{where}: a row must be a JSON object")
+            ps.prompts.append(Prompt(str(row.get("id") or f"{TRAFFIC}-{lineno}"), _chat(row, where)))
+    if newest is not None:
+        ps.prompts = ps.prompts[-newest:]
+    return ps
+
+
+def _chat(row: dict[str, Any], where: str) -> tuple[dict[str, str], ...]:
+    """The conversation of a traffic row: its ``messages`` (ending with the user's turn) or a ``prompt``."""
+    messages = row.get("messages")
+    if messages is None and isinstance(row.get("prompt"), str) and row["prompt"].strip():
+        return ({"role": "user", "content": row["prompt"]},)
+    if not isinstance(messages, list) or not messages:
+        raise PromptSetError(f"{where}: a row needs a non-empty 'messages' list (or a 'prompt'), "
+                             f"got keys {sorted(row)}")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise PromptSetError(f"{where}: every message needs a string 'role' and 'content', got {m!r}")
+    if messages[-1]["role"] != "user":
+        raise PromptSetError(f"{where}: the last message must be the user's turn, got role {messages[-1]['role']!r}")
+    return tuple({"role": m["role"], "content": m["content"]} for m in messages)
+
+
+def _read_text(location: str) -> str:
+    from ..stage_io import is_remote, local_path
+
+    if not is_remote(location):
+        path = local_path(location)
+        if not path.is_file():
+            raise PromptSetError(f"traffic prompt file {path} does not exist")
+        return path.read_text(encoding="utf-8")
+    from ..storage import open_store
+
+    parent, _, name = location.rstrip("/").rpartition("/")
+    return open_store(parent).get_bytes(name).decode("utf-8")
+
+
+def general_prompt_set(name: str) -> PromptSet:
+    """The general held-out set ``name`` (any :func:`load_prompt_sets` name) pooled into one set."""
+    sets = load_prompt_sets([name])
+    prompts = [p for ps in sets.values() for p in ps.prompts]
+    first = next(iter(sets.values()))
+    return PromptSet(GENERAL, name, first.attribution, prompts, group=GENERAL)
+
+
+# ---- models -----------------------------------------------------------------------------------------
+
+def _draft(location: str, role: str) -> tuple[str, dict[str, Any], Any]:
+    """(local dir, {path, sha256, trained_depths}, spec) of a draft; PeagleError naming ``role`` if unusable."""
+    from ..evaluate.report import draft_fingerprint
+    from ..evaluate.run import verify_draft
+    from ..model import read_spec
+    from ..stage_io import fetched_input
+
+    shown = strip_userinfo(str(location))
+    try:
+        local = str(fetched_input(location))
+        verify_draft(local)
+        spec = read_spec(local)
+        info = {"path": shown, "sha256": draft_fingerprint(local), "trained_depths": spec.num_depths}
+    except (PeagleError, OSError) as exc:
+        raise ConfigError(f"{role} draft {shown}: {exc}") from None
+    return local, info, spec
+
+
+def choose_k(settings: GateSettings, serving_depths: int, candidate_depths: int) -> int:
+    """``gate.num_speculative_tokens``, else the depths both drafts were trained for (the smaller)."""
+    k = settings.num_speculative_tokens
+    if k is None:
+        return min(serving_depths, candidate_depths)
+    for role, depths in (("serving", serving_depths), ("candidate", candidate_depths)):
+        if k > depths:
+            raise ConfigError(f"gate.num_speculative_tokens {k} exceeds the {role} draft's {depths} trained depths")
+    return k
+
+
+# ---- the vLLM job -----------------------------------------------------------------------------------
+
+SERVING, CANDIDATE, FP32_TARGET, FP32_CANDIDATE = "serving", "candidate", "float32-target", "float32-candidate"
+
+
+def _jobs(target_dir: str, serving_dir: str, candidate_dir: str, k: int, workloads: list[Workload],
+          fp32_check: Workload | None, settings: GateSettings,
+          engine: EngineSettings) -> list[tuple[str, dict[str, Any]]]:
+    """(role, vllm_job job) per engine: serving, candidate, then the float32 pair (when checked)."""
+    from ..evaluate.live import FP32_CHECK
+
+    common = {"model": target_dir, "dtype": "auto", "seed": settings.seed, "engine": engine.model_dump(),
+              "warmup": True, "workloads": [w.job() for w in workloads]}
+    jobs = [(SERVING, {**common, "draft": serving_dir, "num_speculative_tokens": k}),
+            (CANDIDATE, {**common, "draft": candidate_dir, "num_speculative_tokens": k})]
+    if fp32_check is not None:
+        fp32 = {**common, "dtype": "float32", "warmup": False, "workloads": [{**fp32_check.job(), "name": FP32_CHECK}]}
+        jobs += [(FP32_TARGET, fp32), (FP32_CANDIDATE, {**fp32, "draft": candidate_dir, "num_speculative_tokens": k})]
+    return jobs
+
+
+def _run(jobs: list[dict[str, Any]], engine: EngineSettings) -> list[dict[str, Any]]:
+    from ..evaluate.vllm_job import requests_of, run_in_subprocess
+    from ..progress import Progress
+
+    with Progress("gate", requests_of(jobs), "requests") as progress:
+        return run_in_subprocess(jobs, timeout=engine.timeout_s, progress=progress, settings=engine)
+
+
+def _run_engines(jobs: list[tuple[str, dict[str, Any]]], engine: EngineSettings) -> tuple[dict[str, dict], str]:
+    """({role: raw result}, "") or ({}, why the candidate's engine failed). A failure is pinned on the
+    candidate only when the same child without the candidate's engines (a short version) runs."""
+    try:
+        return dict(zip([r for r, _ in jobs], _run([j for _, j in jobs], engine))), ""
+    except RuntimeError as exc:
+        failure = strip_userinfo(str(exc))
+        if "killed after" in failure:
+            raise GateError(f"the gate's vLLM job ran past evaluate.engine.timeout_s: {failure}") from None
+    short = [{**j, "warmup": False, "workloads": [{**w, "prompts": w["prompts"][:1], "max_tokens": 4, "repeats": 1}
+                                                for w in j["workloads"]]}
+             for role, j in jobs if role not in (CANDIDATE, FP32_CANDIDATE)]
+    try:
+        _run(short, engine)
+    except RuntimeError as exc:
+        raise GateError(f"the gate's vLLM job failed without the candidate too: {strip_userinfo(str(exc))}") from None
+    return {}, f"the candidate's vLLM engine failed: {failure[-800:]}"
+
+
+def _is_p_eagle(raw: dict[str, Any], k: int) -> bool:
+    sc = raw.get("speculative_config") or {}
+    return sc.get("method") == "eagle3" and bool(sc.get("parallel_drafting")) and sc.get("num_speculative_tokens") == k
+
+
+def _lossless(alone: dict[str, Any], drafted: dict[str, Any], prompt_ids: list[str], k: int) -> dict[str, Any]:
+    """Greedy float32 outputs of the target alone vs with the candidate (as evaluate's lossless_float32)."""
+    a, d = alone["workloads"][0], drafted["workloads"][0]
+    differ = [pid for pid, x, y in zip(prompt_ids, a["token_ids"], d["token_ids"]) if x != y]
+    compared = min(len(a["token_ids"]), len(d["token_ids"]))
+    return {"dtype": "float32", "num_speculative_tokens": k, "compared": compared,
+            "identical": compared - len(differ), "differing_prompts": differ,
+            "accepted_tokens": int(d["spec_decode"]["accepted_tokens"]), "generated_tokens": int(d["generated_tokens"])}
+
+
+@dataclass
+class _Measured:
+    sets: dict[str, PairedComparison] = field(default_factory=dict)
+    lossless: dict[str, Any] | None = None
+    device: str | None = None
+    candidate_failure: str = ""  # why the candidate's engine did not serve ("" when it did)
+
+
+def _measure(target_dir: str, serving_dir: str, candidate_dir: str, k: int, workloads: list[Workload],
+             settings: GateSettings, engine: EngineSettings) -> _Measured:
+    """Run both drafts' engines and the float32 pair; the paired figures per set."""
+    fp32_check = (fp32_check_workload(workloads, settings.lossless_prompts, settings.lossless_max_tokens)
+                  if settings.lossless_prompts > 0 else None)
+    jobs = _jobs(target_dir, serving_dir, candidate_dir, k, workloads, fp32_check, settings, engine)
+    raw, failure = _run_engines(jobs, engine)
+    if failure:
+        return _Measured(candidate_failure=failure)
+    if not _is_p_eagle(raw[SERVING], k):
+        raise GateError(f"vLLM did not serve the serving draft as P-EAGLE with K={k}: "
+                        f"{raw[SERVING].get('speculative_config')}")
+    m = _Measured(device=raw[SERVING].get("device"))
+    if not _is_p_eagle(raw[CANDIDATE], k):
+        m.candidate_failure = (f"vLLM did not serve the candidate as P-EAGLE with K={k}: "
+                               f"{raw[CANDIDATE].get('speculative_config')}")
+    elif sum(int(w["spec_decode"]["drafts"]) for w in raw[CANDIDATE]["workloads"]) == 0:
+        m.candidate_failure = "the candidate's engine started but proposed no drafts"
+    for i, w in enumerate(workloads):
+        m.sets[w.category] = paired_comparison(raw[SERVING]["workloads"][i]["acceptance_histograms"],
+                                               raw[CANDIDATE]["workloads"][i]["acceptance_histograms"],
+                                               resamples=settings.resamples, level=settings.level, seed=settings.seed)
+    if fp32_check is not None:
+        m.lossless = _lossless(raw[FP32_TARGET], raw[FP32_CANDIDATE], fp32_check.prompt_ids, k)
+    return m
+
+
+def run_gate(*, target: str, serving_draft: str, candidate_draft: str, traffic_prompts: PromptSet | str | Path,
+             general: str | None = None, settings: GateSettings, engine: EngineSettings | None = None,
+             out: str) -> GateResult:
+    """Gate ``candidate_draft`` against ``serving_draft`` (see the module docstring); writes ``gate.json`` and
+    ``gate.html`` to ``out`` (a directory or URI, published) and returns the result.
+
+    ``general``: the general held-out set (default ``settings.general``); ``engine``: the vLLM engines'
+    settings (default: the ``evaluate.engine`` defaults; ``max_model_len`` unset is fitted to the prompts).
+    Raises PeagleError for bad input (the target, the serving draft, the prompts, the output), GateError
+    when the measurement fails for a reason that is not the candidate's."""
+    from ..evaluate.run import context_length
+    from ..model import check_draft_matches_target, inspect_target
+    from ..model.target import fingerprint
+    from ..stage_io import fetched_input, staged
+
+    t0 = time.perf_counter()
+    engine = EvaluateEngineSettings.model_validate((engine or EvaluateEngineSettings()).model_dump())
+    traffic = traffic_prompt_set(traffic_prompts, settings.max_traffic_prompts)
+    general_set = general_prompt_set(general or settings.general)
+    target_dir = str(fetched_input(target))
+    target_info = inspect_target(target_dir)
+    serving_dir, serving, serving_spec = _draft(serving_draft, "serving")
+    check_draft_matches_target(serving_spec, target_info, where=f"serving draft {serving['path']}")
+    candidate_dir, why_not_loaded, k = "", "", None
+    candidate: dict[str, Any] = {"path": strip_userinfo(str(candidate_draft)), "sha256": None, "trained_depths": None}
+    try:
+        candidate_dir, candidate, candidate_spec = _draft(candidate_draft, "candidate")
+        check_draft_matches_target(candidate_spec, target_info, where=f"candidate draft {candidate['path']}")
+    except PeagleError as exc:  # the candidate cannot serve: rejected, not an error of the gate
+        why_not_loaded = str(exc)
+    else:
+        k = choose_k(settings, serving_spec.num_depths, candidate_spec.num_depths)
+    workloads = [Workload(ps.category, Sampling("greedy", 0.0, 1.0, settings.seed), [p.id for p in ps.prompts],
+                          [p.chat() for p in ps.prompts], settings.max_tokens, False)
+                 for ps in (traffic, general_set) if ps.prompts]
+    fit = EvaluateSettings(max_tokens=settings.max_tokens, engine=engine,
+                           lossless_check="float32" if settings.lossless_prompts else "none",
+                           lossless_check_max_tokens=settings.lossless_max_tokens)
+    engine = engine.model_copy(update={"max_model_len": context_length(fit, target_dir, workloads)})
+
+    with staged(out, kind=GATE_KIND, inputs=[p for p in (target_dir, serving_dir, candidate_dir) if p]) as stage:
+        t_checks = time.perf_counter() - t0
+        not_measured = ""
+        if why_not_loaded:
+            not_measured = "the candidate cannot load"
+        elif len(traffic.prompts) < settings.min_traffic_prompts:
+            not_measured = f"only {len(traffic.prompts)} traffic prompts"
+        m = _Measured() if not_measured else _measure(target_dir, serving_dir, candidate_dir, k, workloads,
+                                                      settings, engine)
+        if m.candidate_failure:
+            why_not_loaded = m.candidate_failure
+            not_measured = not_measured or ("" if m.sets else "the candidate's engine failed")
+        if why_not_loaded:
+            loads = (False, why_not_loaded)
+        elif not_measured:
+            loads = (False, f"not measured: {not_measured}")
+        else:
+            loads = (True, f"the candidate's engine started in the pinned vLLM and drafted (K={k})")
+        checks = gate_checks(traffic_prompts=m.sets[TRAFFIC].prompts if TRAFFIC in m.sets else len(traffic.prompts),
+                             sets=m.sets, lossless_float32=m.lossless, loads=loads, settings=settings,
+                             not_measured=not_measured)
+        total = time.perf_counter() - t0
+        result = GateResult(
+            passed=all(c.passed for c in checks), checks=checks,
+            target={"path": strip_userinfo(str(target)), "fingerprint": fingerprint(target_dir)},
+            serving_draft=serving, candidate_draft=candidate, num_speculative_tokens=k if m.sets else None,
+            sets=m.sets, sources={TRAFFIC: traffic.source, GENERAL: general_set.source}, lossless_float32=m.lossless,
+            settings=json.loads(settings.model_dump_json()), device=m.device,
+            timing={"checks_s": round(t_checks, 3), "vllm_s": round(total - t_checks, 3), "total_s": round(total, 3)})
+        write_gate(result, stage)
+    return result
+
+
+# ---- command line -----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="peagle gate", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--config", help="YAML run configuration (its target, gate and evaluate.engine sections are read)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set gate.margin=0.05 (repeatable)")
+    p.add_argument("--target", help="target directory or URI (default: target.path)")
+    p.add_argument("--serving-draft", required=True, help="the draft serving now (directory or URI)")
+    p.add_argument("--candidate-draft", required=True, help="the draft that would replace it (directory or URI)")
+    p.add_argument("--traffic-prompts", required=True, metavar="FILE",
+                   help="held-out traffic prompts, oldest first (.jsonl rows {id, messages, category})")
+    p.add_argument("--out", required=True, help="output directory or URI for gate.json and gate.html")
+    p.add_argument("-v", "--verbose", action="store_true")
+    C.add_flags(p, GateSettings, "gate")
+    return p
+
+
+class GateRunConfig(C.StrictModel):
+    """What ``peagle gate`` reads of a run configuration: the target, the gate and the evaluate engines."""
+
+    target: C.TargetSettings = Field(default_factory=C.TargetSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
+    evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)  # its engine section runs the gate
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        cfg = C.build_config(GateRunConfig, ns.config, ns.overrides, C.flag_values(ns), own_sections_only=True)
+        target = ns.target or cfg.target.path
+        if not target:
+            raise ConfigError("no target: give --target or target.path")
+        result = run_gate(target=target, serving_draft=ns.serving_draft, candidate_draft=ns.candidate_draft,
+                          traffic_prompts=ns.traffic_prompts, settings=cfg.gate, engine=cfg.evaluate.engine,
+                          out=ns.out)
+    except PeagleError as exc:
+        return report(exc)
+    for line in summary_lines(result):
+        print(line)
+    print(f"gate: {strip_userinfo(ns.out)}/{GATE_JSON} and {GATE_HTML}")
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

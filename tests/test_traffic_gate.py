@@ -1,0 +1,295 @@
+"""The gate (peagle.traffic.gate): paired statistics, verdict, gate.json/.html, KFP metrics, and one real vLLM run.
+
+Unit tests build synthetic acceptance histograms (h[j]: steps with j drafts accepted) and the tiny
+target of tests/conftest.py; the ``vllm`` test runs the whole gate on the tiny target with the same
+untrained draft as serving and candidate: nothing can differ, so the traffic gain fails with a
+difference of exactly 0 while the float32 check and loading pass.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from peagle.config import DraftSettings
+from peagle.evaluate.prompts import PromptSetError
+from peagle.evaluate.settings import EvaluateEngineSettings
+from peagle.traffic.gate import gate_checks, main, paired_comparison, run_gate, traffic_prompt_set
+from peagle.traffic.gate_report import (GATE_FORMAT, GateReportError, GateResult, gate_metrics, log_gate_metrics,
+                                        render_gate_html, summary_lines, write_gate)
+from peagle.traffic.settings import GateSettings
+
+# the vllm test's engines: a short context, a small batch, in-process (on CPU an engine starts in seconds)
+VLLM_ENGINE = EvaluateEngineSettings(max_model_len=512, max_num_seqs=8, cpu_kv_cache_gib=1, in_process=True,
+                                     timeout_s=900)
+
+
+def _k1_histograms(rates: np.ndarray, steps: int, rng: np.random.Generator) -> list[list[int]]:
+    """K=1 histograms [rejected, accepted] of ``steps`` steps per prompt at the given acceptance rates."""
+    accepted = rng.binomial(steps, rates)
+    return [[int(steps - a), int(a)] for a in accepted]
+
+
+def _heterogeneous(n: int = 200, gain: float = 0.2, seed: int = 0):
+    """Prompts of very different difficulty; the candidate accepts ``gain`` more on each."""
+    rng = np.random.default_rng(seed)
+    difficulty = rng.uniform(0.0, 1.0, n)
+    serving_rates = 0.1 + 0.6 * difficulty
+    return _k1_histograms(serving_rates, 50, rng), _k1_histograms(serving_rates + gain, 50, rng)
+
+
+def test_known_difference_is_covered_and_above_zero():
+    serving, candidate = _heterogeneous(gain=0.2)
+    c = paired_comparison(serving, candidate, resamples=2000, seed=1)
+    d = c.acceptance_length_difference
+    assert c.prompts == 200 and c.excluded == 0
+    assert d.interval[0] <= 0.2 <= d.interval[1] and d.interval[0] > 0
+    # K=1: AL = 1 + first-position acceptance, so both differences agree
+    assert d.value == pytest.approx(c.first_position_difference.value)
+    assert c.candidate.acceptance_length.value - c.serving.acceptance_length.value == pytest.approx(d.value)
+
+
+def test_identical_drafts_give_exactly_zero():
+    serving, _ = _heterogeneous()
+    c = paired_comparison(serving, [list(h) for h in serving])
+    assert c.acceptance_length_difference.value == 0.0
+    assert c.acceptance_length_difference.interval == (0.0, 0.0)
+    assert c.first_position_difference.interval == (0.0, 0.0)
+    assert c.serving == c.candidate
+
+
+def test_paired_interval_is_narrower_than_unpaired_on_correlated_prompts():
+    serving, candidate = _heterogeneous(gain=0.05)
+    c = paired_comparison(serving, candidate, resamples=2000)
+    width = lambda iv: iv[1] - iv[0]  # noqa: E731
+    paired = width(c.acceptance_length_difference.interval)
+    # drawing each draft's prompts independently: the variances of the two figures add up
+    unpaired = np.hypot(width(c.serving.acceptance_length.interval), width(c.candidate.acceptance_length.interval))
+    assert paired < 0.5 * unpaired
+
+
+def test_pooled_figures_and_missing_histograms():
+    serving = [[2, 1, 1], None, [0, 0, 4]]  # K=2; prompt 1 has no histogram from the serving draft
+    candidate = [[1, 1, 2], [3, 0, 0], [0, 0, 4]]
+    c = paired_comparison(serving, candidate, resamples=200)
+    assert c.prompts == 2 and c.excluded == 1
+    # serving pooled: [2, 1, 5] -> 8 steps, 11 accepted; candidate pooled: [1, 1, 6] -> 8 steps, 13 accepted
+    assert c.serving.acceptance_length.value == pytest.approx(1 + 11 / 8)
+    assert c.candidate.first_position.value == pytest.approx(7 / 8)
+    assert c.acceptance_length_difference.value == pytest.approx(2 / 8)
+    assert c.serving.steps == 8
+    one = paired_comparison([[1, 1]], [[0, 2]])
+    assert one.acceptance_length_difference.value == pytest.approx(0.5)
+    assert one.acceptance_length_difference.interval is None  # one prompt: no interval
+    none = paired_comparison([None], [[0, 2]])
+    assert none.prompts == 0 and none.serving.acceptance_length.value is None
+    with pytest.raises(ValueError, match="histograms"):
+        paired_comparison([[1, 1]], [])
+
+
+# ---- verdict ----------------------------------------------------------------------------------------
+
+def _sets(traffic_gain: float, general_gain: float, n: int = 64):
+    serving, _ = _heterogeneous(n=n, gain=0.0, seed=3)
+
+    def shifted(gain: float) -> list[list[int]]:
+        # move round(gain * steps) steps of every prompt from rejected to accepted (K=1: AL gains `gain`)
+        return [[h[0] - round(gain * sum(h)), h[1] + round(gain * sum(h))] for h in serving]
+
+    return {"traffic": paired_comparison(serving, shifted(traffic_gain)),
+            "general": paired_comparison(serving, shifted(general_gain))}
+
+
+LOSSLESS = {"dtype": "float32", "num_speculative_tokens": 1, "compared": 4, "identical": 4, "differing_prompts": [],
+            "accepted_tokens": 3, "generated_tokens": 64}
+LOADS = (True, "the candidate's engine started")
+
+
+def _verdict(sets, lossless=LOSSLESS, loads=LOADS, prompts=64, **settings):
+    checks = gate_checks(traffic_prompts=prompts, sets=sets, lossless_float32=lossless, loads=loads,
+                         settings=GateSettings(**settings))
+    return {c.name: c for c in checks}
+
+
+def test_verdict_passes_only_when_every_check_holds():
+    ok = _verdict(_sets(0.1, -0.02), margin=0.02, tolerance=0.05)
+    assert list(ok) == ["enough_traffic", "traffic_gain", "general_loss", "lossless_float32", "loads"]
+    assert all(c.passed for c in ok.values()), [c.detail for c in ok.values()]
+    assert ok["traffic_gain"].threshold == 0.02 and ok["general_loss"].threshold == -0.05
+
+    assert not _verdict(_sets(0.1, -0.02), margin=0.2)["traffic_gain"].passed  # below the margin
+    assert not _verdict(_sets(0.0, 0.0), margin=0.0)["traffic_gain"].passed  # interval low not above 0
+    assert not _verdict(_sets(0.1, -0.1), tolerance=0.05)["general_loss"].passed
+    assert not _verdict(_sets(0.1, 0.0), prompts=8, min_traffic_prompts=16)["enough_traffic"].passed
+    bad = _verdict(_sets(0.1, 0.0), lossless={**LOSSLESS, "identical": 3, "differing_prompts": ["p2"]})
+    assert not bad["lossless_float32"].passed and "3/4" in bad["lossless_float32"].detail
+    skipped = _verdict(_sets(0.1, 0.0), lossless=None, lossless_prompts=0)["lossless_float32"]
+    assert not skipped.passed and "lossless_prompts is 0" in skipped.detail
+    no_load = _verdict({}, lossless=None, loads=(False, "NaN weights"))
+    assert not no_load["loads"].passed and no_load["loads"].detail == "NaN weights"
+    assert not no_load["traffic_gain"].passed and no_load["traffic_gain"].value is None
+
+
+# ---- gate.json, gate.html, KFP ------------------------------------------------------------------------
+
+def _result(passed_margin: float = 0.02) -> GateResult:
+    sets = _sets(0.1, -0.02)
+    checks = gate_checks(traffic_prompts=64, sets=sets, lossless_float32=LOSSLESS, loads=LOADS,
+                         settings=GateSettings(margin=passed_margin))
+    return GateResult(passed=all(c.passed for c in checks), checks=checks,
+                      target={"path": "/models/target", "fingerprint": "abc"},
+                      serving_draft={"path": "/drafts/serving", "sha256": "s" * 64, "trained_depths": 1},
+                      candidate_draft={"path": "/drafts/candidate", "sha256": "c" * 64, "trained_depths": 1},
+                      num_speculative_tokens=1, sets=sets, sources={"traffic": "heldout.jsonl", "general": "code"},
+                      lossless_float32=LOSSLESS, settings=GateSettings().model_dump(), timing={"total_s": 1.5},
+                      device="cpu")
+
+
+def test_gate_json_round_trip(tmp_path):
+    result = _result()
+    json_path, html_path = write_gate(result, tmp_path / "gate")
+    doc = json.loads(json_path.read_text())
+    assert doc["format"] == GATE_FORMAT and doc["passed"] is True
+    assert doc["sets"]["traffic"]["difference"]["acceptance_length"]["interval"][0] > 0
+    assert doc["sets"]["traffic"]["source"] == "heldout.jsonl"
+    for where in (tmp_path / "gate", json_path):
+        again = GateResult.read(where)
+        assert again == result
+    assert html_path.is_file()
+    json_path.write_text(json.dumps({**doc, "format": "other/v1"}))
+    with pytest.raises(GateReportError, match="other/v1"):
+        GateResult.read(json_path)
+    json_path.write_text(json.dumps({k: v for k, v in doc.items() if k != "checks"}))
+    with pytest.raises(GateReportError, match="checks"):
+        GateResult.read(json_path)
+
+
+def test_page_shows_the_verdict_first_and_the_figures(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-value")
+    result = _result()
+    page = render_gate_html(result)
+    assert page.index("PASSED") < page.index("traffic_gain") < page.index("serving draft")
+    al = result.sets["traffic"].candidate.acceptance_length.value
+    assert f"{al:.3f}" in page and "difference (candidate - serving)" in page
+    assert "very-secret-value" not in page
+    rejected = render_gate_html(_result(passed_margin=5.0))
+    assert "REJECTED" in rejected and "PASSED" not in rejected
+    lines = summary_lines(result)
+    assert lines[0].startswith("gate PASSED") and any("difference" in line for line in lines)
+
+
+def test_kfp_metrics(tmp_path):
+    class Metrics:
+        def __init__(self):
+            self.logged = {}
+
+        def log_metric(self, name, value):
+            self.logged[name] = value
+
+    result = _result()
+    m = Metrics()
+    scalars = log_gate_metrics(result, m)
+    assert m.logged == scalars == gate_metrics(result)
+    assert scalars["gate_passed"] == 1.0 and scalars["check_traffic_gain_passed"] == 1.0
+    assert scalars["traffic_acceptance_length_difference_ci_low"] > 0
+    general = result.sets["general"].candidate
+    assert scalars["general_candidate_first_position_acceptance"] == general.first_position.value
+    assert all(isinstance(v, float) for v in scalars.values())
+    log_gate_metrics(result, tmp_path / "metrics.json")
+    assert json.loads((tmp_path / "metrics.json").read_text()) == scalars
+
+
+# ---- run_gate and the command, without vLLM -----------------------------------------------------------
+
+def _prompt_file(path: Path, n: int, stem: str = "traffic") -> Path:
+    rows = [{"id": f"{stem}-{i}", "messages": [{"role": "user", "content": f"Write a function number {i}."}],
+             "category": "code" if i % 2 else "chat"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_traffic_keeps_the_newest_rows_in_file_order(tmp_path):
+    ps = traffic_prompt_set(_prompt_file(tmp_path / "t.jsonl", 10), 4)
+    assert [p.id for p in ps.prompts] == ["traffic-6", "traffic-7", "traffic-8", "traffic-9"]
+    assert traffic_prompt_set(ps, 2).prompts == ps.prompts[-2:]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi"}\n{"messages": [{"role": "assistant", "content": "x"}]}\n')
+    with pytest.raises(PromptSetError, match=r"bad.jsonl:2: the last message must be the user's turn"):
+        traffic_prompt_set(bad, None)
+
+
+@pytest.fixture(scope="module")
+def drafts(qwen3_target, tmp_path_factory):
+    from peagle.model import init_draft, save_draft
+
+    work = tmp_path_factory.mktemp("drafts")
+    return {seed: save_draft(init_draft(str(qwen3_target), DraftSettings(num_layers=1, num_depths=2, init_seed=seed)),
+                             work / f"draft-{seed}") for seed in (0, 1)}
+
+
+def test_too_little_traffic_is_rejected_without_measuring(qwen3_target, drafts, tmp_path, capsys):
+    traffic = _prompt_file(tmp_path / "heldout.jsonl", 3)
+    general = _prompt_file(tmp_path / "general.jsonl", 2, "general")
+    out = tmp_path / "gate"
+    code = main(["--target", str(qwen3_target), "--serving-draft", str(drafts[0]), "--candidate-draft",
+                 str(drafts[1]), "--traffic-prompts", str(traffic), "--general", str(general),
+                 "--min-traffic-prompts", "4", "--out", str(out)])
+    assert code == 1
+    result = GateResult.read(out)  # published: read through its manifest
+    assert not result.passed and result.sets == {}
+    checks = {c.name: c for c in result.checks}
+    assert not checks["enough_traffic"].passed and checks["enough_traffic"].value == 3.0
+    assert "not measured: only 3 traffic prompts" in checks["traffic_gain"].detail
+    assert result.candidate_draft["trained_depths"] == 2 and result.serving_draft["sha256"]
+    assert (out / "gate.html").is_file()
+    assert "gate REJECTED" in capsys.readouterr().out
+
+
+def test_a_candidate_that_cannot_load_is_rejected_with_the_reason(qwen3_target, drafts, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    result = run_gate(target=str(qwen3_target), serving_draft=str(drafts[0]), candidate_draft=str(broken),
+                      traffic_prompts=_prompt_file(tmp_path / "t.jsonl", 20),
+                      general=str(_prompt_file(tmp_path / "g.jsonl", 2, "general")),
+                      settings=GateSettings(), out=str(tmp_path / "gate"))
+    loads = result.check("loads")
+    assert not result.passed and not loads.passed
+    assert "candidate draft" in loads.detail and str(broken) in loads.detail
+
+
+def test_bad_input_exits_2(qwen3_target, drafts, tmp_path, capsys):
+    args = ["--target", str(qwen3_target), "--serving-draft", str(drafts[0]), "--candidate-draft", str(drafts[1]),
+            "--out", str(tmp_path / "gate")]
+    assert main([*args, "--traffic-prompts", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl does not exist" in capsys.readouterr().err
+    traffic = str(_prompt_file(tmp_path / "t.jsonl", 20))
+    assert main([*args, "--traffic-prompts", traffic, "--set", "gate.margn=1"]) == 2
+    assert main([*args[:2], "--serving-draft", str(tmp_path), *args[4:], "--traffic-prompts", traffic]) == 2
+    assert "serving draft" in capsys.readouterr().err
+
+
+# ---- real vLLM -----------------------------------------------------------------------------------------
+
+@pytest.mark.vllm
+def test_identical_drafts_gain_nothing_but_load_and_stay_lossless(qwen3_target, drafts, tmp_path):
+    traffic = _prompt_file(tmp_path / "heldout.jsonl", 4)
+    general = _prompt_file(tmp_path / "general.jsonl", 3, "general")
+    result = run_gate(target=str(qwen3_target), serving_draft=str(drafts[0]), candidate_draft=str(drafts[0]),
+                      traffic_prompts=traffic, general=str(general),
+                      settings=GateSettings(min_traffic_prompts=4, max_tokens=16, lossless_prompts=2,
+                                            lossless_max_tokens=8, resamples=200),
+                      engine=VLLM_ENGINE, out=str(tmp_path / "gate"))
+    assert (tmp_path / "gate" / "gate.json").is_file() and GateResult.read(tmp_path / "gate") == result
+    checks = {c.name: c for c in result.checks}
+    assert checks["loads"].passed and checks["lossless_float32"].passed and checks["enough_traffic"].passed
+    t = result.sets["traffic"]
+    assert t.prompts == 4 and t.acceptance_length_difference.value == 0.0
+    assert t.acceptance_length_difference.interval == (0.0, 0.0)
+    assert not checks["traffic_gain"].passed and not result.passed
+    assert t.serving.steps > 0 and t.serving == t.candidate  # vLLM returned per-request histograms
+    assert result.num_speculative_tokens == 2 and result.lossless_float32["compared"] == 2
+    print("\n".join(summary_lines(result)), f"\ntiming: {result.timing}")

