@@ -184,6 +184,8 @@ class Plan:
     epochs: int
     negative_control: str
     port: int
+    temperature: float = 0.0
+    sampled: tuple[str, ...] = ("keep",)
 
     @property
     def traffic(self) -> str:
@@ -195,12 +197,15 @@ class Plan:
             f"base data (replay source) {self.base_data}", f"traffic log {self.traffic}",
             f"1. serve target + serving draft with capture on (port {self.port or 'free'})",
             f"2. replay general set {self.general} ({self.general_max_tokens} tokens, before), then traffic "
-            f"{', '.join(self.prompts)} (temperature 0, concurrency {self.concurrency}, {self.max_tokens} tokens)",
-            f"3. refresh {self.out / 'refresh'}: select, prepare, extract, train ({self.epochs} epoch(s), warm start)",
+            f"{', '.join(self.prompts)} (temperature {self.temperature:g}, concurrency {self.concurrency}, {self.max_tokens} tokens)",
+            f"3. refresh {self.out / 'refresh'}: select, prepare, extract, train ({self.epochs} epoch(s), warm start; "
+            f"sampled responses: {self.sampled[0]})",
             "4. gate (inside the refresh): gate.json",
             "5. serve the candidate, replay the held-out traffic and the general set (after)",
             f"6. negative control: {self.negative_control} -> {self.out / 'negative'}",
-            f"7. {self.out / 'scenario.json'}"])
+            *([f"7. the same window refreshed and gated again with sampled responses "
+               f"{', '.join(self.sampled[1:])} -> {self.out}/refresh-<choice>"] if len(self.sampled) > 1 else []),
+            f"{8 if len(self.sampled) > 1 else 7}. {self.out / 'scenario.json'}"])
 
 
 def make_plan(a: argparse.Namespace) -> Plan:
@@ -212,7 +217,7 @@ def make_plan(a: argparse.Namespace) -> Plan:
                 k=int(config["params"]["num_speculative_tokens"]), prompts=list(a.prompts or ["humaneval"]),
                 general=a.general or cfg.gate.general, concurrency=a.concurrency, max_tokens=a.max_tokens,
                 general_max_tokens=cfg.gate.max_tokens, epochs=a.epochs, negative_control=a.negative_control,
-                port=a.port)
+                port=a.port, temperature=a.temperature, sampled=tuple(a.sampled_responses.split(",")))
 
 
 def run_config(config: Mapping[str, Any], overrides: Mapping[str, Any]):
@@ -234,7 +239,8 @@ def refresh_config(plan: Plan, since: str):
     rows as replay source, ``plan.epochs`` of training, the plan's general set and K for the gate, and
     a work directory under ``--out`` (nothing is written into the run)."""
     return run_config(json.loads((plan.run / "run.json").read_text())["config"], {
-        "refresh": {"traffic": plan.traffic, "base_data": plan.base_data, "since": since},
+        "refresh": {"traffic": plan.traffic, "base_data": plan.base_data, "since": since,
+                    "sampled_responses": plan.sampled[0]},
         "train": {"epochs": plan.epochs, "max_steps": None},
         "gate": {"general": plan.general, "num_speculative_tokens": plan.k},
         "work_dir": str(plan.out / "work")})
@@ -265,13 +271,14 @@ def prompt_key(messages: Sequence[Mapping[str, Any]]) -> str:
     return json.dumps([[m.get("role"), m.get("content")] for m in messages], ensure_ascii=False)
 
 
-def replay_set(url: str, prompts: str, *, concurrency: int, max_tokens: int, out: Path) -> dict[str, list[int]]:
-    """Replay a prompt set or file greedily (``peagle replay``'s library call; rows written to ``out``):
-    prompt key (:func:`prompt_key`) -> the answer's acceptance histogram."""
+def replay_set(url: str, prompts: str, *, concurrency: int, max_tokens: int, out: Path,
+               temperature: float = 0.0) -> dict[str, list[int]]:
+    """Replay a prompt set or file (``peagle replay``'s library call; greedy unless ``temperature``; rows
+    written to ``out``): prompt key (:func:`prompt_key`) -> the answer's acceptance histogram."""
     from peagle.traffic.replay import load_prompts, replay, write_rows
 
     chats = load_prompts(prompts)
-    result = replay(url, chats, concurrency=concurrency, max_tokens=max_tokens, temperature=0.0)
+    result = replay(url, chats, concurrency=concurrency, max_tokens=max_tokens, temperature=temperature)
     write_rows(result, out)
     return {prompt_key(chats[row.index].messages): list(row.histogram)
             for row in result.answered if row.histogram}
@@ -328,6 +335,18 @@ def refresh_once(cfg, plan: Plan, out: Path, clock: Clock) -> dict[str, Any]:
             "gate": gate.to_doc()}
 
 
+def sampled_summary(outcome: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+    """One refresh's answer to "what to do with sampled responses": its gate's verdict and paired AL
+    differences, the rows it trained on, how many responses the target regenerated, its refresh minutes."""
+    gate = outcome["gate"]
+    return {"gate_passed": gate["passed"],
+            "difference": {name: gate["sets"][name]["difference"]["acceptance_length"]
+                           for name in gate.get("sets", {}) if gate["sets"][name].get("difference")},
+            "rows_trained": outcome["prepared"]["rows"]["train"],
+            "regenerated": outcome["selection"].get("regenerated"),
+            "refresh_minutes": round(sum(v for k, v in seconds.items() if k.startswith("refresh")) / 60, 2)}
+
+
 def run_scenario(plan: Plan) -> dict[str, Any]:
     from peagle.errors import PeagleError
     from peagle.traffic.log import TrafficLog
@@ -351,7 +370,7 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
             traffic_before = {}
             for name in plan.prompts:
                 traffic_before.update(replay_set(server.url, name, concurrency=plan.concurrency,
-                                                 max_tokens=plan.max_tokens,
+                                                 max_tokens=plan.max_tokens, temperature=plan.temperature,
                                                  out=plan.out / "replay" / f"traffic-{Path(name).stem}.jsonl"))
     finally:
         with clock.stage("stop server"):
@@ -368,7 +387,7 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
     try:
         with clock.stage("replay (after)"):
             traffic_after = replay_set(server.url, heldout, concurrency=plan.concurrency, max_tokens=plan.max_tokens,
-                                       out=plan.out / "replay" / "traffic-after.jsonl")
+                                       out=plan.out / "replay" / "traffic-after.jsonl", temperature=plan.temperature)
             general_after = replay_set(server.url, plan.general, concurrency=plan.concurrency,
                                        max_tokens=plan.general_max_tokens,
                                        out=plan.out / "replay" / "general-after.jsonl")
@@ -386,6 +405,13 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
         except PeagleError as exc:  # refused before the gate: rejected all the same
             negative = {"kind": plan.negative_control, "passed": False, "reason": str(exc), "stage": "refresh"}
 
+    sampled = {plan.sampled[0]: sampled_summary(outcome, clock.seconds)}
+    for choice in plan.sampled[1:]:  # the same window, refreshed and gated again (its own clock)
+        other_clock = Clock()
+        other_cfg = cfg.model_copy(update={"refresh": cfg.refresh.model_copy(update={"sampled_responses": choice})})
+        sampled[choice] = sampled_summary(refresh_once(other_cfg, plan, plan.out / f"refresh-{choice}", other_clock),
+                                          other_clock.seconds)
+
     stages = StageResults(
         target=plan.target, serving_draft=plan.serving_draft, candidate_draft=candidate, gate=outcome["gate"],
         negative_control=negative,
@@ -396,7 +422,8 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
         extra={"requests_sent": len(traffic_sent), "selection": outcome["selection"],
                "prepared": outcome["prepared"], "window_since": window_start,
                "prompts": plan.prompts, "general_set": plan.general, "k": plan.k, "concurrency": plan.concurrency,
-               "max_tokens": plan.max_tokens, "epochs": plan.epochs, "lineage": str(outcome["layout"].lineage)})
+               "max_tokens": plan.max_tokens, "epochs": plan.epochs, "lineage": str(outcome["layout"].lineage),
+               "temperature": plan.temperature, "sampled_responses": sampled})
     return scenario_document(stages)
 
 
@@ -411,6 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per traffic answer")
     p.add_argument("--epochs", type=int, default=1, help="epochs of the warm-started training")
     p.add_argument("--negative-control", choices=NEGATIVE_CONTROLS, default="other-target")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of the captured traffic (> 0: sampled responses)")
+    p.add_argument("--sampled-responses", default="keep",
+                   help="refresh.sampled_responses for the candidate (keep|drop|regenerate); a comma list refreshes "
+                   "and gates the same window once more per further choice (the regeneration measurement)")
     p.add_argument("--port", type=int, default=0, help="port of the local servers (default: a free one)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     a = p.parse_args(argv)

@@ -51,14 +51,17 @@ def test_the_refresh_configuration_is_the_runs_with_the_window_and_writes_under_
     import argparse
 
     a = argparse.Namespace(run=str(run_dir), out=str(tmp_path / "out"), prompts=None, general=None, concurrency=8,
-                           max_tokens=128, epochs=1, negative_control="other-target", port=0)
+                           max_tokens=128, epochs=1, negative_control="other-target", port=0,
+                           temperature=0.8, sampled_responses="keep,regenerate")
     plan = bench.make_plan(a)
+    assert plan.temperature == 0.8 and plan.sampled == ("keep", "regenerate")
     cfg = bench.refresh_config(plan, "2026-12-03T15:00:00Z")
     assert cfg.refresh.traffic == str(tmp_path / "out" / "traffic") and cfg.refresh.since == "2026-12-03T15:00:00Z"
     assert cfg.refresh.base_data == str(run_dir.resolve() / "data") and cfg.train.epochs == 1
     assert cfg.gate.general == "sharegpt-heldout@32" and cfg.gate.num_speculative_tokens == 4
     assert cfg.work_dir == str(tmp_path / "out" / "work")
     assert cfg.draft.draft_vocab_size == 8192  # the run's own sections are kept
+    assert cfg.refresh.sampled_responses == "keep"  # the first choice trains the candidate
 
 
 def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys):

@@ -283,9 +283,11 @@ def test_sampled_responses_regenerated_by_the_target_are_trained_on(qwen3_target
     traffic = write_traffic(tmp_path / "traffic", [record(i, fp=fp, temperature=0.8 if i < 4 else 0.0)
                                                    for i in range(16)])
     cfg = tiny_config(traffic, base_data, replay_fraction=0.0, sampled_responses="regenerate")
+    cfg.regenerate.max_prompt_tokens = 128  # the run's own cap must not cut prompts the target already served
     layout = RefreshLayout.of(str(tmp_path / "refresh"))
     summary = select_step(cfg, target=str(qwen3_target), layout=layout)
     assert seen["settings"].temperature == 0.0 and seen["target"] == str(qwen3_target)
+    assert seen["settings"].max_prompt_tokens is None
     assert summary["regenerated"] == {"regenerated": 4} and summary["counts"]["sampled_regenerate"] == 4
     data = prepare_step(cfg, target=str(qwen3_target), layout=layout)
     assert data["traffic_rows"]["train"] == 12 and data["replayed_rows"]["train"] == 0

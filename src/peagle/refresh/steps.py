@@ -182,8 +182,10 @@ def _regenerate(cfg: RunConfig, target: str, conversations: Path, out: Path) -> 
     """The target answers the sampled conversations again, greedily (the regenerate stage)."""
     from ..data.regenerate import run_regenerate
 
+    # The target already answered these prompts when it served them: no prompt cap of the run's own
+    # regeneration (the embedded default's 128 tokens left 101 of 123 HumanEval prompts empty).
     settings = cfg.regenerate.model_copy(update={"sources": [str(conversations)], "max_conversations": None,
-                                                 "temperature": 0.0})
+                                                 "temperature": 0.0, "max_prompt_tokens": None})
     result = run_regenerate(settings, target, out, template_time_limit_s=cfg.prepare.template_time_limit_s)
     return dict(result.counts)
 
