@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .errors import PeagleError
 from .scratch import owned_dir, scratch_dir
-from .storage import (MANIFEST, SUCCESS, IncompletePrefixError, LocalStore, Manifest, ObjectNotFoundError,
+from .storage import (MANIFEST, SUCCESS, ChecksumMismatchError, IncompletePrefixError, LocalStore, Manifest, ObjectNotFoundError,
                       PrefixWriter, Store, file_uri_path, is_complete, open_published, open_store, publish_dir)
 from .storage.base import TMP_MARKER
 
@@ -301,3 +303,31 @@ def copy_published(src: str, dst: str) -> str:
     with scratch_dir("peagle-copy-") as tmp:
         publish_dir(open_store(dst), "", published.download(tmp), overwrite=True)
     return dst
+
+
+T = TypeVar("T")
+
+
+def read_output_document(location: str | os.PathLike, file_name: str, kind: str, what: str,
+                         parse: Callable[[Any, str], T], error: type[Exception]) -> T:
+    """``parse(document, where)`` of the JSON ``file_name`` at ``location``: that file, or a stage output
+    (a directory, ``file://`` or ``s3://`` prefix) holding it. A published output is read through its
+    manifest: it must be of ``kind`` and the file must match its sha256. Failures are ``error`` naming
+    ``location`` (``what`` names the document); an ``error`` raised by ``parse`` passes on as it is."""
+    shown = str(location)
+    path = None if is_remote(shown) else local_path(shown)
+    try:
+        if path is not None and not (path / SUCCESS).exists():  # a file, or an unpublished directory
+            file = path / file_name if path.is_dir() else path
+            return parse(json.loads(file.read_text(encoding="utf-8")), str(file))
+        published = open_published(open_store(shown), "")
+        found = published.manifest.metadata.get("kind")
+        if found != kind:
+            raise error(f"{shown} holds a published {found!r}, not a {kind!r}")
+        return parse(json.loads(published.get_bytes(file_name)), published.uri_for(file_name))
+    except (OSError, IncompletePrefixError, ChecksumMismatchError, KeyError) as exc:
+        raise error(f"cannot read {what} at {shown}: {exc}") from None
+    except ValueError as exc:  # JSON (an ``error`` is a ValueError too: passed on as it is)
+        if isinstance(exc, error):
+            raise
+        raise error(f"{shown}: not valid JSON ({exc})") from None

@@ -30,7 +30,7 @@ import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import PeagleError
 
@@ -79,7 +79,9 @@ class PromptSet:
                 "set": self.group or self.category, "ids": [p.id for p in self.prompts]}
 
 
-def _messages(row: dict[str, Any], where: str) -> tuple[dict[str, str], ...]:
+def messages_of(row: dict[str, Any], where: str) -> tuple[dict[str, str], ...]:
+    """The chat of a prompt row: its ``messages`` (ending with the user's turn), a ``prompt`` or MT-Bench
+    ``turns`` (the first); an error naming ``where`` otherwise."""
     if isinstance(row.get("messages"), list) and row["messages"]:
         msgs = row["messages"]
         for m in msgs:
@@ -96,24 +98,31 @@ def _messages(row: dict[str, Any], where: str) -> tuple[dict[str, str], ...]:
     return ({"role": "user", "content": text},)
 
 
-def read_jsonl_prompts(path: Path, default_category: str, source: str, attribution: str) -> dict[str, PromptSet]:
-    """Prompt sets of one JSONL file, grouped by each row's ``category``."""
-    if not path.is_file():
-        raise PromptSetError(f"prompt file {path} does not exist")
-    sets: dict[str, PromptSet] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+def jsonl_rows(text: str, name: str) -> Iterator[tuple[dict[str, Any], str, int]]:
+    """``(row, "name:line", line)`` for each non-blank line of a JSONL prompt file; a line that is not a
+    JSON object is an error naming the file and line."""
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        where = f"{path}:{lineno}"
+        where = f"{name}:{lineno}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise PromptSetError(f"{where}: not valid JSON: {exc}") from None
         if not isinstance(row, dict):
             raise PromptSetError(f"{where}: a row must be a JSON object")
+        yield row, where, lineno
+
+
+def read_jsonl_prompts(path: Path, default_category: str, source: str, attribution: str) -> dict[str, PromptSet]:
+    """Prompt sets of one JSONL file, grouped by each row's ``category``."""
+    if not path.is_file():
+        raise PromptSetError(f"prompt file {path} does not exist")
+    sets: dict[str, PromptSet] = {}
+    for row, where, _ in jsonl_rows(path.read_text(encoding="utf-8"), str(path)):
         category = str(row.get("category") or default_category)
         ps = sets.setdefault(category, PromptSet(category, source, attribution))
-        ps.prompts.append(Prompt(str(row.get("id") or f"{category}-{len(ps.prompts) + 1:02d}"), _messages(row, where)))
+        ps.prompts.append(Prompt(str(row.get("id") or f"{category}-{len(ps.prompts) + 1:02d}"), messages_of(row, where)))
     if not sets:
         raise PromptSetError(f"prompt file {path} holds no prompts")
     return sets

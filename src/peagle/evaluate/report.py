@@ -440,27 +440,9 @@ class Report:
         """The report at ``location``: a ``report.json`` file, or an evaluate output (a directory,
         ``file://`` or ``s3://`` prefix) holding one. A published output (the pipeline's) is read
         through its manifest: it must be an evaluate output and ``report.json`` must match its sha256."""
-        from ..stage_io import is_remote, local_path
-        from ..storage import SUCCESS, ChecksumMismatchError, IncompletePrefixError, open_published, open_store
+        from ..stage_io import read_output_document
 
-        shown = str(location)
-        path = None if is_remote(shown) else local_path(shown)
-        try:
-            if path is not None and not (path / SUCCESS).exists():  # a file, or an unpublished directory
-                file = path / REPORT_FILE if path.is_dir() else path
-                return cls.from_doc(json.loads(file.read_text(encoding="utf-8")), str(file))
-            published = open_published(open_store(shown), "")
-            kind = published.manifest.metadata.get("kind")
-            if kind != EVALUATION_KIND:
-                raise ReportError(f"{shown} holds a published {kind!r}, not a {EVALUATION_KIND!r}")
-            where = published.uri_for(REPORT_FILE)
-            return cls.from_doc(json.loads(published.get_bytes(REPORT_FILE)), where)
-        except (OSError, IncompletePrefixError, ChecksumMismatchError, KeyError) as e:
-            raise ReportError(f"cannot read the report at {shown}: {e}") from None
-        except ValueError as e:  # JSON (ReportError is one too: passed on as it is)
-            if isinstance(e, ReportError):
-                raise
-            raise ReportError(f"{shown}: not valid JSON ({e})") from None
+        return read_output_document(location, REPORT_FILE, EVALUATION_KIND, "the report", cls.from_doc, ReportError)
 
     def to_json(self) -> str:
         """The document as ``report.json`` holds it."""

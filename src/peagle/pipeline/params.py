@@ -209,16 +209,15 @@ def parse_config_text(text: str) -> dict[str, Any]:
     return data
 
 
-def resolve_run(params: PipelineParams, config_text: str, run_uri: str, *,
-                trainer_beside_extract: bool | None = None) -> PipelineRun:
-    """Merge the typed parameters into the config YAML and validate everything; see the module docstring.
-    ``trainer_beside_extract``: the cluster profile's, which the settings must suit
-    (:func:`~peagle.run_config.check_trainer_order`; None: not known here, not checked)."""
+def config_with_params(params: StrictModel, config_text: str, owned: tuple[str, ...], coverage,
+                       owner: str) -> RunConfig:
+    """The config YAML with the typed parameters merged in, validated. A key in ``owned`` (``owner`` says
+    who sets it) or a key a parameter covers set to another value than the parameter's is an error naming it."""
     flat = flatten(parse_config_text(config_text))
-    for key in PIPELINE_OWNED:
+    for key in owned:
         if key in flat or any(k.startswith(key + ".") for k in flat):
-            raise ConfigError(f"config sets '{key}', which the pipeline sets itself (run layout); remove it")
-    for c in COVERAGE:
+            raise ConfigError(f"config sets '{key}', which {owner}; remove it")
+    for c in coverage:
         value = getattr(params, c.param)
         wanted = c.to_config(value)
         if c.key in flat and flat[c.key] != wanted:
@@ -226,9 +225,17 @@ def resolve_run(params: PipelineParams, config_text: str, run_uri: str, *,
                               f"({value!r}) covers it; set the parameter instead")
         flat[c.key] = wanted
     try:
-        cfg = build_config(RunConfig, values=flat)
+        return build_config(RunConfig, values=flat)
     except ConfigError as exc:
         raise ConfigError(f"pipeline parameter 'config': {exc}") from None
+
+
+def resolve_run(params: PipelineParams, config_text: str, run_uri: str, *,
+                trainer_beside_extract: bool | None = None) -> PipelineRun:
+    """Merge the typed parameters into the config YAML and validate everything; see the module docstring.
+    ``trainer_beside_extract``: the cluster profile's, which the settings must suit
+    (:func:`~peagle.run_config.check_trainer_order`; None: not known here, not checked)."""
+    cfg = config_with_params(params, config_text, PIPELINE_OWNED, COVERAGE, "the pipeline sets itself (run layout)")
     if trainer_beside_extract is not None:
         check_trainer_order(cfg, trainer_beside_extract=trainer_beside_extract, runner="this pipeline")
     if params.train_mode == "pod" and params.num_nodes != 1:

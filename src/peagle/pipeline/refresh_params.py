@@ -20,10 +20,10 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..config import ConfigError, StrictModel, build_config
+from ..config import ConfigError, StrictModel
 from ..run_config import RunConfig
-from .params import (PIPELINE_OWNED, Covered, RunPlacement, _key_adapter, _schema_bounds, _validated, flatten,
-                     parse_config_text, parameter_types, schema_field)
+from .params import (PIPELINE_OWNED, Covered, RunPlacement, _key_adapter, _schema_bounds, _validated,
+                     config_with_params, parameter_types, schema_field)
 
 
 def _same(v: Any) -> Any:
@@ -92,21 +92,8 @@ class RefreshRun(StrictModel):
 
 def resolve_refresh(params: RefreshParams, config_text: str, refresh_uri: str) -> RefreshRun:
     """Merge the typed parameters into the config YAML and validate everything (the module docstring's rules)."""
-    flat = flatten(parse_config_text(config_text))
-    for key in REFRESH_OWNED:
-        if key in flat or any(k.startswith(key + ".") for k in flat):
-            raise ConfigError(f"config sets '{key}', which the refresh pipeline sets itself; remove it")
-    for c in REFRESH_COVERAGE:
-        value = getattr(params, c.param)
-        wanted = c.to_config(value)
-        if c.key in flat and flat[c.key] != wanted:
-            raise ConfigError(f"config sets '{c.key}' to {flat[c.key]!r} but pipeline parameter '{c.param}' "
-                              f"({value!r}) covers it; set the parameter instead")
-        flat[c.key] = wanted
-    try:
-        cfg = build_config(RunConfig, values=flat)
-    except ConfigError as exc:
-        raise ConfigError(f"pipeline parameter 'config': {exc}") from None
+    cfg = config_with_params(params, config_text, REFRESH_OWNED, REFRESH_COVERAGE,
+                             "the refresh pipeline sets itself")
     return RefreshRun(refresh_uri=refresh_uri, params=params, config=cfg)
 
 

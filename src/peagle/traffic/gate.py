@@ -37,7 +37,7 @@ from ..config import ConfigError
 from ..engine.settings import EngineSettings
 from ..errors import PeagleError, report
 from ..evaluate.live import Sampling, Workload, fp32_check_workload
-from ..evaluate.prompts import Prompt, PromptSet, PromptSetError, load_prompt_sets
+from ..evaluate.prompts import Prompt, PromptSet, PromptSetError, jsonl_rows, load_prompt_sets, messages_of
 from ..evaluate.settings import EvaluateEngineSettings, EvaluateSettings
 from ..storage.settings import strip_userinfo
 from .gate_report import (GATE_HTML, GATE_JSON, GATE_KIND, GENERAL, TRAFFIC, DraftFigures, Estimate, GateCheck,
@@ -177,36 +177,11 @@ def traffic_prompt_set(source: PromptSet | str | Path, newest: int | None) -> Pr
     else:
         text = _read_text(str(source))
         ps = PromptSet(TRAFFIC, strip_userinfo(str(source)), "held-out served traffic", group=TRAFFIC)
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{strip_userinfo(str(source))}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PromptSetError(f"{where}: not valid JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise PromptSetError(f"{where}: a row must be a JSON object")
-            ps.prompts.append(Prompt(str(row.get("id") or f"{TRAFFIC}-{lineno}"), _chat(row, where)))
+        for row, where, lineno in jsonl_rows(text, strip_userinfo(str(source))):
+            ps.prompts.append(Prompt(str(row.get("id") or f"{TRAFFIC}-{lineno}"), messages_of(row, where)))
     if newest is not None:
         ps.prompts = ps.prompts[-newest:]
     return ps
-
-
-def _chat(row: dict[str, Any], where: str) -> tuple[dict[str, str], ...]:
-    """The conversation of a traffic row: its ``messages`` (ending with the user's turn) or a ``prompt``."""
-    messages = row.get("messages")
-    if messages is None and isinstance(row.get("prompt"), str) and row["prompt"].strip():
-        return ({"role": "user", "content": row["prompt"]},)
-    if not isinstance(messages, list) or not messages:
-        raise PromptSetError(f"{where}: a row needs a non-empty 'messages' list (or a 'prompt'), "
-                             f"got keys {sorted(row)}")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise PromptSetError(f"{where}: every message needs a string 'role' and 'content', got {m!r}")
-    if messages[-1]["role"] != "user":
-        raise PromptSetError(f"{where}: the last message must be the user's turn, got role {messages[-1]['role']!r}")
-    return tuple({"role": m["role"], "content": m["content"]} for m in messages)
 
 
 def _read_text(location: str) -> str:

@@ -184,26 +184,9 @@ class GateResult:
     def read(cls, location: str | os.PathLike) -> "GateResult":
         """The result at ``location``: a ``gate.json`` file, or a gate output (directory, ``file://`` or
         ``s3://`` prefix) holding one; a published output is read through its manifest (sha256-checked)."""
-        from ..stage_io import is_remote, local_path
-        from ..storage import SUCCESS, ChecksumMismatchError, IncompletePrefixError, open_published, open_store
+        from ..stage_io import read_output_document
 
-        shown = str(location)
-        path = None if is_remote(shown) else local_path(shown)
-        try:
-            if path is not None and not (path / SUCCESS).exists():
-                file = path / GATE_JSON if path.is_dir() else path
-                return cls.from_doc(json.loads(file.read_text(encoding="utf-8")), str(file))
-            published = open_published(open_store(shown), "")
-            kind = published.manifest.metadata.get("kind")
-            if kind != GATE_KIND:
-                raise GateReportError(f"{shown} holds a published {kind!r}, not a {GATE_KIND!r}")
-            return cls.from_doc(json.loads(published.get_bytes(GATE_JSON)), published.uri_for(GATE_JSON))
-        except (OSError, IncompletePrefixError, ChecksumMismatchError, KeyError) as exc:
-            raise GateReportError(f"cannot read the gate result at {shown}: {exc}") from None
-        except ValueError as exc:
-            if isinstance(exc, GateReportError):
-                raise
-            raise GateReportError(f"{shown}: not valid JSON ({exc})") from None
+        return read_output_document(location, GATE_JSON, GATE_KIND, "the gate result", cls.from_doc, GateReportError)
 
 
 def write_gate(result: GateResult, directory: str | os.PathLike) -> tuple[Path, Path]:
