@@ -24,15 +24,37 @@ Everything the scenario writes lands under ``--out DIR``:
 6. the **negative control** the gate must reject: a copy of the captured log whose records carry
    another target's fingerprint (``--negative-control other-target``; ``too-little``: only a few
    records), refreshed the same way;
-7. ``DIR/scenario.json`` (:func:`scenario_document`) and the table.
+7. the **cycles** of the rollout loop (``--cycles``, default 2; :mod:`peagle.rollout.local`: the stable
+   and a canary ``peagle serve`` capturing into the same log, a weighted router standing in for the
+   cluster's, :func:`peagle.rollout.controller.run_rollout` deciding on the live records). The traffic
+   prompts are split: the first ``--traffic-prompts`` (default 100) are the refresh's window (step 2),
+   the rest are the *live* traffic of the canary windows, so neither draft was trained on them:
+
+   * cycle 1: the gated candidate as the canary beside the serving draft (``--canary-percent`` 50),
+     the live prompts replayed through the router, the decision (``promote`` expected), and after a
+     promotion the live prompts again against the stable endpoint, which now serves the candidate;
+   * cycle 2: a canary that must roll back. It is handed the draft that served before cycle 1 (worse
+     on this traffic than the promoted candidate, as the gate measured). That draft has **no gate
+     record of its own**: it is the part-1 baseline the candidate beat, standing in for "a candidate
+     that passed its gate yet serves worse live" (``candidate_note`` in ``scenario.json`` says so);
+     the decision must be ``rollback``;
+8. ``DIR/scenario.json`` (:func:`scenario_document`; ``cycles``: per cycle its ``decision``, ``reasons``,
+   ``live`` figures -- stable and candidate AL with intervals, requests --, ``window``, ``minutes``,
+   ``after`` for a promotion) and the tables.
 
 ``gate.passed`` is the candidate's verdict; ``negative_control.passed`` is the control's (it must be
-false: ``negative_control.rejected`` says it was rejected, ``negative_control.reason`` why).
+false: ``negative_control.rejected`` says it was rejected, ``negative_control.reason`` why). The exit
+status is 0 when the gate passed, the control was rejected and every cycle decided as expected.
 
-Budget: at most 25 minutes on a 2-core machine with the defaults (18.6 measured: docs/traffic.md;
-164 prompts x 128 tokens at concurrency 8, one epoch of warm-started training, the gate's 32 general
-prompts); the minutes of each stage are printed and stored. ``--dry-run`` prints the plan (paths,
-settings, stages) and starts nothing.
+Budget: at most 35 minutes on a 2-core machine with the defaults: the part-1 stages (18.6 minutes
+measured with all 164 prompts: docs/traffic.md; now 100 prompts x 128 tokens at concurrency 8, one
+epoch of warm-started training, the gate's 32 general prompts) and two cycles of about 5 minutes each
+(two servers at once; 64 live prompts x 96 tokens through the router at concurrency 8, 24 requests
+per version before deciding, one stable restart, the live prompts once more after the promotion);
+``--cycles 0`` is the part-1 scenario on all the prompts. The minutes of each stage are printed and
+stored. ``--dry-run`` prints the plan (paths, settings, stages, cycles) and starts nothing. ``--out``
+must be a new directory: the loop history under its traffic log keeps decisions, and a decision on
+record for the same two drafts is applied, not taken again.
 
 Run:
 
@@ -94,6 +116,7 @@ class StageResults:
     rows_captured: int | None
     rows_trained: int | None
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    cycles: Sequence[Mapping[str, Any]] = ()  # run_cycles(...): one entry per rollout cycle
 
 
 def scenario_document(r: StageResults) -> dict[str, Any]:
@@ -109,6 +132,7 @@ def scenario_document(r: StageResults) -> dict[str, Any]:
         "minutes": {stage: round(s / 60.0, 2) for stage, s in r.seconds.items()},
         "minutes_total": round(sum(r.seconds.values()) / 60.0, 2),
         "rows_captured": r.rows_captured, "rows_trained": r.rows_trained,
+        "cycles": [dict(c) for c in r.cycles],
         **dict(r.extra),
     }
 
@@ -162,7 +186,38 @@ def table(doc: Mapping[str, Any]) -> str:
     lines.append(f"negative control ({control.get('kind')}): "
                  + ("rejected, as required" if control["rejected"] else "PASSED: the gate failed to reject it")
                  + (f" ({'; '.join(reasons)})" if reasons else ""))
+    if doc.get("cycles"):
+        lines.append(cycles_table(doc["cycles"]))
     return "\n".join(lines)
+
+
+def cycles_table(cycles: Sequence[Mapping[str, Any]]) -> str:
+    """One row per cycle: live AL of stable and canary with intervals, requests, the decision; then the
+    acceptance after each promotion and every cycle's reasons."""
+    rows, notes = [], []
+    level = 0.95
+    for c in cycles:
+        if c.get("skipped"):
+            notes.append(f"cycle {c['cycle']}: skipped ({c['skipped']})")
+            continue
+        live = c["live"]
+        level = live.get("level", level)
+        verdict = c["decision"] + ("" if c["as_expected"] else f" (expected {c['expected']})")
+        rows.append([str(c["cycle"]), f"{live['stable']['fingerprint']} -> {live['candidate']['fingerprint']}",
+                     _fmt(live["stable"]["acceptance_length"], False), str(live["stable"]["requests"]),
+                     _fmt(live["candidate"]["acceptance_length"], False), str(live["candidate"]["requests"]),
+                     _fmt(live["difference"]["acceptance_length"], False, signed=True), verdict])
+        if c.get("after"):
+            after = c["after"]
+            notes.append(f"cycle {c['cycle']} after the promotion: the stable serves {after['stable_fingerprint']}, "
+                         f"live prompts AL {_fmt(after['acceptance_length'], False)} over {after['requests']} requests")
+        notes.append(f"cycle {c['cycle']}: " + "; ".join(c["reasons"]))
+        if c.get("candidate_note"):
+            notes.append(f"cycle {c['cycle']} candidate: {c['candidate_note']}")
+    pct = f"{100 * level:.0f}% CI"
+    head = ["cycle", "stable -> canary", f"stable AL [{pct}]", "n", f"canary AL [{pct}]", "n",
+            "difference (unpaired)", "decision"]
+    return "\n".join([format_table(head, rows), *notes])
 
 
 # ---- the plan -----------------------------------------------------------------------------------
@@ -186,18 +241,53 @@ class Plan:
     port: int
     temperature: float = 0.0
     sampled: tuple[str, ...] = ("keep",)
+    cycles: int = 2
+    traffic_prompts: int = 100  # the refresh's window; the rest of the prompts are the cycles' live traffic
+    live_max_tokens: int = 96
+    canary_percent: int = 50
+    min_requests: int = 60
+    tolerance: float = 0.1
+    mirror: bool = True  # each live prompt sent twice: the 50/50 split gives (nearly always) one copy to each version
+    from_scenario: Path | None = None  # reuse that scenario's refresh: run the cycles only
+    poll_s: float = 5.0
+    window_s: float = 900.0
 
     @property
     def traffic(self) -> str:
         return str(self.out / "traffic")
 
+    def split_prompts(self, prompts: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """(the refresh window's prompts, the live prompts of the cycles): the first ``traffic_prompts``
+        and the rest; without cycles every prompt is the window's."""
+        if not self.cycles:
+            return list(prompts), []
+        return list(prompts[:self.traffic_prompts]), list(prompts[self.traffic_prompts:])
+
     def describe(self) -> str:
+        step = 8 if len(self.sampled) > 1 else 7
+        split = (f"; the first {self.traffic_prompts} prompts make the refresh window, the rest are the cycles' "
+                 "live traffic" if self.cycles else "")
+        cycles = [
+            f"{step}. rollout cycles ({self.cycles}): stable + canary peagle serve capturing into {self.traffic}, "
+            f"a weighted router standing in for the cluster's (canary {self.canary_percent}%), live traffic "
+            f"{self.live_max_tokens} tokens at concurrency {self.concurrency}"
+            + (", each live prompt sent twice (one copy to each version)" if self.mirror else "")
+            + f", decide at {self.min_requests} "
+            f"requests each (tolerance {self.tolerance:g}, poll {self.poll_s:g} s, window {self.window_s:g} s)",
+            "   cycle 1: canary = the gated candidate; expect promote; then the live prompts against the stable "
+            "(after)",
+            *(["   cycle 2: canary = the draft that served before cycle 1 (no gate record of its own; worse on "
+               "this traffic); expect rollback"] if self.cycles > 1 else [])] if self.cycles else []
+        reused = ([f"steps 1-6 reused from {self.from_scenario} (its refresh, gate and figures): only the cycles run"]
+                  if self.from_scenario else [])
         return "\n".join([
+            *reused,
             f"run {self.run}", f"target {self.target}", f"serving draft {self.serving_draft} (K={self.k})",
             f"base data (replay source) {self.base_data}", f"traffic log {self.traffic}",
             f"1. serve target + serving draft with capture on (port {self.port or 'free'})",
             f"2. replay general set {self.general} ({self.general_max_tokens} tokens, before), then traffic "
-            f"{', '.join(self.prompts)} (temperature {self.temperature:g}, concurrency {self.concurrency}, {self.max_tokens} tokens)",
+            f"{', '.join(self.prompts)} (temperature {self.temperature:g}, concurrency {self.concurrency}, {self.max_tokens} tokens)"
+            + split,
             f"3. refresh {self.out / 'refresh'}: select, prepare, extract, train ({self.epochs} epoch(s), warm start; "
             f"sampled responses: {self.sampled[0]})",
             "4. gate (inside the refresh): gate.json",
@@ -205,7 +295,8 @@ class Plan:
             f"6. negative control: {self.negative_control} -> {self.out / 'negative'}",
             *([f"7. the same window refreshed and gated again with sampled responses "
                f"{', '.join(self.sampled[1:])} -> {self.out}/refresh-<choice>"] if len(self.sampled) > 1 else []),
-            f"{8 if len(self.sampled) > 1 else 7}. {self.out / 'scenario.json'}"])
+            *cycles,
+            f"{step + bool(cycles)}. {self.out / 'scenario.json'}"])
 
 
 def make_plan(a: argparse.Namespace) -> Plan:
@@ -217,7 +308,10 @@ def make_plan(a: argparse.Namespace) -> Plan:
                 k=int(config["params"]["num_speculative_tokens"]), prompts=list(a.prompts or ["humaneval"]),
                 general=a.general or cfg.gate.general, concurrency=a.concurrency, max_tokens=a.max_tokens,
                 general_max_tokens=cfg.gate.max_tokens, epochs=a.epochs, negative_control=a.negative_control,
-                port=a.port, temperature=a.temperature, sampled=tuple(a.sampled_responses.split(",")))
+                port=a.port, temperature=a.temperature, sampled=tuple(a.sampled_responses.split(",")),
+                cycles=a.cycles, traffic_prompts=a.traffic_prompts, live_max_tokens=a.live_max_tokens,
+                canary_percent=a.canary_percent, min_requests=a.min_requests, tolerance=a.tolerance,
+                mirror=not a.no_mirror, from_scenario=Path(a.from_scenario).resolve() if a.from_scenario else None)
 
 
 def run_config(config: Mapping[str, Any], overrides: Mapping[str, Any]):
@@ -275,13 +369,26 @@ def replay_set(url: str, prompts: str, *, concurrency: int, max_tokens: int, out
                temperature: float = 0.0) -> dict[str, list[int]]:
     """Replay a prompt set or file (``peagle replay``'s library call; greedy unless ``temperature``; rows
     written to ``out``): prompt key (:func:`prompt_key`) -> the answer's acceptance histogram."""
-    from peagle.traffic.replay import load_prompts, replay, write_rows
+    from peagle.traffic.replay import load_prompts
 
-    chats = load_prompts(prompts)
+    return replay_prompts(url, load_prompts(prompts), concurrency=concurrency, max_tokens=max_tokens, out=out,
+                          temperature=temperature)
+
+
+def replay_prompts(url: str, chats: Sequence[Any], *, concurrency: int, max_tokens: int, out: Path,
+                   temperature: float = 0.0) -> dict[str, list[int]]:
+    """:func:`replay_set` of a list of prompts."""
+    from peagle.traffic.replay import replay, write_rows
+
     result = replay(url, chats, concurrency=concurrency, max_tokens=max_tokens, temperature=temperature)
     write_rows(result, out)
+    return histograms_by_prompt(chats, result.rows)
+
+
+def histograms_by_prompt(chats: Sequence[Any], rows: Sequence[Any]) -> dict[str, list[int]]:
+    """Prompt key (:func:`prompt_key`) -> acceptance histogram of the answered ``rows`` of a replay of ``chats``."""
     return {prompt_key(chats[row.index].messages): list(row.histogram)
-            for row in result.answered if row.histogram}
+            for row in rows if row.error is None and row.histogram}
 
 
 def serve(plan: Plan, draft: str, log: Path, capture=None):
@@ -289,11 +396,15 @@ def serve(plan: Plan, draft: str, log: Path, capture=None):
     the run's evaluation engine as a server runs it (its own engine core, no stage timeout)."""
     from peagle.traffic.serve import ServerProcess, free_port, server_command
 
-    cfg = run_config(json.loads((plan.run / "run.json").read_text())["config"], {})
-    engine = cfg.evaluate.engine.model_copy(update={"in_process": False, "timeout_s": None})
     argv, env = server_command(plan.target, draft, k=plan.k, host="127.0.0.1", port=plan.port or free_port(),
-                               served_model_name="peagle", engine=engine, capture=capture)
+                               served_model_name="peagle", engine=server_engine(plan), capture=capture)
     return ServerProcess(argv, env, log)
+
+
+def server_engine(plan: Plan):
+    """The run's evaluation engine as a server runs it (its own engine core, no stage timeout)."""
+    cfg = run_config(json.loads((plan.run / "run.json").read_text())["config"], {})
+    return cfg.evaluate.engine.model_copy(update={"in_process": False, "timeout_s": None})
 
 
 def control_records(records: list, kind: str) -> list:
@@ -353,8 +464,16 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
     from peagle.refresh.selection import HELDOUT_FILE
     from peagle.traffic.settings import CaptureSettings
 
+    from peagle.traffic.replay import load_prompts
+
+    window_prompts, live_prompts = plan.split_prompts([p for name in plan.prompts for p in load_prompts(name)])
+    if plan.cycles and len(live_prompts) * (2 if plan.mirror else 1) < 2 * plan.min_requests:
+        raise PeagleError(f"{len(live_prompts)} live prompts after the first {plan.traffic_prompts}: too few for "
+                          f"{plan.min_requests} requests per version (add --prompts or lower --traffic-prompts)")
     clock = Clock()
     plan.out.mkdir(parents=True, exist_ok=True)
+    if plan.from_scenario is not None:
+        return cycles_of_scenario(plan, live_prompts, clock)
     logs = plan.out / "logs"
     capture = CaptureSettings(enabled=True, uri=plan.traffic, target_dir=plan.target, draft_dir=plan.serving_draft,
                               flush_interval_s=2.0)
@@ -367,11 +486,9 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
                                         out=plan.out / "replay" / "general-before.jsonl")
         window_start = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
         with clock.stage("replay traffic (captured)"):
-            traffic_before = {}
-            for name in plan.prompts:
-                traffic_before.update(replay_set(server.url, name, concurrency=plan.concurrency,
-                                                 max_tokens=plan.max_tokens, temperature=plan.temperature,
-                                                 out=plan.out / "replay" / f"traffic-{Path(name).stem}.jsonl"))
+            traffic_before = replay_prompts(server.url, window_prompts, concurrency=plan.concurrency,
+                                            max_tokens=plan.max_tokens, temperature=plan.temperature,
+                                            out=plan.out / "replay" / "traffic.jsonl")
     finally:
         with clock.stage("stop server"):
             server.stop()
@@ -412,6 +529,9 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
         sampled[choice] = sampled_summary(refresh_once(other_cfg, plan, plan.out / f"refresh-{choice}", other_clock),
                                           other_clock.seconds)
 
+    cycles = run_cycles(plan, candidate_draft=candidate, gate_report=str(outcome["layout"].gate),
+                        live=live_prompts, clock=clock) if plan.cycles else []
+
     stages = StageResults(
         target=plan.target, serving_draft=plan.serving_draft, candidate_draft=candidate, gate=outcome["gate"],
         negative_control=negative,
@@ -423,8 +543,127 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
                "prepared": outcome["prepared"], "window_since": window_start,
                "prompts": plan.prompts, "general_set": plan.general, "k": plan.k, "concurrency": plan.concurrency,
                "max_tokens": plan.max_tokens, "epochs": plan.epochs, "lineage": str(outcome["layout"].lineage),
-               "temperature": plan.temperature, "sampled_responses": sampled})
+               "temperature": plan.temperature, "sampled_responses": sampled,
+               "traffic_window_prompts": len(window_prompts), "live_prompts": len(live_prompts)},
+        cycles=cycles)
     return scenario_document(stages)
+
+
+# ---- the rollout cycles (real vLLM: two servers at once) ----------------------------------------------
+
+def cycles_of_scenario(plan: Plan, live: Sequence[Any], clock: Clock) -> dict[str, Any]:
+    """``--from-scenario DIR``: the cycles on the candidate and gate of that scenario's refresh (same run, same
+    prompt split), into a fresh traffic log; its document with ``cycles`` (and their minutes) replaced."""
+    doc = json.loads((plan.from_scenario / "scenario.json").read_text())
+    if Path(doc["serving_draft"]).resolve() != Path(plan.serving_draft).resolve():
+        raise ValueError(f"{plan.from_scenario} was measured with serving draft {doc['serving_draft']}, not "
+                         f"{plan.serving_draft}")
+    cycles = run_cycles(plan, candidate_draft=doc["candidate_draft"],
+                        gate_report=str(plan.from_scenario / "refresh" / "gate"), live=live, clock=clock)
+    minutes = {k: v for k, v in doc["minutes"].items() if not k.startswith("cycle")}
+    minutes.update({k: round(v / 60.0, 2) for k, v in clock.seconds.items()})
+    return {**doc, "cycles": cycles, "cycles_from_scenario": str(plan.from_scenario), "minutes": minutes,
+            "minutes_total": round(sum(minutes.values()), 1)}
+
+
+CYCLE2_NOTE = ("the draft that served before cycle 1 (the part-1 baseline the promoted candidate beat on this "
+               "traffic); it has no gate record of its own: it stands in for a candidate that passed its gate "
+               "yet serves worse on live traffic")
+
+
+def rollout_settings(plan: Plan):
+    """The run's ``rollout`` section with the bench's canary share, minimum requests, poll and window."""
+    cfg = run_config(json.loads((plan.run / "run.json").read_text())["config"], {})
+    return cfg.rollout.model_copy(update={"canary_percent": plan.canary_percent, "min_requests": plan.min_requests,
+                                          "tolerance": plan.tolerance, "poll_s": plan.poll_s,
+                                          "window_s": plan.window_s, "history": ""})
+
+
+def estimate(value: float | None, interval: Sequence[float] | None) -> dict[str, Any]:
+    return {"value": value, "interval": None if interval is None else list(interval)}
+
+
+def run_cycles(plan: Plan, *, candidate_draft: str, gate_report: str, live: Sequence[Any],
+               clock: Clock) -> list[dict[str, Any]]:
+    """The rollout cycles (module docstring, step 7) on one :class:`peagle.rollout.local.LocalBackend`
+    whose stable starts with the serving draft; each entry as :func:`scenario_document` stores it."""
+    from peagle.model.target import fingerprint as target_fingerprint
+    from peagle.rollout.history import LoopHistory, history_uri
+    from peagle.rollout.local import LocalBackend, candidate_of, gate_summary
+    from peagle.traffic.serve import free_port
+    from peagle.traffic.settings import CaptureSettings
+
+    settings = rollout_settings(plan)
+    serving = candidate_of(plan.serving_draft)
+    gated = candidate_of(candidate_draft, gate=gate_summary(gate_report))
+    common = dict(plan=plan, live=live, settings=settings, history=LoopHistory(history_uri(settings, plan.traffic)),
+                  target_fp=target_fingerprint(plan.target), clock=clock)
+    capture = CaptureSettings(enabled=True, uri=plan.traffic, flush_interval_s=2.0)
+    backend = LocalBackend(plan.target, plan.serving_draft, capture=capture, log_dir=plan.out / "logs" / "cycles",
+                           port=plan.port or free_port(), stable_fingerprint=serving.fingerprint, k=plan.k,
+                           engine=server_engine(plan), say=lambda line: print(line, flush=True))
+    cycles: list[dict[str, Any]] = []
+    try:
+        with clock.stage("cycles: serve the stable"):
+            backend.start()
+        cycles.append(one_cycle(1, backend, gated, expected="promote", **common))
+        if plan.cycles > 1 and cycles[0]["decision"] == "promote":
+            cycles.append(one_cycle(2, backend, serving, expected="rollback", note=CYCLE2_NOTE, **common))
+        elif plan.cycles > 1:
+            cycles.append({"cycle": 2, "skipped": "cycle 1 did not promote: the draft that served before it still "
+                           "serves, so there is no worse draft to hand the canary", "as_expected": False})
+    finally:
+        with clock.stage("cycles: stop the servers"):
+            backend.close()
+    return cycles
+
+
+def one_cycle(n: int, backend, candidate, *, plan: Plan, live: Sequence[Any], settings, history, target_fp: str,
+              clock: Clock, expected: str, note: str | None = None) -> dict[str, Any]:
+    """One canary of ``candidate`` under the live prompts: the decision, its live figures and reasons, and
+    after a promotion the live prompts once more against the stable endpoint (the stable now serves it)."""
+    from peagle.rollout.local import rollout_under_traffic
+    from peagle.traffic.log import TrafficLog
+    from peagle.traffic.replay import api_url_of, replay, write_rows
+
+    cycle_clock = Clock()
+    stable = {"draft": backend.stable_draft, "fingerprint": backend.stable_fingerprint()}
+    with cycle_clock.stage(f"cycle {n}: canary, live traffic, decision"):
+        sent = [p for p in live for _ in range(2 if plan.mirror else 1)]
+        decision, replays = rollout_under_traffic(
+            backend, candidate, sent, traffic=TrafficLog(plan.traffic), settings=settings, history=history,
+            target_fingerprint=target_fp, concurrency=plan.concurrency, max_tokens=plan.live_max_tokens,
+            say=lambda line: print(line, flush=True))
+    rows = [row for result in replays for row in result.rows]
+    for i, result in enumerate(replays, 1):
+        write_rows(result, plan.out / "replay" / f"cycle-{n}-live-{i}.jsonl")
+    stable_url = api_url_of(backend.stable_url)
+    entry: dict[str, Any] = {
+        "cycle": n, "expected": expected, "decision": decision.decision,
+        "as_expected": decision.decision == expected, "decision_id": decision.id, "reasons": list(decision.reasons),
+        "stable": stable,
+        "candidate": {"draft": candidate.draft, "fingerprint": candidate.fingerprint,
+                      "gate_passed": None if candidate.gate is None else candidate.gate["passed"]},
+        **({"candidate_note": note} if note else {}),
+        "live": decision.comparison, "window": decision.window, "canary_percent": settings.canary_percent,
+        "requests_sent": len(rows), "answered_by_stable": sum(r.error is None and r.url == stable_url for r in rows),
+        "answered_by_canary": sum(r.error is None and r.url not in (None, stable_url) for r in rows)}
+    if decision.decision == "promote":
+        with cycle_clock.stage(f"cycle {n}: live prompts after the promotion"):
+            result = replay(backend.stable_url, live, concurrency=plan.concurrency, max_tokens=plan.live_max_tokens)
+        write_rows(result, plan.out / "replay" / f"cycle-{n}-after.jsonl")
+        fig = result.figures()
+        before = histograms_by_prompt(sent, [r for r in rows if r.url == stable_url])
+        entry["after"] = {
+            "stable_fingerprint": backend.stable_fingerprint(), "requests": fig["with_histogram"],
+            "acceptance_length": estimate(fig["acceptance_length"], fig["acceptance_length_ci"]),
+            "first_position_acceptance": estimate(fig["first_position_acceptance"],
+                                                  fig["first_position_acceptance_ci"]),
+            # the prompts the stable answered during the canary, answered again by the promoted stable
+            "paired_with_the_stable_before": paired_figures(before, histograms_by_prompt(live, result.rows))}
+    entry["minutes"] = {stage: round(sec / 60.0, 2) for stage, sec in cycle_clock.seconds.items()}
+    clock.seconds.update(cycle_clock.seconds)
+    return entry
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -444,6 +683,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="refresh.sampled_responses for the candidate (keep|drop|regenerate); a comma list refreshes "
                    "and gates the same window once more per further choice (the regeneration measurement)")
     p.add_argument("--port", type=int, default=0, help="port of the local servers (default: a free one)")
+    p.add_argument("--cycles", type=int, default=2, choices=(0, 1, 2),
+                   help="rollout cycles after the refresh: 1 = canary of the candidate (promote), 2 = also a canary "
+                   "of the draft that served before (rollback); 0 = none (every prompt in the refresh window)")
+    p.add_argument("--traffic-prompts", type=int, default=100,
+                   help="traffic prompts of the refresh window; the rest are the cycles' live traffic")
+    p.add_argument("--live-max-tokens", type=int, default=96, help="tokens per answer of the live traffic")
+    p.add_argument("--canary-percent", type=int, default=50, help="the canary's share of the live traffic")
+    p.add_argument("--min-requests", type=int, default=60, help="live requests per version before deciding")
+    p.add_argument("--tolerance", type=float, default=0.1,
+                   help="rollout.tolerance: the low end of the live AL difference's interval must be >= -this "
+                        "(about +-0.06 wide with 64 prompts per version)")
+    p.add_argument("--no-mirror", action="store_true",
+                   help="send each live prompt once (default: twice, so that the 50/50 split serves both versions "
+                        "the same prompts; the decision still treats them as independent samples)")
+    p.add_argument("--from-scenario", metavar="DIR",
+                   help="reuse the refresh and gate of the scenario in DIR (its scenario.json): run only the cycles, "
+                        "into --out with a fresh traffic log and loop history")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     a = p.parse_args(argv)
     run = Path(a.run)
@@ -458,13 +714,20 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"bench_traffic: error: not published (no _SUCCESS): {', '.join(missing)}", file=sys.stderr)
         return 2
+    from peagle.errors import PeagleError
+
     load0 = load_average()
-    doc = run_scenario(plan)
+    try:
+        doc = run_scenario(plan)
+    except PeagleError as exc:
+        print(f"bench_traffic: error: {exc}", file=sys.stderr)
+        return 2
     (plan.out / "scenario.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(banner(load0))
     print(table(doc))
     print(f"wrote {plan.out / 'scenario.json'}")
-    return 0 if doc["gate"]["passed"] and not doc["negative_control"]["passed"] else 1
+    as_expected = all(c.get("as_expected") for c in doc["cycles"])
+    return 0 if doc["gate"]["passed"] and not doc["negative_control"]["passed"] and as_expected else 1
 
 
 if __name__ == "__main__":

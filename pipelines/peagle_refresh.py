@@ -1,20 +1,27 @@
-"""The refresh pipeline: select -> prepare (+ replay) -> extract -> train (warm start) -> gate.
+"""The refresh pipeline: trigger -> [select -> prepare (+ replay) -> extract -> train (warm start) -> gate
+-> [rollout]].
 
-Turns a window of captured traffic into a candidate draft and gates it against the serving draft,
-the same steps as ``peagle refresh`` (:mod:`peagle.refresh.steps`); see docs/traffic.md. Built for
-a cluster profile like the default pipeline (``peagle_pipeline.py``): the same images by role, the
-same data connection mounted as files in every step, no caching, the profile's retries, and each
-step takes the resources and deadline of the default pipeline's stage doing that work
-(``components/refresh.py``: ``PROFILE_STEP``); train runs on one GPU of the pool.
+Turns a window of captured traffic into a candidate draft, gates it against the serving draft and, when
+``rollout_routing`` is not ``none``, rolls it out; the same steps as ``peagle refresh``
+(:mod:`peagle.refresh.steps`); see docs/traffic.md. Built for a cluster profile like the default pipeline
+(``peagle_pipeline.py``): the same images by role, the same data connection mounted as files in every
+step, no caching, the profile's retries, and each step takes the resources and deadline of the default
+pipeline's stage doing that work (``components/refresh.py``: ``PROFILE_STEP``; the rollout the deploy
+step's); train runs on one GPU of the pool.
 
+* The first step, ``refresh_trigger``, validates every setting before any GPU step, writes ``run.json``
+  and decides whether a refresh is needed (:mod:`peagle.refresh.trigger`: enough new traffic, or live
+  acceptance fell); ``trigger.json`` and the run's metrics say why. Not needed: every other step sits in
+  ``dsl.If(go)`` and is skipped, and the run ends green -- what a recurring run does most of the time.
 * Stages exchange the refresh URI (``<output_root>/<run_name or job id>``); the data stays in the
-  object store under it, and each stage declares what it published as a lineage artifact. select validates every setting first, before any
-  GPU step starts.
-* No loop and no condition: every task sits in the root DAG, so the profile's retries hold on a
-  Kubeflow Pipelines 2.5 backend (tests/kfp_features.py), extract's included.
-* The gate's verdict is the last step's output (``True``: the candidate beat the serving draft); its
-  figures go to the run's metrics and its page to an HTML artifact. A rejection is a verdict, not a
-  failed run. Rolling the candidate out is not part of this pipeline.
+  object store under it, and each stage declares what it published as a lineage artifact.
+* The gate's verdict is its output (``True``: the candidate beat the serving draft); its figures go to
+  the run's metrics and its page to an HTML artifact. A rejection is a verdict, not a failed run.
+  ``refresh_rollout`` runs only under ``dsl.If(passed)``: canary beside the stable deployment
+  (``deploy_name``/``deploy_namespace``/``deploy_mode``), decision on live acceptance, promotion or rollback.
+* Retries of the tasks inside the conditions need a backend with kubeflow/pipelines #11908 (OpenShift AI
+  2.22's build carries it); an older 2.5 backend runs them once (tests/kfp_features.py: ``NESTED_RETRY``,
+  reported, not required).
 * The parameters are defined once, in ``peagle.pipeline.refresh_params``.
 """
 from types import SimpleNamespace
@@ -27,9 +34,11 @@ from peagle.pipeline.profile import IN_PROCESS_RETRY, ClusterProfile, apply_step
 from peagle.pipeline.refresh_params import REFRESH_MODELS, refresh_parameters
 
 PIPELINE_NAME = "peagle-refresh"
-DESCRIPTION = ("Refresh a served P-EAGLE draft from the traffic it served: select a window of captured "
-               "requests, train a candidate warm-started from the serving draft (with replay of its own "
-               "training data), and gate it against the serving draft with real vLLM on the newest traffic.")
+DESCRIPTION = ("Refresh a served P-EAGLE draft from the traffic it served, when needed (enough new traffic, or "
+               "live acceptance fell): select a window of captured requests, train a candidate warm-started from "
+               "the serving draft (with replay of its own training data), gate it against the serving draft with "
+               "real vLLM on the newest traffic, and optionally roll it out (canary, promote or roll back on live "
+               "acceptance).")
 TRAIN_GPUS = 1  # a refresh fine-tunes on a traffic window: one GPU of the pool
 
 
@@ -50,18 +59,26 @@ def build_pipeline(profile: ClusterProfile):
                 task.set_retry(**profile.retry.model_dump())
             return task
 
-        sel = step(c.refresh_select(output_root=p.output_root, run_name=p.run_name,
-                                    job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, config=p.config,
-                                    data_connection=p.data_connection,
-                                    **{name: getattr(p, name) for name in refresh_parameters()}),
-                   "refresh_select", "select traffic")
-        uri = sel.outputs["Output"]
-        prep = step(c.refresh_prepare(refresh_uri=uri), "refresh_prepare", "prepare rows (+ replay)")
-        ext = step(c.refresh_extract(refresh_uri=uri).after(prep), "refresh_extract", "extract hidden states")
-        train = step(c.refresh_train(refresh_uri=uri).after(ext), "refresh_train", "train candidate (warm start)",
-                     gpus=TRAIN_GPUS)
-        step(c.refresh_gate(refresh_uri=uri, candidate_uri=train.outputs["Output"]), "refresh_gate",
-             "gate (vLLM, paired)")
+        trig = step(c.refresh_trigger(output_root=p.output_root, run_name=p.run_name,
+                                      job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, config=p.config,
+                                      data_connection=p.data_connection,
+                                      **{name: getattr(p, name) for name in refresh_parameters()}),
+                    "refresh_trigger", "trigger: refresh needed?")
+        uri = trig.outputs["refresh_uri"]
+        with dsl.If(trig.outputs["go"] == True, name="refresh-needed"):  # noqa: E712
+            sel = step(c.refresh_select(refresh_uri=uri), "refresh_select", "select traffic")
+            prep = step(c.refresh_prepare(refresh_uri=uri).after(sel), "refresh_prepare", "prepare rows (+ replay)")
+            ext = step(c.refresh_extract(refresh_uri=uri).after(prep), "refresh_extract", "extract hidden states")
+            train = step(c.refresh_train(refresh_uri=uri).after(ext), "refresh_train", "train candidate (warm start)",
+                         gpus=TRAIN_GPUS)
+            gate = step(c.refresh_gate(refresh_uri=uri, candidate_uri=train.outputs["Output"]), "refresh_gate",
+                        "gate (vLLM, paired)")
+            with dsl.If(gate.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
+                step(c.refresh_rollout(refresh_uri=uri, candidate_uri=train.outputs["Output"],
+                                       rollout_routing=p.rollout_routing, deploy_name=p.deploy_name,
+                                       deploy_namespace=p.deploy_namespace, deploy_mode=p.deploy_mode,
+                                       data_connection=p.data_connection, serving=profile.serving_json()),
+                     "refresh_rollout", "roll out (canary, live decision)")
 
     peagle_refresh.__signature__ = signature
     peagle_refresh.__doc__ = pipeline_docstring(DESCRIPTION, REFRESH_MODELS)

@@ -1,17 +1,18 @@
 """Offline schema validation of rendered Kubernetes objects (no API server, no kubectl).
 
 * Built-in kinds: ``kubernetes_validate.validate(obj, "1.30.0", strict=True)`` (unknown fields fail).
-* KServe / Kubeflow Trainer kinds: the CRD's ``openAPIV3Schema`` from ``../shared/crds`` checked with
+* KServe / Kubeflow Trainer kinds: the CRD's ``openAPIV3Schema`` from ``../shared/crds``, and the OpenShift
+  Route and Gateway API HTTPRoute from ``tests/data/crds`` (its README gives their source), checked with
   jsonschema. CRD schemas rarely say ``additionalProperties: false`` because the API server *prunes*
   unknown fields silently; pruning would hide a misspelt key, so :func:`strict_schema` closes every
   object schema that lists ``properties`` (unless it preserves unknown fields), which is what
   ``kubectl apply --validate=strict`` reports. CEL rules (``x-kubernetes-validations``) are not
   evaluated.
-* Kinds with no schema here (OpenShift Route, prometheus-operator monitors, the DSPA) are returned as
-  unchecked; their tests assert the structure themselves.
+* Kinds with no schema here (prometheus-operator monitors) are returned as unchecked; their tests
+  assert the structure themselves.
 
-The CRD folder is required in CI: with ``CI=true`` a missing ``../shared/crds`` fails the test
-instead of skipping it.
+The CRD folders are required in CI: with ``CI=true`` a missing ``../shared/crds`` or ``tests/data/crds``
+fails the test instead of skipping it.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_DIR = ROOT.parent / "shared" / "crds"
+# CRDs the project adds beside the shared ones (looked up after CRD_DIR).
+LOCAL_CRD_DIR = ROOT / "tests" / "data" / "crds"
 K8S_VERSION = "1.30.0"
 
 CRD_FILES = {
@@ -40,12 +43,13 @@ CRD_FILES = {
     ("trainer.kubeflow.org", "TrainingRuntime"): "trainer.kubeflow.org_trainingruntimes.yaml",
     ("datasciencepipelinesapplications.opendatahub.io", "DataSciencePipelinesApplication"):
         "dspa/datasciencepipelinesapplications.opendatahub.io_datasciencepipelinesapplications.yaml",
+    ("route.openshift.io", "Route"): "route.openshift.io_routes.yaml",
+    ("gateway.networking.k8s.io", "HTTPRoute"): "gateway.networking.k8s.io_httproutes.yaml",
 }
 # Other API generations of the same kinds, validated with validate(obj, crds=...): OpenShift AI 3.5's
 # Trainer has podTemplateOverrides and neither runtimePatches nor activeDeadlineSeconds.
 CRD_SETS = {"upstream": "", "rhoai-3.5": "trainer-rhoai-3.5/"}
 UNSCHEMED = {
-    ("route.openshift.io", "Route"),
     ("monitoring.coreos.com", "ServiceMonitor"),
     ("monitoring.coreos.com", "PodMonitor"),
 }
@@ -53,23 +57,35 @@ DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
-def crd_dir() -> Path:
-    """The CRD folder; fails (CI=true) or skips the calling test when it is missing."""
-    if not CRD_DIR.is_dir():
-        msg = f"CRD schemas not found at {CRD_DIR} (expected ../shared/crds next to the project)"
+def crd_dir(directory: Path = CRD_DIR) -> Path:
+    """A CRD folder (the shared one by default); fails (CI=true) or skips the calling test when it is missing."""
+    if not directory.is_dir():
+        msg = f"CRD schemas not found at {directory} (expected ../shared/crds next to the project, tests/data/crds in it)"
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(msg)
         pytest.skip(msg)
-    return CRD_DIR
+    return directory
+
+
+def crd_path(name: str, crds: str = "upstream") -> Path:
+    """The CRD file ``name``: in the set ``crds`` of ../shared/crds (a set holds only the kinds that differ),
+    else in ../shared/crds, else in tests/data/crds."""
+    shared = crd_dir()
+    for path in (shared / (CRD_SETS[crds] + name), shared / name):
+        if path.is_file():
+            return path
+    return crd_dir(LOCAL_CRD_DIR) / name
 
 
 def strict_schema(schema: Any) -> Any:
-    """A copy of ``schema`` where every object with ``properties`` rejects unknown keys."""
+    """A copy of ``schema`` where every object with ``properties`` rejects unknown keys (and null keywords are dropped)."""
     if isinstance(schema, list):
         return [strict_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: strict_schema(v) for k, v in schema.items()}
+    # A keyword set to null (controller-gen writes `anyOf: null` for OpenShift's int-or-string targetPort)
+    # is absent to the API server; jsonschema would crash on it.
+    out = {k: strict_schema(v) for k, v in schema.items() if v is not None}
     if ("properties" in out and "additionalProperties" not in out
             and not out.get("x-kubernetes-preserve-unknown-fields")):
         out["additionalProperties"] = False
@@ -83,10 +99,7 @@ def crd_validator(group: str, kind: str, version: str, crds: str = "upstream") -
 
 
 def crd_schema(group: str, kind: str, version: str, crds: str = "upstream") -> dict:
-    name = CRD_FILES[(group, kind)]
-    path = crd_dir() / (CRD_SETS[crds] + name)
-    if not path.is_file():  # a set holds only the kinds that differ
-        path = crd_dir() / name
+    path = crd_path(CRD_FILES[(group, kind)], crds)
     crd = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 2 MB: use libyaml
     for v in crd["spec"]["versions"]:
         if v["name"] == version:

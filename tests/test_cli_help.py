@@ -11,7 +11,7 @@ import pytest
 from peagle.cli import build_parser, main
 
 COMMANDS = ["draft", "models", "prepare", "regenerate", "extract", "train", "config", "run", "evaluate", "deploy",
-            "pipeline", "serve", "replay", "refresh", "gate"]
+            "pipeline", "serve", "replay", "refresh", "gate", "rollout"]
 
 
 def _help(argv: list[str]) -> str:

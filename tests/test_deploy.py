@@ -10,106 +10,18 @@ vLLM server) is tested for real in test_chart*.py.
 """
 from __future__ import annotations
 
-import copy
 import io
 import json
 
 import pytest
 from kubernetes.client import ApiException
 
-from fake_kube import merge_patch
+from fake_kube import FakeCluster
 
 from peagle.deploy import Apis, DeployError, DeployFailed, DeployTimeout, kube, render, values_for
 from peagle.deploy.cli import deploy, main
 
 pytestmark = pytest.mark.integration  # the objects come from the real chart (Helm SDK)
-
-
-class FakeCluster:
-    """In-memory API server for the calls peagle.deploy.kube makes. ``statuses[(kind, name)]`` is a
-    list of status dicts handed out one per read (the last one repeats)."""
-
-    def __init__(self):
-        self.store: dict[tuple[str, str, str], dict] = {}
-        self.calls: list[tuple[str, str, str]] = []
-        self.statuses: dict[tuple[str, str], list[dict]] = {}
-        self.forbidden: set[str] = set()
-
-    # -- generic ---------------------------------------------------------------------------
-    def _create(self, kind, ns, body):
-        name = body["metadata"]["name"]
-        self.calls.append(("create", kind, name))
-        if kind in self.forbidden:
-            e = ApiException(status=403, reason="Forbidden")
-            e.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403, "message":
-                                 f'{kind.lower()}s is forbidden: User "system:serviceaccount:{ns}:pipeline-runner-dspa"'
-                                 f' cannot create resource "{kind.lower()}s" in the namespace "{ns}"'})
-            raise e
-        if (kind, ns, name) in self.store:
-            raise ApiException(status=409, reason="AlreadyExists")
-        obj = copy.deepcopy(body)
-        obj["metadata"]["generation"] = 1
-        self.store[(kind, ns, name)] = obj
-        return obj
-
-    def _patch(self, kind, ns, name, body):
-        self.calls.append(("patch", kind, name))
-        if (kind, ns, name) not in self.store:
-            raise ApiException(status=404, reason="NotFound")
-        old = self.store[(kind, ns, name)]
-        new = merge_patch(old, body)
-        if new.get("spec") != old.get("spec"):
-            new["metadata"]["generation"] = old["metadata"]["generation"] + 1
-        self.store[(kind, ns, name)] = new
-        return new
-
-    def _read(self, kind, ns, name):
-        self.calls.append(("read", kind, name))
-        if (kind, ns, name) not in self.store:
-            raise ApiException(status=404, reason="NotFound")
-        obj = self.store[(kind, ns, name)]
-        script = self.statuses.get((kind, name))
-        if script:
-            obj["status"] = script.pop(0) if len(script) > 1 else script[0]
-        return copy.deepcopy(obj)
-
-    # -- CustomObjectsApi --------------------------------------------------------------------
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        assert body["apiVersion"] == f"{group}/{version}" and plural.startswith(body["kind"].lower())
-        return self._create(body["kind"], namespace, body)
-
-    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
-        return self._patch(body["kind"], namespace, name, body)
-
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-        kind = {"inferenceservices": "InferenceService", "servingruntimes": "ServingRuntime",
-                "routes": "Route"}[plural]
-        return self._read(kind, namespace, name)
-
-    # -- AppsV1Api / CoreV1Api -----------------------------------------------------------------
-    def create_namespaced_deployment(self, namespace, body):
-        return self._create("Deployment", namespace, body)
-
-    def patch_namespaced_deployment(self, name, namespace, body):
-        return self._patch("Deployment", namespace, name, body)
-
-    def read_namespaced_deployment(self, name, namespace):
-        isvc = self.store.get(("InferenceService", namespace, name.removesuffix("-predictor")))
-        if name.endswith("-predictor") and isvc is not None:
-            # KServe's RawDeployment predictor, reconciled at once: the InferenceService's pod labels,
-            # fully rolled out (tests/test_issue25_cluster.py scripts the rollout step by step).
-            self.calls.append(("read", "Deployment", name))
-            labels = (isvc["spec"]["predictor"].get("labels") or {})
-            return {"metadata": {"name": name, "generation": 1},
-                    "spec": {"replicas": 1, "template": {"metadata": {"labels": dict(labels)}}},
-                    "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}}
-        return self._read("Deployment", namespace, name)
-
-    def create_namespaced_service(self, namespace, body):
-        return self._create("Service", namespace, body)
-
-    def patch_namespaced_service(self, name, namespace, body):
-        return self._patch("Service", namespace, name, body)
 
 
 READY_ISVC = {"conditions": [{"type": "PredictorReady", "status": "True"}, {"type": "Ready", "status": "True"}],

@@ -35,7 +35,7 @@ def admin() -> dict[tuple[str, str], dict]:
 @pytest.fixture(scope="module")
 def extra() -> dict[tuple[str, str], dict]:
     """The optional overlays with the rights a project admin cannot grant (rbac-extra/*)."""
-    return {(o["kind"], o["metadata"]["name"]): o for d in ("trainjob", "monitoring")
+    return {(o["kind"], o["metadata"]["name"]): o for d in ("trainjob", "monitoring", "rollout")
             for o in kustomize_build(MANIFESTS / "rbac-extra" / d)}
 
 
@@ -102,12 +102,19 @@ def test_role_verbs_are_the_ones_the_code_calls(objs):
 def test_rbac_is_least_privilege(objs, admin, extra):
     rules = [r for o in (*objs.values(), *admin.values(), *extra.values()) if o["kind"] in ("Role", "ClusterRole")
              for r in o["rules"]]
+    rollout = extra[("Role", "peagle-pipeline-runner-rollout")]["rules"]
     for r in rules:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in r[field], r
-        assert not set(r["verbs"]) & {"delete", "deletecollection", "escalate", "bind", "impersonate"}, r
+        # delete only where a rollout removes its canary (rbac-extra/rollout)
+        forbidden = {"deletecollection", "escalate", "bind", "impersonate"} | ({"delete"} if r not in rollout else set())
+        assert not set(r["verbs"]) & forbidden, r
         assert not set(r["resources"]) & {"secrets", "roles", "rolebindings", "clusterroles"}, r
-    grants = {(g, res): set(r["verbs"]) for r in rules for g in r["apiGroups"] for res in r["resources"]}
+    grants: dict[tuple[str, str], set[str]] = {}
+    for r in rules:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                grants.setdefault((g, res), set()).update(r["verbs"] if r not in rollout else set())
     write = {"create", "get", "patch"}
     assert grants[("trainer.kubeflow.org", "trainjobs")] == write
     assert grants[("serving.kserve.io", "inferenceservices")] == write
@@ -130,9 +137,14 @@ def test_runner_may_apply_every_kind_the_serving_chart_renders(objs, extra):
 
     plural = {kind: res for (_, kind), res in CUSTOM_PLURALS.items()}
     plural |= {"Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts"}
-    roles = [objs[("Role", "peagle-pipeline-runner")], extra[("Role", "peagle-pipeline-runner-monitors")]]
-    grants = {(g, res): set(r["verbs"]) for role in roles for r in role["rules"] for g in r["apiGroups"]
-              for res in r["resources"]}
+    roles = [objs[("Role", "peagle-pipeline-runner")], extra[("Role", "peagle-pipeline-runner-monitors")],
+             extra[("Role", "peagle-pipeline-runner-rollout")]]
+    grants: dict[tuple[str, str], set[str]] = {}
+    for role in roles:
+        for r in role["rules"]:
+            for g in r["apiGroups"]:
+                for res in r["resources"]:
+                    grants.setdefault((g, res), set()).update(r["verbs"])
     for template in sorted((ROOT / "charts" / "peagle-serving" / "templates").glob("*.yaml")):
         text = template.read_text()
         for api, kind in re.findall(r"^apiVersion: (\S+)\n(?:.*\n)*?^kind: (\w+)", text, re.M):

@@ -52,7 +52,9 @@ def test_the_refresh_configuration_is_the_runs_with_the_window_and_writes_under_
 
     a = argparse.Namespace(run=str(run_dir), out=str(tmp_path / "out"), prompts=None, general=None, concurrency=8,
                            max_tokens=128, epochs=1, negative_control="other-target", port=0,
-                           temperature=0.8, sampled_responses="keep,regenerate")
+                           temperature=0.8, sampled_responses="keep,regenerate", cycles=2, traffic_prompts=100,
+                           live_max_tokens=96, canary_percent=50, min_requests=24, tolerance=0.1,
+                           no_mirror=False, from_scenario=None)
     plan = bench.make_plan(a)
     assert plan.temperature == 0.8 and plan.sampled == ("keep", "regenerate")
     cfg = bench.refresh_config(plan, "2026-12-03T15:00:00Z")
@@ -145,3 +147,83 @@ def test_the_negative_control_rewrites_the_target_or_keeps_a_few_records():
     assert {r.target_fingerprint for r in other} == {bench.OTHER_TARGET_FINGERPRINT}
     few = bench.control_records(records, "too-little")
     assert len(few) == bench.TOO_LITTLE_RECORDS and few[-1].id == "19"
+
+
+# ---- the rollout cycles ------------------------------------------------------------------------------
+
+def test_dry_run_lists_the_cycles_and_the_prompt_split(run_dir, tmp_path, capsys):
+    assert bench.main(["--run", str(run_dir), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "the first 100 prompts make the refresh window, the rest are the cycles' live traffic" in text
+    assert "7. rollout cycles (2): stable + canary peagle serve" in text and "canary 50%" in text
+    assert ("96 tokens at concurrency 8, each live prompt sent twice (one copy to each version), decide at 60 "
+            "requests each (tolerance 0.1" in text)
+    assert "cycle 1: canary = the gated candidate; expect promote" in text
+    assert "cycle 2: canary = the draft that served before cycle 1 (no gate record of its own" in text
+    assert "expect rollback" in text and f"8. {tmp_path / 'out' / 'scenario.json'}" in text
+    assert bench.main(["--run", str(run_dir), "--out", str(tmp_path / "out"), "--dry-run", "--cycles", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "rollout cycles" not in text and "refresh window" not in text and "7. " in text
+
+
+def test_the_prompts_split_into_the_refresh_window_and_the_live_traffic(run_dir, tmp_path):
+    import argparse
+
+    a = argparse.Namespace(run=str(run_dir), out=str(tmp_path / "out"), prompts=None, general=None, concurrency=8,
+                           max_tokens=128, epochs=1, negative_control="other-target", port=0, temperature=0.0,
+                           sampled_responses="keep", cycles=2, traffic_prompts=100, live_max_tokens=96,
+                           canary_percent=50, min_requests=24, tolerance=0.1, no_mirror=False,
+                           from_scenario=None)
+    plan = bench.make_plan(a)
+    window, live = plan.split_prompts(list(range(164)))
+    assert window == list(range(100)) and live == list(range(100, 164))  # neither draft trained on live prompts
+    rollout = bench.rollout_settings(plan)
+    assert (rollout.canary_percent, rollout.min_requests, rollout.poll_s) == (50, 24, 5.0)
+    assert bench.make_plan(argparse.Namespace(**{**vars(a), "cycles": 0})).split_prompts(list(range(164))) == (
+        list(range(164)), [])
+
+
+def live_figures(stable_al, candidate_al, n=32):
+    def version(role, fp, al):
+        return {"role": role, "fingerprint": fp, "requests": n, "steps": 10 * n,
+                "acceptance_length": {"value": al, "interval": [al - 0.05, al + 0.05]},
+                "first_position_acceptance": {"value": 0.3, "interval": [0.25, 0.35]}, "latency_p50_s": 4.0}
+
+    diff = candidate_al - stable_al
+    return {"window": {"since": "2026-12-03T15:00:00Z", "until": "2026-12-03T15:03:00Z"}, "level": 0.95,
+            "resamples": 1000, "stable": version("stable", "a" * 12, stable_al),
+            "candidate": version("candidate", "b" * 12, candidate_al),
+            "difference": {"acceptance_length": {"value": diff, "interval": [diff - 0.07, diff + 0.07]},
+                           "first_position_acceptance": {"value": 0.0, "interval": [-0.05, 0.05]}}}
+
+
+def cycles():
+    return [
+        {"cycle": 1, "expected": "promote", "decision": "promote", "as_expected": True, "reasons": ["all checks"],
+         "live": live_figures(1.28, 1.37), "window": {"since": "s", "until": "u"},
+         "after": {"stable_fingerprint": "b" * 12, "requests": 64,
+                   "acceptance_length": {"value": 1.36, "interval": [1.33, 1.39]}},
+         "minutes": {"cycle 1: canary, live traffic, decision": 3.0}},
+        {"cycle": 2, "expected": "rollback", "decision": "rollback", "as_expected": True,
+         "reasons": ["difference -0.090 < margin 0.0"], "candidate_note": bench.CYCLE2_NOTE,
+         "live": live_figures(1.37, 1.28), "window": {"since": "s", "until": "u"},
+         "minutes": {"cycle 2: canary, live traffic, decision": 2.5}}]
+
+
+def test_the_scenario_document_and_table_carry_the_cycles():
+    doc = bench.scenario_document(stage_results(cycles=cycles()))
+    assert [c["decision"] for c in doc["cycles"]] == ["promote", "rollback"]
+    assert doc["cycles"][0]["live"]["stable"]["acceptance_length"]["interval"] == [1.23, 1.33]
+    assert "no gate record of its own" in doc["cycles"][1]["candidate_note"]
+    assert bench.scenario_document(stage_results())["cycles"] == []
+    json.dumps(doc)
+    text = bench.table(doc)
+    assert "stable -> canary" in text and "difference (unpaired)" in text
+    assert "1.280 [1.230, 1.330]" in text and "+0.090 [+0.020, +0.160]" in text and "-0.090" in text
+    assert "cycle 1 after the promotion: the stable serves bbbbbbbbbbbb, live prompts AL 1.360 [1.330, 1.390] " \
+           "over 64 requests" in text
+    assert "cycle 2: difference -0.090 < margin 0.0" in text and "cycle 2 candidate: the draft that served" in text
+    wrong = cycles()[1] | {"decision": "promote", "as_expected": False}
+    assert "promote (expected rollback)" in bench.table(bench.scenario_document(stage_results(cycles=[wrong])))
+    skipped = {"cycle": 2, "skipped": "cycle 1 did not promote", "as_expected": False}
+    assert "cycle 2: skipped (cycle 1 did not promote)" in bench.cycles_table([cycles()[0], skipped])

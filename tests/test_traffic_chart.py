@@ -15,6 +15,7 @@ from k8s_schemas import ROOT, validate
 from peagle.deploy import RenderError, render, values_for
 from peagle.deploy import values as rules
 from peagle.deploy.cli import main as deploy_main
+from peagle.deploy.kube import fingerprint_of
 from peagle.traffic.settings import ENV_PREFIX, CaptureSettings
 
 pytestmark = pytest.mark.integration  # renders and lints with the Helm SDK (helm_python)
@@ -84,9 +85,12 @@ def test_capture_on_s3_wires_middleware_settings_and_secret(mode):
                                       "--enable-force-include-usage"]
     env = capture_env(c)
     settings = CaptureSettings.from_env(env)
+    label = fingerprint_of(next(o for o in objs.values() if o["kind"] in ("InferenceService", "Deployment")))
+    assert len(label) == 12  # the chart's hash of where the models come from (no speculative.draftFingerprint)
     assert settings == CaptureSettings(
         enabled=True, uri="s3://traffic/qwen3/", sample_rate=0.25, flush_interval_s=2.5, batch_records=64,
-        redact=["default", "re:ACME-[0-9]+"], target_dir="/mnt/models/target", draft_dir="/mnt/models/draft")
+        redact=["default", "re:ACME-[0-9]+"], target_dir="/mnt/models/target", draft_dir="/mnt/models/draft",
+        draft_fingerprint=label)
     # what `peagle serve` sets, up to JSON spelling (Helm writes ["a","b"] and 1.0 as 1)
     assert {k: as_json(v) for k, v in env.items()} == {k: as_json(v) for k, v in settings.to_env().items()}
     # credentials by reference only: the Secret's keys as env, no AWS_* value anywhere
@@ -136,9 +140,20 @@ def test_capture_on_a_claim_mounts_it_read_write_at_the_uri(mode):
         validate(obj)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_records_name_the_draft_as_the_pods_label_does(mode):
+    """A rollout finds each version's records by the draft fingerprint the pods carry."""
+    objs = rendered(values(mode, S3_CAPTURE, speculative={"draftFingerprint": "0123456789ab"}))
+    c, _ = pod_parts(objs)
+    assert CaptureSettings.from_env(capture_env(c)).draft_fingerprint == "0123456789ab"
+    assert fingerprint_of(next(o for o in objs.values() if o["kind"] in ("InferenceService", "Deployment"))) \
+        == "0123456789ab"
+
+
 def test_draft_dir_is_empty_when_no_draft_is_served():
     c, _ = pod_parts(rendered(values("deployment", S3_CAPTURE, speculative={"enabled": False})))
     assert CaptureSettings.from_env(capture_env(c)).draft_dir == ""
+    assert CaptureSettings.from_env(capture_env(c)).draft_fingerprint == ""
     assert MIDDLEWARE in c["args"]
 
 

@@ -23,11 +23,13 @@ COMPILED = ROOT / "pipelines" / "compiled" / "peagle-refresh.yaml"
 KFP25_PROTO = ROOT / "tests" / "upstream" / "kfp-2.5-kubernetes_executor_config.proto"
 MOUNT = "/var/run/secrets/peagle/data-connection"
 GPU_EXECUTORS = {"exec-refresh-extract", "exec-refresh-train", "exec-refresh-gate"}
-IMAGES = {"exec-refresh-select": "quay.io/peagle/peagle-base:0.1.0-cpu",
+IMAGES = {"exec-refresh-trigger": "quay.io/peagle/peagle-base:0.1.0-cpu",
+          "exec-refresh-select": "quay.io/peagle/peagle-base:0.1.0-cpu",
           "exec-refresh-prepare": "quay.io/peagle/peagle-base:0.1.0-cpu",
           "exec-refresh-extract": "quay.io/peagle/peagle-vllm:0.1.0",
           "exec-refresh-train": "quay.io/peagle/peagle-trainer:0.1.0",
-          "exec-refresh-gate": "quay.io/peagle/peagle-vllm:0.1.0"}
+          "exec-refresh-gate": "quay.io/peagle/peagle-vllm:0.1.0",
+          "exec-refresh-rollout": "quay.io/peagle/peagle-base:0.1.0-cpu"}
 if str(ROOT) not in sys.path:  # components/ and pipelines/ live at the project root
     sys.path.insert(0, str(ROOT))
 
@@ -47,6 +49,13 @@ def docs() -> tuple[dict, dict]:
 
 def executors(docs) -> dict:
     return docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def all_tasks(spec) -> dict:
+    """Every component task of the pipeline, whichever DAG (root or a condition's) holds it."""
+    dags = [spec["root"], *spec["components"].values()]
+    return {n: t for d in dags for n, t in (d.get("dag") or {}).get("tasks", {}).items()
+            if not n.startswith("condition-")}
 
 
 # ---- compiled, current, loadable ---------------------------------------------------------------------
@@ -74,16 +83,18 @@ def test_loads_with_the_kfp_sdk():
 
 def test_the_steps_run_in_order_on_the_refresh_uri(docs):
     spec, _ = docs
-    tasks = spec["root"]["dag"]["tasks"]
-    assert set(tasks) == {"refresh-select", "refresh-prepare", "refresh-extract", "refresh-train", "refresh-gate"}
+    tasks = all_tasks(spec)
+    assert set(tasks) == {"refresh-trigger", "refresh-select", "refresh-prepare", "refresh-extract", "refresh-train",
+                          "refresh-gate", "refresh-rollout"}
     deps = {n: set(t.get("dependentTasks", [])) for n, t in tasks.items()}
-    assert deps["refresh-select"] == set()
+    assert deps["refresh-trigger"] == set()
     assert "refresh-select" in deps["refresh-prepare"] and "refresh-prepare" in deps["refresh-extract"]
     assert "refresh-extract" in deps["refresh-train"] and "refresh-train" in deps["refresh-gate"]
-    for name in ("refresh-prepare", "refresh-extract", "refresh-train", "refresh-gate"):
-        uri = tasks[name]["inputs"]["parameters"]["refresh_uri"]["taskOutputParameter"]
-        assert uri["producerTask"] == "refresh-select", name
-    job_id = tasks["refresh-select"]["inputs"]["parameters"]["job_id"]["runtimeValue"]["constant"]
+    for name in ("refresh-select", "refresh-prepare", "refresh-extract", "refresh-train", "refresh-gate",
+                 "refresh-rollout"):
+        uri = tasks[name]["inputs"]["parameters"]["refresh_uri"]["componentInputParameter"]
+        assert uri.startswith("pipelinechannel--refresh-trigger-refresh_uri"), name
+    job_id = tasks["refresh-trigger"]["inputs"]["parameters"]["job_id"]["runtimeValue"]["constant"]
     assert job_id == "{{$.pipeline_job_uuid}}"
     gate = spec["components"]["comp-refresh-gate"]["outputDefinitions"]
     assert gate["parameters"]["Output"]["parameterType"] == "BOOLEAN"  # the verdict
@@ -112,7 +123,7 @@ def test_the_executor_configs_parse_with_the_kfp_2_5_schema(docs):
 
 def test_every_task_retries_and_is_not_cached(docs):
     spec, _ = docs
-    for name, t in spec["root"]["dag"]["tasks"].items():  # all in the root DAG: a 2.5 backend retries them
+    for name, t in all_tasks(spec).items():  # inside the conditions: retried by backends with #11908
         assert t["retryPolicy"]["maxRetryCount"] == 2, name
         assert not t.get("cachingOptions", {}).get("enableCache"), name
 
@@ -203,9 +214,10 @@ def test_each_covering_parameter_is_its_config_key():
     from peagle.pipeline.refresh_params import REFRESH_COVERAGE, RefreshParams
     from peagle.run_config import RunConfig
 
-    assert {c.key.split(".")[0] for c in REFRESH_COVERAGE} == {"refresh", "gate"}
+    assert {c.key.split(".")[0] for c in REFRESH_COVERAGE} == {"refresh", "gate", "rollout"}
     values = {"traffic": "s3://b/traffic", "base_data": "s3://b/run/data", "since": "2026-12-01T00:00:00Z",
-              "until": "2026-12-03T00:00:00Z", "replay_fraction": 0.4, "gate_margin": 0.1, "gate_tolerance": 0.2}
+              "until": "2026-12-03T00:00:00Z", "replay_fraction": 0.4, "gate_margin": 0.1, "gate_tolerance": 0.2,
+              "rollout_canary_percent": 20, "rollout_min_requests": 64, "rollout_window_s": 600.0}
     for c in REFRESH_COVERAGE:
         field = RefreshParams.model_fields[c.param]
         if c.param != "traffic":  # required here: a refresh without traffic is no refresh
@@ -251,18 +263,27 @@ def test_submit_arguments_are_checked_as_the_run_checks_them():
         _arguments(ns("target=s3:///t", "traffic=s3:///x"), "refresh")
 
 
-def test_the_select_component_takes_every_parameter():
-    from components.refresh import refresh_select
+def test_the_trigger_component_takes_every_parameter():
+    from components.refresh import refresh_trigger
     from peagle.pipeline.params import parameter_types
     from peagle.pipeline.refresh_params import REFRESH_MODELS
 
-    sig = inspect.signature(refresh_select).parameters
+    sig = inspect.signature(refresh_trigger).parameters
     types = parameter_types(REFRESH_MODELS)
     assert {n: p.annotation for n, p in sig.items() if n in types} == types
-    assert set(sig) == {*types, "job_id", "selection"}
+    assert set(sig) == {*types, "job_id", "metrics", "trigger"}
 
 
 # ---- the components call the steps of `peagle refresh` -------------------------------------------------
+
+
+def trigger_arguments(**values):
+    """Every argument of the trigger component (the pipeline's parameters at their defaults) but its outputs."""
+    from peagle.pipeline.refresh_params import RefreshParams
+
+    defaults = {n: f.default for n, f in RefreshParams.model_fields.items() if not f.is_required()}
+    return {**defaults, "target": "/t", "serving_draft": "/d", "traffic": "/x", "run_name": "r1", "job_id": "job",
+            "config": "", **values}
 
 
 class Artifact(SimpleNamespace):
@@ -279,15 +300,15 @@ def test_the_components_call_the_refresh_steps_in_order(tmp_path, monkeypatch):
     from peagle.traffic import gate as gate_module
     from peagle.refresh import steps
 
-    target, draft = tmp_path / "target", tmp_path / "draft"
-    target.mkdir()
-    draft.mkdir()
+    target, draft, traffic = tmp_path / "target", tmp_path / "draft", tmp_path / "traffic"
+    for d in (target, draft, traffic):
+        d.mkdir()
     calls = []
 
     def recorder(name, result):
         def step(cfg, **kw):
             calls.append((name, sorted(kw), kw))
-            assert cfg.refresh.traffic == "/traffic" and cfg.gate.margin == 0.1
+            assert cfg.refresh.traffic == str(traffic) and cfg.gate.margin == 0.1
             return result(kw) if callable(result) else result
         return step
 
@@ -306,13 +327,16 @@ def test_the_components_call_the_refresh_steps_in_order(tmp_path, monkeypatch):
     monkeypatch.setattr(gate_module, "log_gate_metrics",
                         lambda result, metrics: metrics.log_metric("gate_passed", float(result.passed)))
 
-    selection = Artifact(tmp_path / "kfp" / "selection")
-    uri = comp.refresh_select(target=str(target), serving_draft=str(draft), traffic="/traffic", base_data="",
-                              since="", until="", replay_fraction=0.25, gate_margin=0.1, gate_tolerance=0.05,
-                              output_root=str(tmp_path / "out"), run_name="r1", job_id="job", config="",
-                              selection=selection)
-    assert uri == str(tmp_path / "out" / "r1")
+    trigger_metrics = Artifact(tmp_path / "kfp" / "trigger_metrics")
+    uri, go = comp.refresh_trigger(**trigger_arguments(target=str(target), serving_draft=str(draft),
+                                                       traffic=str(traffic), gate_margin=0.1,
+                                                       output_root=str(tmp_path / "out"),
+                                                       config="trigger: {force: true}\n"),
+                                   metrics=trigger_metrics, trigger=Artifact(tmp_path / "kfp" / "trigger"))
+    assert uri == str(tmp_path / "out" / "r1") and go is True and trigger_metrics.logged["trigger_go"] == 1.0
     assert json.loads((tmp_path / "out" / "r1" / "run.json").read_text())["params"]["serving_draft"] == str(draft)
+    selection = Artifact(tmp_path / "kfp" / "selection")
+    comp.refresh_select(refresh_uri=uri, selection=selection)
     assert selection.metadata["counts.kept"] == 40 and selection.metadata["prefix"] == f"{uri}/selection"
     comp.refresh_prepare(refresh_uri=uri, data=Artifact(tmp_path / "kfp" / "data"))
     comp.refresh_extract(refresh_uri=uri, hidden_states=Artifact(tmp_path / "kfp" / "hs"))
@@ -335,13 +359,15 @@ def test_the_components_call_the_refresh_steps_in_order(tmp_path, monkeypatch):
 
 
 def test_a_bad_setting_fails_the_first_step_naming_it(tmp_path):
-    from components.refresh import refresh_select
+    from components.refresh import refresh_trigger
 
-    with pytest.raises(ConfigError, match="replay_fraction"):
-        refresh_select(target="/t", serving_draft="/d", traffic="/x", base_data="", since="", until="",
-                       replay_fraction=1.5, gate_margin=0.02, gate_tolerance=0.05, output_root=str(tmp_path),
-                       run_name="r", job_id="j", config="", selection=Artifact(tmp_path / "a"))
-    assert not (tmp_path / "r").exists()
+    for bad, match in (({"replay_fraction": 1.5}, "replay_fraction"), ({"rollout_canary_percent": 100},
+                                                                          "rollout_canary_percent"),
+                       ({"rollout_routing": "istio"}, "rollout_routing")):
+        with pytest.raises(ConfigError, match=match):
+            refresh_trigger(**trigger_arguments(output_root=str(tmp_path), **bad), metrics=Artifact(tmp_path / "m"),
+                            trigger=Artifact(tmp_path / "a"))
+    assert not (tmp_path / "r1").exists()
 
 
 # ---- the command line ----------------------------------------------------------------------------------

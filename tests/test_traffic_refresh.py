@@ -260,6 +260,15 @@ def test_refresh_end_to_end_with_a_stand_in_gate(qwen3_target, base_data, servin
     # the lineage step alone (what the pipeline's last step runs) reads the same from the layout
     again = lineage_step(cfg, target=str(qwen3_target), serving_draft=str(serving), layout=layout, gate=None)
     assert again["gate"] is None and again["rows"] == lineage["rows"]
+    # each lineage step appended a refresh to the loop history: the next trigger counts new traffic from its end
+    from peagle.rollout.history import LoopHistory
+    from peagle.traffic.record import parse_time
+
+    first, second = LoopHistory(f"{traffic}/_loop").all("refresh")
+    assert first["verdict"] == "rejected" and second["verdict"] is None and first["refresh_uri"] == layout.root
+    assert first["candidate"]["fingerprint"] == lineage["candidate_draft"]["fingerprint"]
+    assert first["window"]["last_received_at"] == covered["last_received_at"]
+    assert parse_time(first["window"]["until"]) > parse_time(covered["last_received_at"])
 
 
 def test_sampled_responses_regenerated_by_the_target_are_trained_on(qwen3_target, base_data, tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -21,6 +22,8 @@ class FakeVLLM(BaseHTTPRequestHandler):
 
     calls = 0
     bodies: list[dict] = []
+    on_call = None  # called with the call's number before it is answered
+
 
     def log_message(self, *args):  # keep pytest's output clean
         pass
@@ -32,6 +35,8 @@ class FakeVLLM(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         FakeVLLM.bodies.append(body)
         n = FakeVLLM.calls = FakeVLLM.calls + 1
+        if FakeVLLM.on_call is not None:
+            FakeVLLM.on_call(n)
         text = "echo: " + body["messages"][-1]["content"]
         metrics = {"speculative_decoding": {"acceptance_histogram": HISTOGRAMS[(n - 1) % len(HISTOGRAMS)],
                                             "num_spec_tokens": 2}}
@@ -107,11 +112,134 @@ def test_replay_counts_failures_and_cli_exit_status(fake_server, tmp_path, capsy
     assert "replay: 3/3 AL" in capsys.readouterr().out
     # nobody listens: every request fails, counted, exit 3
     dead = "http://127.0.0.1:9"
-    rows = [R._one(R.OpenAIClient(dead + "/v1", retries=0, timeout=2), 0, _prompts(1)[0], {"model": "m"}, False,
-                   None)]
+    rows = R.replay(dead, _prompts(1), model="m", retries=0, timeout=2, progress=None).rows
     assert rows[0].error and "unreachable" in rows[0].error
     assert R.summarise(rows, 1.0)["failed"] == 1
     assert R.main(["--url", fake_server, "--prompts", "no-such-set"]) == 2
+
+
+# ---- the weighted split (stands in for the cluster's router) ----------------------------------------
+
+def test_router_gives_each_url_its_share_interleaved_and_deterministically():
+    router = R.WeightedRouter([("stable", 90), ("canary", 10)])
+    picks = [router.pick() for _ in range(100)]
+    assert picks.count("canary") == 10
+    assert all(picks[i:i + 10].count("canary") == 1 for i in range(0, 100, 10))  # one in ten, never in a row
+    again = R.WeightedRouter({"stable": 90, "canary": 10})
+    assert picks == [again.pick() for _ in range(100)]
+    even = R.WeightedRouter([("a", 1), ("b", 1)])
+    assert [even.pick() for _ in range(4)] == ["a", "b", "a", "b"]  # ties: the URL given first
+    uneven = R.WeightedRouter([("a", 5), ("b", 1), ("c", 1)])
+    assert [uneven.pick() for _ in range(7)] == ["a", "a", "b", "a", "c", "a", "a"]  # nginx's sequence
+
+
+def test_router_weight_zero_gets_nothing_and_weights_change_between_picks():
+    router = R.WeightedRouter({"stable": 100, "canary": 0})
+    assert {router.pick() for _ in range(50)} == {"stable"}
+    router.set_weights({"stable": 50, "canary": 50})
+    assert [router.pick() for _ in range(4)] == ["stable", "canary", "stable", "canary"]
+    router.set_weights({"stable": 0, "canary": 100})
+    assert {router.pick() for _ in range(10)} == {"canary"}
+    router.set_weights({"new": 1})  # a URL may join; the others keep their weights
+    assert router.weights() == {"stable": 0, "canary": 100, "new": 1}
+    router.set_weights({"canary": 0, "new": 0})
+    with pytest.raises(ValueError, match="no server has weight"):
+        router.pick()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="integer >= 0"):
+            R.WeightedRouter({"a": bad})
+
+
+def test_router_is_thread_safe_and_drains_a_url():
+    router = R.WeightedRouter({"a": 3, "b": 1})
+    picks: list[str] = []
+
+    def pick_many():
+        for _ in range(1000):
+            with router.route() as url:
+                picks.append(url)
+
+    threads = [threading.Thread(target=pick_many) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert picks.count("b") == 2000  # 8000 picks at 3:1, however the threads interleave
+    assert router.in_flight("a") == router.in_flight("b") == 0
+    release = threading.Event()
+
+    def slow():
+        with router.route():
+            release.wait(10)
+
+    holder = threading.Thread(target=slow)
+    router.set_weights({"a": 0})  # the next request goes to b
+    holder.start()
+    deadline = time.monotonic() + 5
+    while router.in_flight("b") == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert router.in_flight("b") == 1 and not router.drain("b", timeout=0.05)
+    release.set()
+    assert router.drain("b", timeout=5) and router.in_flight("b") == 0
+    holder.join()
+
+
+@pytest.fixture
+def two_servers():
+    """Two stand-in vLLM servers (each an in-process HTTP server answering like FakeVLLM) as (url, url)."""
+    FakeVLLM.calls, FakeVLLM.bodies, FakeVLLM.on_call = 0, [], None
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), FakeVLLM) for _ in range(2)]
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield tuple(f"http://127.0.0.1:{srv.server_address[1]}" for srv in servers)
+    FakeVLLM.on_call = None
+    for srv in servers:
+        srv.shutdown()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_replay_through_the_router_records_which_url_answered(two_servers, stream):
+    stable, canary = two_servers
+    router = R.WeightedRouter({stable: 3, canary: 1})
+    result = R.replay(router, _prompts(12), concurrency=1, max_tokens=5, stream=stream, progress=None)
+    assert all(r.error is None and r.histogram for r in result.rows)
+    assert [r.url for r in result.rows] == [stable + "/v1", stable + "/v1", canary + "/v1", stable + "/v1"] * 3
+    assert result.meta["split"] == {stable + "/v1": 3, canary + "/v1": 1} and result.meta["model"] == "tiny"
+    by_url = result.figures_by_url()
+    assert by_url[stable + "/v1"]["answered"] == 9 and by_url[canary + "/v1"]["answered"] == 3
+
+
+def test_replay_follows_a_weight_change_mid_run(two_servers):
+    stable, canary = two_servers
+    router = R.WeightedRouter({stable: 100, canary: 0})
+
+    def shift(n):  # while the 4th request is being answered, everything else to the canary
+        if n == 4:
+            router.set_weights({stable: 0, canary: 100})
+
+    FakeVLLM.on_call = shift
+    result = R.replay(router, _prompts(12), concurrency=1, progress=None)
+    assert [r.url for r in result.rows] == [stable + "/v1"] * 4 + [canary + "/v1"] * 8
+
+
+def test_cli_split_sends_by_weight_and_reports_each_url(two_servers, tmp_path, capsys):
+    stable, canary = two_servers
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(8)))
+    out = tmp_path / "rows.jsonl"
+    assert R.main(["--split", f"{stable}=1", "--split", f"{canary}/v1=1", "--prompts", str(prompts),
+                   "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["url"] for r in rows] == [stable + "/v1", canary + "/v1"] * 4
+    text = capsys.readouterr().out
+    assert f"replay: {stable}/v1 4/4 AL" in text and f"replay: {canary}/v1 4/4 AL" in text
+    assert R.main(["--split", f"{stable}=0", "--prompts", str(prompts)]) == 2
+    assert "every --split weight is 0" in capsys.readouterr().err
+    for bad in (["--split", "nourl"], ["--split", f"{stable}=x"], ["--url", stable, "--split", f"{stable}=1"]):
+        with pytest.raises(SystemExit) as exc:
+            R.main([*bad, "--prompts", str(prompts)])
+        assert exc.value.code == 2
+    assert "stands in for the cluster's router" in " ".join(R.build_parser().format_help().split())
 
 
 def test_humaneval_prompt_set_reads_the_wheel():

@@ -176,15 +176,18 @@ EPILOG = ("Every stage command takes --config run.yaml and --set section.key=val
 DELEGATED = {
     "evaluate": "measure the draft's acceptance with real vLLM (engine or endpoint), write the report, gate",
     "deploy": "render or apply the serving stack (KServe InferenceService or a Deployment) for target + draft",
-    "pipeline": "the Kubeflow pipeline: compile, submit to a pipeline server, render its objects, run locally",
+    "pipeline": ("the Kubeflow pipeline: compile, submit to a pipeline server, schedule a recurring run, render its "
+                 "objects, run locally"),
     "serve": "serve target + draft with the real vLLM OpenAI server locally, optionally capturing traffic",
     "replay": "send a prompt set to a served endpoint and print the served acceptance with its interval",
     "refresh": "turn a window of captured traffic into a candidate draft and gate it against the serving draft",
     "gate": "compare a candidate draft with the serving draft on the same prompts (paired, with intervals)",
+    "rollout": "roll a gated candidate draft out beside the serving one; promote or roll back on live acceptance",
 }
 # The traffic loop's commands: each module has its own main(argv).
 TRAFFIC_COMMANDS = {"serve": "peagle.traffic.serve", "replay": "peagle.traffic.replay",
-                    "refresh": "peagle.refresh.steps", "gate": "peagle.traffic.gate"}
+                    "refresh": "peagle.refresh.steps", "gate": "peagle.traffic.gate",
+                    "rollout": "peagle.rollout.cli"}
 
 
 def build_parser() -> argparse.ArgumentParser:

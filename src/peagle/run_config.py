@@ -12,6 +12,7 @@ from .data.regenerate import RegenerateSettings
 from .data.settings import PrepareSettings
 from .evaluate.settings import EvaluateSettings
 from .extract.settings import ExtractSettings
+from .rollout.settings import RolloutSettings, TriggerSettings
 from .traffic.settings import GateSettings, RefreshSettings
 from .train.settings import TrainSettings
 
@@ -28,6 +29,8 @@ class RunConfig(StrictModel):
     evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
     refresh: RefreshSettings = Field(default_factory=RefreshSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    trigger: TriggerSettings = Field(default_factory=TriggerSettings)
     work_dir: str = Field("runs/local", description="where local outputs go")
 
     @model_validator(mode="after")

@@ -23,6 +23,11 @@ app.kubernetes.io/name: {{ include "peagle-serving.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The ServingRuntime this release renders and its predictor uses (kserve mode). */}}
+{{- define "peagle-serving.runtimeName" -}}
+{{- default (include "peagle-serving.fullname" .) .Values.runtimeName -}}
+{{- end -}}
+
 {{- define "peagle-serving.servedModelName" -}}
 {{- default (include "peagle-serving.fullname" .) .Values.vllm.servedModelName -}}
 {{- end -}}
@@ -161,17 +166,21 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
 {{/*
 Capture (peagle.traffic): the middleware's settings, one PEAGLE_CAPTURE_<FIELD> variable per field of
 peagle.traffic.settings.CaptureSettings (strings as they are, everything else as JSON: what
-CaptureSettings.to_env writes). target_dir/draft_dir are the served directories, so the recorded
-fingerprints are those of what answers. tests/test_traffic_chart.py keeps the names equal to the fields.
+CaptureSettings.to_env writes). target_dir/draft_dir are the served directories (the target's recorded
+fingerprint is computed from what answers); the draft is recorded under the pods' label. tests/test_traffic_chart.py keeps the names equal to the fields.
 */}}
 {{- define "peagle-serving.captureSettings" -}}
 {{- $c := .Values.capture -}}
-{{- $draftDir := ternary (include "peagle-serving.draftPath" .) "" (.Values.speculative.enabled | default false) -}}
+{{- $drafting := .Values.speculative.enabled | default false -}}
+{{- $draftDir := ternary (include "peagle-serving.draftPath" .) "" $drafting -}}
+{{- /* The records name the draft as the pods' label does (speculative.draftFingerprint, or the chart's hash of
+       where the models come from), so a rollout finds each version's records by that one name. */}}
+{{- $draftFingerprint := ternary (include "peagle-serving.draftFingerprint" .) "" $drafting -}}
 {{- toJson (dict "enabled" true "uri" $c.uri "sample_rate" $c.sampleRate "flush_interval_s" $c.flushIntervalSeconds
     "batch_records" $c.batchRecords "queue_records" $c.queueRecords "max_record_bytes" $c.maxRecordBytes
     "retention_days" $c.retentionDays "redact" $c.redact
     "target_dir" (include "peagle-serving.targetPath" .) "draft_dir" $draftDir
-    "target_fingerprint" "" "draft_fingerprint" "") -}}
+    "target_fingerprint" "" "draft_fingerprint" $draftFingerprint) -}}
 {{- end -}}
 
 {{- define "peagle-serving.captureEnv" -}}
@@ -263,13 +272,18 @@ prometheus.io/port: {{ .Values.vllm.port | quote }}
 prometheus.io/path: /metrics
 {{- end -}}
 
-{{/* An endpoint exposed outside the cluster needs authentication, or an explicit opt-out. */}}
+{{/* An endpoint exposed outside the cluster needs authentication, or an explicit opt-out. A routing
+object (routing.kind) sends requests straight to the serving port, past any authentication proxy. */}}
 {{- define "peagle-serving.checkExposure" -}}
-{{- if and .Values.route.enabled (not .Values.route.allowUnauthenticated) -}}
+{{- if not .Values.route.allowUnauthenticated -}}
+{{- if .Values.route.enabled -}}
 {{- if eq .Values.mode "deployment" -}}
 {{- fail "route.enabled=true exposes the endpoint without authentication (deployment mode has no authentication): use mode=kserve with kserve.enableAuth=true, or set route.allowUnauthenticated=true to expose it anyway" -}}
 {{- else if not .Values.kserve.enableAuth -}}
 {{- fail "route.enabled=true with kserve.enableAuth=false exposes the endpoint without authentication: set kserve.enableAuth=true, or route.allowUnauthenticated=true to expose it anyway" -}}
+{{- end -}}
+{{- else if ne .Values.routing.kind "none" -}}
+{{- fail (printf "routing.kind=%s sends requests straight to the serving port, with no authentication in front: set route.allowUnauthenticated=true to route them anyway" .Values.routing.kind) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

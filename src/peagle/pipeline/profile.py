@@ -31,7 +31,8 @@ from .trainjob import QUEUE_LABEL
 from .training import TrainJobSettings
 
 DATA_CONNECTION_MOUNT = "/var/run/secrets/peagle/data-connection"  # the Secret as files (optional keys)
-STEPS = ("init_run", "regenerate", "prepare", "extract", "gpu_limit", "train", "train_launcher", "evaluate", "deploy")
+STEPS = ("init_run", "regenerate", "prepare", "extract", "gpu_limit", "train", "train_launcher", "evaluate", "deploy",
+         "rollout")
 SCRATCH_MOUNT = "/scratch"
 IN_PROCESS_RETRY = ("extract",)  # retried by the component itself: KFP ignores retries inside a ParallelFor
 # A step that waits for something with its own timeout outlives it by this much, so that it is the step,
@@ -160,7 +161,10 @@ DEFAULT_STEPS = {name: StepResources(gpus=1 if name in ("regenerate", "extract",
                                      scratch=name in SCRATCH_STEPS, timeout_s=timeout)
                  for name, timeout in (("init_run", 6 * _H), ("regenerate", 24 * _H), ("prepare", 6 * _H),
                                        ("extract", 24 * _H), ("gpu_limit", 900), ("train", 24 * _H),
-                                       ("train_launcher", 25 * _H), ("evaluate", 12 * _H), ("deploy", _H))}
+                                       ("train_launcher", 25 * _H), ("evaluate", 12 * _H), ("deploy", _H),
+                                       # the refresh's rollout: canary window (rollout.window_s, default 1 h) and
+                                       # two waits for a ready deployment (rollout.ready_timeout_s each)
+                                       ("rollout", 12 * _H))}
 
 
 class Retry(StrictModel):

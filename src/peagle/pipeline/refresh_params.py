@@ -10,19 +10,20 @@ the same value, and is validated as that key is, so an error names the parameter
 (``data_connection``, ``output_root``, ``run_name``, ``config``) is the default pipeline's
 :class:`~peagle.pipeline.params.RunPlacement`.
 
-The first step (``select``) resolves both once and writes ``<refresh>/run.json``
-(:class:`RefreshRun`); later steps read it.
+The first step (``trigger``) resolves both once and writes ``<refresh>/run.json`` (:class:`RefreshRun`);
+later steps read it. ``rollout_routing`` (``none``: no rollout) and the stable deployment's
+``deploy_name``/``deploy_namespace``/``deploy_mode`` are the last step's (``rollout``).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..config import ConfigError, StrictModel
 from ..run_config import RunConfig
-from .params import (PIPELINE_OWNED, Covered, RunPlacement, _key_adapter, _schema_bounds, _validated,
+from .params import (OBJECT_NAME, PIPELINE_OWNED, Covered, RunPlacement, _key_adapter, _schema_bounds, _validated,
                      config_with_params, parameter_types, schema_field)
 
 
@@ -38,7 +39,11 @@ REFRESH_COVERAGE: tuple[Covered, ...] = (
     Covered("replay_fraction", "refresh.replay_fraction", float, float),
     Covered("gate_margin", "gate.margin", float, float),
     Covered("gate_tolerance", "gate.tolerance", float, float),
+    Covered("rollout_canary_percent", "rollout.canary_percent", int, int),
+    Covered("rollout_min_requests", "rollout.min_requests", int, int),
+    Covered("rollout_window_s", "rollout.window_s", float, float),
 )
+ROLLOUT_ROUTINGS = ("none", "kserve-canary", "route", "httproute")
 # The refresh sets these itself: the warm start is the serving_draft parameter.
 REFRESH_OWNED = (*PIPELINE_OWNED, "train.init_from")
 
@@ -65,6 +70,20 @@ class RefreshParams(StrictModel):
     replay_fraction: float = _covering("refresh.replay_fraction")
     gate_margin: float = _covering("gate.margin")
     gate_tolerance: float = _covering("gate.tolerance")
+    rollout_routing: Literal["none", "kserve-canary", "route", "httproute"] = Field(
+        "none", description="roll a candidate that passed the gate out beside the stable deployment and promote or "
+        "roll it back on live acceptance, splitting traffic by: 'kserve-canary', 'route' (OpenShift Route weights) "
+        "or 'httproute' (Gateway API weights), which becomes rollout.routing; 'none': no rollout")
+    rollout_canary_percent: int = _covering("rollout.canary_percent")
+    rollout_min_requests: int = _covering("rollout.min_requests")
+    rollout_window_s: float = _covering("rollout.window_s")
+    deploy_name: str = Field("peagle", pattern=OBJECT_NAME.pattern, max_length=OBJECT_NAME.max_length,
+                             description="the stable deployment the rollout replaces the draft of: its "
+                             "InferenceService / Deployment name (the default pipeline's deploy_name)")
+    deploy_namespace: str = Field("", pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$", max_length=63,
+                                  description="its namespace (\"\": the pipeline's own)")
+    deploy_mode: Literal["kserve", "deployment"] = Field(
+        "kserve", description="how it is served: 'kserve' (InferenceService) or 'deployment' (a plain Deployment)")
 
     @field_validator(*dict.fromkeys(c.param for c in REFRESH_COVERAGE))
     @classmethod
@@ -88,17 +107,20 @@ class RefreshRun(StrictModel):
     refresh_uri: str
     params: RefreshParams
     config: RunConfig
+    window_note: str | None = None  # set when the trigger chose the window's start (refresh.since was empty)
 
 
 def resolve_refresh(params: RefreshParams, config_text: str, refresh_uri: str) -> RefreshRun:
     """Merge the typed parameters into the config YAML and validate everything (the module docstring's rules)."""
     cfg = config_with_params(params, config_text, REFRESH_OWNED, REFRESH_COVERAGE,
                              "the refresh pipeline sets itself")
+    if params.rollout_routing != "none":
+        cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"routing": params.rollout_routing})})
     return RefreshRun(refresh_uri=refresh_uri, params=params, config=cfg)
 
 
 def refresh_parameters() -> list[str]:
-    """The typed parameters the ``select`` component takes (and passes on to :func:`resolve_refresh`)."""
+    """The typed parameters the ``trigger`` component takes (and passes on to :func:`resolve_refresh`)."""
     return list(RefreshParams.model_fields)
 
 

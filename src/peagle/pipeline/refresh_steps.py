@@ -1,4 +1,5 @@
-"""What the refresh pipeline's components do: select -> prepare (+ replay) -> extract -> train -> gate.
+"""What the refresh pipeline's components do: trigger -> select -> prepare (+ replay) -> extract -> train -> gate
+-> rollout.
 
 Each function is the whole body of one KFP component (``components/refresh.py`` only calls it) and
 calls the step of :mod:`peagle.refresh.steps` that ``peagle refresh`` runs, so the pipeline and
@@ -6,7 +7,8 @@ the command cannot differ. Stages hand each other the refresh URI
 (``<output_root>/<run_name or job id>``) only; their data lives under it in the
 layout of :class:`peagle.refresh.steps.RefreshLayout` (``selection/``, ``data/``,
 ``hidden_states/``, ``draft/``, ``gate/``, ``lineage.json``), plus ``run.json``: the resolved settings
-(:class:`~peagle.pipeline.refresh_params.RefreshRun`) that :func:`select` writes first.
+(:class:`~peagle.pipeline.refresh_params.RefreshRun`) and ``trigger.json`` that :func:`trigger` writes first,
+and ``rollout/decision.json`` (:func:`rollout`).
 
 The target and the serving draft are fetched once per pod into the cache (a published prefix) or used
 in place (a local directory); the steps get local paths.
@@ -14,9 +16,11 @@ in place (a local directory); the steps get local paths.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..config import ConfigError
 from ..stage_io import join
 from ..storage import check_uri, open_store
 from .connection import check_data_connection
@@ -40,7 +44,7 @@ def layout_of(refresh_uri: str) -> Any:
 
 
 def load_refresh(refresh_uri: str) -> tuple[RefreshRun, Any]:
-    """The refresh run's resolved settings (written by :func:`select`) and its layout."""
+    """The refresh run's resolved settings (written by :func:`trigger`) and its layout."""
     return RefreshRun.model_validate(read_json(join(refresh_uri, RUN_JSON))), layout_of(refresh_uri)
 
 
@@ -60,20 +64,39 @@ def record(artifact: Any, refresh_uri: str, stage_name: str, summary: dict[str, 
     return record_prefix(artifact, str(prefix), f"refresh.{stage_name}", **scalars, **extra)
 
 
+def record_trigger(artifact: Any, refresh_uri: str) -> dict[str, Any]:
+    """The KFP output ``artifact`` of the trigger: ``trigger.json`` itself (a few hundred bytes), its location and
+    verdict as metadata (the reasons joined, one line)."""
+    from ..refresh.trigger import TRIGGER_JSON
+
+    where = join(refresh_uri, TRIGGER_JSON)
+    doc = read_json(where)
+    artifact.metadata.update({"stage": "refresh.trigger", "document": where, "go": doc["go"],
+                              "new_records": doc["new_records"], "reasons": " | ".join(doc["reasons"])})
+    path = Path(artifact.path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return doc
+
+
 def _dumps(summary: dict[str, Any]) -> str:
     return json.dumps(summary, sort_keys=True, default=str)
 
 
-def select(*, output_root: str, run_name: str, job_id: str, config: str, data_connection: str = "",
-           **params: Any) -> tuple[str, dict[str, Any]]:
-    """Resolve and validate the settings, write ``<refresh>/run.json``, select the traffic window.
+def trigger(*, output_root: str, run_name: str, job_id: str, config: str, data_connection: str = "",
+            now: datetime | None = None, metrics: Any = None, **params: Any) -> tuple[str, Any]:
+    """Resolve and validate the settings, decide whether the refresh is needed (:mod:`peagle.refresh.trigger`),
+    write ``<refresh>/run.json`` and ``<refresh>/trigger.json``, log the decision's figures to ``metrics``.
 
     Fails before any heavy work when a setting is invalid or the data connection lacks a key a URI needs.
-    Returns the refresh URI every later step works on, and the selection's summary (counts, window).
+    When it goes on with ``refresh.since`` empty, the window starts where the last refresh's ended (run.json's
+    ``window_note`` says so). Returns the refresh URI every later step works on, and the decision.
     """
-    from ..refresh.steps import select_step
+    from ..model.target import fingerprint
+    from ..refresh.trigger import (NOT_NEEDED, log_trigger_metrics, run_trigger, trigger_document,
+                                   window_from_trigger, write_trigger)
 
-    with stage("refresh.select") as info:
+    with stage("refresh.trigger") as info:
         p = _validated(RefreshParams, params)
         check_data_connection(data_connection, {"output_root": output_root, "target": p.target,
                                                 "serving_draft": p.serving_draft, "traffic": p.traffic,
@@ -81,11 +104,30 @@ def select(*, output_root: str, run_name: str, job_id: str, config: str, data_co
         check_uri(output_root, "output_root")
         uri = make_run_uri(output_root, run_name, job_id)
         run = resolve_refresh(p, config, uri)
+        decision = run_trigger(run.config, target_fingerprint=fingerprint(local(p.target)), now=now)
+        cfg, note = window_from_trigger(run.config, decision)
+        run = run.model_copy(update={"config": cfg, "window_note": note})
         write_json(join(uri, RUN_JSON), run.model_dump(mode="json"))
-        summary = select_step(run.config, target=local(p.target), layout=layout_of(uri))
+        write_trigger(trigger_document(decision, cfg, note), uri)
+        if metrics is not None:
+            log_trigger_metrics(decision, metrics)
+        info["go"] = decision.go
+        for line in (*decision.reasons, *([note] if note else [])):
+            print(f"trigger: {line}", flush=True)
+        print(f"refresh {uri}: {'refresh needed' if decision.go else NOT_NEEDED + ': the run ends here'}", flush=True)
+    return uri, decision
+
+
+def select(refresh_uri: str) -> dict[str, Any]:
+    """Select the traffic window of ``run.json``'s settings; returns the selection's summary (counts, window)."""
+    from ..refresh.steps import select_step
+
+    with stage("refresh.select") as info:
+        run, layout = load_refresh(refresh_uri)
+        summary = select_step(run.config, target=local(run.params.target), layout=layout)
         info["counts"] = summary.get("counts")
-        print(f"refresh {uri}: selected {_dumps(summary)}", flush=True)
-    return uri, summary
+        print(f"refresh {refresh_uri}: selected {_dumps(summary)}", flush=True)
+    return summary
 
 
 def prepare(refresh_uri: str) -> dict[str, Any]:
@@ -149,3 +191,83 @@ def gate(refresh_uri: str, metrics: Any = None, html: Any = None) -> bool:
               f"{'beats' if passed else 'does not beat'} the serving draft", flush=True)
     return passed
 
+
+
+def _serving_values(run: RefreshRun, candidate_uri: str, mode: str, data_connection: str,
+                    serving: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(stable values, candidate values): the chart values the default pipeline's deploy step gave the stable
+    (the serving draft's run: ``<run>/models`` through the data connection, its ``num_speculative_tokens``
+    from ``<run>/run.json``, the profile's serving settings) and the candidate's model source over them.
+
+    The candidate lives under the refresh (``<refresh>/draft``), away from the target, so it is served from
+    two URIs (KServe >= 0.16 ``storageUris``, kserve mode only)."""
+    from ..deploy import values_for
+    from ..deploy.render import deep_merge
+    from .deployment import FINGERPRINT_DIGITS, ServingSettings, model_location
+    from .layout import RunLayout
+
+    serving_draft = run.params.serving_draft.rstrip("/")
+    if not serving_draft.endswith("/models/draft"):
+        raise ConfigError(f"serving_draft {serving_draft} is not a run's published draft (<run>/models/draft): "
+                          "the rollout serves the stable as the default pipeline deployed it")
+    if mode != "kserve":
+        raise ConfigError(f"deploy_mode={mode}: the candidate ({candidate_uri}) is not under one prefix with the "
+                          "target, which only KServe's storageUris serves; roll out with deploy_mode=kserve")
+    from ..model import Draft
+
+    layout = RunLayout(serving_draft[: -len("/models/draft")])
+    k = read_json(join(layout.root, RUN_JSON))["params"]["num_speculative_tokens"]
+    s = ServingSettings.model_validate(json.loads(serving or "{}"))
+    bucket, path = model_location(layout)
+    stable = values_for(mode=mode, data_connection=data_connection, path=path, bucket=bucket,
+                        num_speculative_tokens=int(k), gpus=s.gpus, image=s.image or None,
+                        max_model_len=s.max_model_len,
+                        draft_fingerprint=Draft.open(layout.draft).manifest_sha256[:FINGERPRINT_DIGITS],
+                        extra_args=s.extra_args, extra_values=[s.values] if s.values else [])
+    source = {"storage": {"type": "uris", "uris": {"target": layout.target, "draft": candidate_uri,
+                                                   "serviceAccountName": ""}}}
+    return stable, deep_merge({key: v for key, v in stable.items() if key != "storage"}, source)
+
+
+def rollout(refresh_uri: str, candidate_uri: str, *, routing: str, name: str, namespace: str, mode: str,
+            data_connection: str, serving: str = "", metrics: Any = None, apis: Any = None) -> str:
+    """Roll the gated candidate out beside the stable deployment ``name`` and promote or roll it back on live
+    acceptance (:func:`peagle.rollout.controller.run_rollout` over
+    :class:`peagle.rollout.cluster.ClusterBackend`, assembled as ``peagle rollout`` assembles it); the decision
+    is published under ``<refresh>/rollout/`` (as its manifest metadata), to the loop history and to ``metrics``.
+    Returns ``promote``, ``rollback`` or ``skipped`` (``routing`` none, or the gate did not pass: said in the
+    log). ``serving``: the profile's serving settings (JSON)."""
+    with stage("refresh.rollout") as info:
+        if routing == "none":
+            print(f"rollout_routing=none: the candidate {candidate_uri} is not rolled out (skipped)", flush=True)
+            info["decision"] = "skipped"
+            return "skipped"
+        run, layout = load_refresh(refresh_uri)
+        lineage = read_json(layout.lineage)
+        gate = lineage.get("gate")
+        if not (gate and gate.get("passed")):
+            print(f"the gate did not pass the candidate {candidate_uri}: not rolled out (skipped)", flush=True)
+            info["decision"] = "skipped"
+            return "skipped"
+        from ..deploy.kube import current_namespace
+        from ..rollout.assemble import cluster_rollout
+        from ..rollout.decision import log_decision_metrics
+
+        cfg = run.config
+        stable_values, candidate_values = _serving_values(run, candidate_uri, mode, data_connection, serving)
+        plan = cluster_rollout(name=name, namespace=namespace or current_namespace(), routing=routing, mode=mode,
+                               stable_values=stable_values, candidate_draft=candidate_uri,
+                               candidate_values=candidate_values, gate=gate, lineage=lineage)
+        if apis is None:
+            from ..deploy.kube import Apis
+
+            apis = Apis.from_environment()
+        settings = cfg.rollout.model_copy(update={"routing": routing})
+        decision = plan.run(apis, traffic=cfg.refresh.traffic, settings=settings,
+                            target_fingerprint=lineage["target"]["fingerprint"],
+                            stable_draft=run.params.serving_draft, out=refresh_uri)
+        if metrics is not None:
+            log_decision_metrics(decision, metrics)
+        info["decision"] = decision.decision
+        print(f"rollout: {decision.decision} ({'; '.join(decision.reasons)})", flush=True)
+    return decision.decision

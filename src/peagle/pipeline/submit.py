@@ -9,19 +9,21 @@ opened within :data:`REQUEST_TIMEOUT_S`, before the client is built. Every reque
 limited to :data:`REQUEST_TIMEOUT_S` (the generated client waits forever unless told), and a server
 that cannot be reached or answers with an error is a :class:`SubmitError` naming the host.
 
-Before it creates a run, :func:`submit` asks the server for its version (``/apis/v2beta1/healthz``)
-and refuses one older than the pipeline needs (:data:`peagle.support.MIN_KFP_BACKEND`).
+Before it creates anything, :func:`on_server` (what :func:`submit` and
+:func:`peagle.pipeline.schedule.schedule` go through) asks the server for its version
+(``/apis/v2beta1/healthz``) and refuses one older than the pipeline needs
+(:data:`peagle.support.MIN_KFP_BACKEND`).
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import SplitResult, urlsplit
 
 from ..config import shorten
@@ -32,9 +34,11 @@ TOKEN_ENV = ("KF_PIPELINES_TOKEN", "KFP_TOKEN")
 SCHEMES = ("http", "https")
 REQUEST_TIMEOUT_S = 30.0  # connect, and then read, limit of every request to the pipeline server
 
+T = TypeVar("T")
+
 
 class SubmitError(PeagleError, RuntimeError):
-    """The run could not be submitted (no host, server error)."""
+    """Nothing could be created on the pipeline server (no host, an old server, a server error)."""
 
 
 @dataclass
@@ -166,17 +170,17 @@ def check_server(client: Any) -> str:
     return check_backend_version(healthz)
 
 
-def submit(package: str | os.PathLike, arguments: dict[str, Any], *, client: Any = None, host: str | None = None,
-           token: str | None = None, namespace: str | None = None, experiment: str | None = None,
-           run_name: str | None = None, verify_ssl: bool = True) -> Submitted:
-    """Create a run of the compiled ``package`` with ``arguments`` (pipeline parameters)."""
-    if not Path(package).is_file():
-        raise SubmitError(f"compiled pipeline not found: {package}")
+def on_server(action: Callable[[Any], T], *, client: Any = None, host: str | None = None, token: str | None = None,
+              namespace: str | None = None, verify_ssl: bool = True) -> tuple[T, Any]:
+    """``action(client)`` on a checked pipeline server, and the client: the host checked and reached, the
+    server's version checked (:func:`refuse_an_old_server`), every request bounded (:func:`bounded_requests`);
+    a network or HTTP error is a :class:`SubmitError` naming the server."""
     where = _where(host or getattr(client, "_uihost", None) or _first_env(HOST_ENV)[0])
     try:
         with bounded_requests():
             client = client or make_client(host, token, namespace, verify_ssl)
-            run = _create_run(package, arguments, client, experiment, run_name, namespace)
+            refuse_an_old_server(client)
+            return action(client), client
     except SubmitError:
         raise
     except Exception as exc:  # noqa: BLE001 - only network and HTTP errors are converted
@@ -184,9 +188,42 @@ def submit(package: str | os.PathLike, arguments: dict[str, Any], *, client: Any
         if error is None:
             raise
         raise error from None
-    run_id = getattr(run, "run_id", None) or str(run)
+
+
+def refuse_an_old_server(client: Any) -> None:
+    """Print the server's version (:func:`check_server`); SubmitError when it is too old. A client without
+    the generated healthz API (a caller's own) is not asked."""
+    if hasattr(client, "_healthz_api"):
+        from ..support import BackendVersionError
+
+        try:
+            print(check_server(client), flush=True)
+        except BackendVersionError as exc:
+            raise SubmitError(str(exc)) from None
+
+
+def ui_link(client: Any, host: str | None, page: str) -> str:
+    """The pipeline UI's URL of ``page`` (e.g. ``runs/details/<id>``); "" when no host is known."""
     base = getattr(client, "_uihost", None) or host or _first_env(HOST_ENV)[0] or ""
-    return Submitted(run_id, f"{base.rstrip('/')}/#/runs/details/{run_id}" if base else run_id)
+    return f"{base.rstrip('/')}/#/{page}" if base else ""
+
+
+def submit(package: str | os.PathLike, arguments: dict[str, Any], *, client: Any = None, host: str | None = None,
+           token: str | None = None, namespace: str | None = None, experiment: str | None = None,
+           run_name: str | None = None, verify_ssl: bool = True) -> Submitted:
+    """Create a run of the compiled ``package`` with ``arguments`` (pipeline parameters)."""
+    if not Path(package).is_file():
+        raise SubmitError(f"compiled pipeline not found: {package}")
+
+    def create_run(c: Any) -> Any:
+        return c.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
+                                                  experiment_name=experiment, namespace=namespace,
+                                                  enable_caching=False)
+
+    run, client = on_server(create_run, client=client, host=host, token=token, namespace=namespace,
+                            verify_ssl=verify_ssl)
+    run_id = getattr(run, "run_id", None) or str(run)
+    return Submitted(run_id, ui_link(client, host, f"runs/details/{run_id}") or run_id)
 
 
 def _where(url: str | None) -> str:
@@ -195,17 +232,3 @@ def _where(url: str | None) -> str:
         return shown_host(check_host(url or ""))
     except SubmitError:
         return "(unnamed)"
-
-
-def _create_run(package: str | os.PathLike, arguments: dict[str, Any], client: Any, experiment: str | None,
-                run_name: str | None, namespace: str | None) -> Any:
-    if hasattr(client, "_healthz_api"):
-        from ..support import BackendVersionError
-
-        try:
-            print(check_server(client), flush=True)
-        except BackendVersionError as exc:
-            raise SubmitError(str(exc)) from None
-    return client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name,
-                                                   experiment_name=experiment, namespace=namespace,
-                                                   enable_caching=False)

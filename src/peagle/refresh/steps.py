@@ -1,7 +1,7 @@
 """``peagle refresh``: a window of captured traffic into a candidate draft, gated against the serving draft.
 
     peagle refresh --config run.yaml --target T --serving-draft D --traffic URI --base-data PREPARED \\
-        --out DIR [--since ISO] [--until ISO] [--no-gate]
+        --out DIR [--since ISO] [--until ISO] [--no-gate] [--trigger]
 
 Steps (each a function of the run configuration and a :class:`RefreshLayout`; the KFP refresh
 pipeline calls the same functions):
@@ -18,7 +18,11 @@ pipeline calls the same functions):
    candidate published at ``draft/`` (checkpoints in ``train/``);
 5. :func:`gate_step` -- :func:`peagle.traffic.gate.run_gate` on the held-out newest traffic and the
    general set, into ``gate/``;
-6. :func:`lineage_step` -- ``lineage.json``: the window covered, row counts, replay, base draft, verdict.
+6. :func:`lineage_step` -- ``lineage.json``: the window covered, row counts, replay, base draft, verdict;
+   and a ``refresh`` record in the loop history (``rollout.history``), where the next trigger starts counting.
+
+``--trigger`` first asks :mod:`.trigger` whether the refresh is needed at all: "not needed" exits 0 before any
+work; with an empty ``--since`` the window starts where the last refresh's window ended.
 
 Exit status: 0 the candidate passed the gate (or ``--no-gate``), 1 the gate rejected it, 2 bad
 configuration or input (too little usable traffic in the window: the message names the counts).
@@ -335,7 +339,8 @@ def lineage_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Ref
                  gate: "GateResult | None") -> dict[str, Any]:
     """Write ``layout.lineage`` (``peagle.traffic.lineage/v1``) and return it: the traffic window asked for and
     covered, the selection counts, rows from traffic and replayed, the base draft and data, the target, the
-    candidate and the gate's verdict (None: not gated). Reads what the earlier steps published."""
+    candidate and the gate's verdict (None: not gated); appends the refresh to the loop history (its window's end
+    is where the next trigger counts new traffic from). Reads what the earlier steps published."""
     from ..model.target import fingerprint
     from ..storage import open_store
 
@@ -363,11 +368,38 @@ def lineage_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Ref
                                            "report": join(layout.gate, "gate.json")},
         "settings": {"refresh": cfg.refresh.model_dump(mode="json"), "gate": cfg.gate.model_dump(mode="json")},
         "outputs": {"selection": layout.selection, "data": layout.data, "hidden_states": layout.hidden_states,
-                    "draft": layout.draft, "gate": layout.gate},
+                    "draft": layout.draft, "gate": layout.gate, "lineage": layout.lineage},
     }
     store = open_store(layout.root)
     store.put_bytes(layout.lineage.rsplit("/", 1)[-1], (json.dumps(lineage, indent=1) + "\n").encode())
+    _record_refresh(cfg, layout, lineage)
     return lineage
+
+
+def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: dict[str, Any]) -> str:
+    """Append this refresh to the loop history (kind ``refresh``): its window, counts, candidate and verdict.
+
+    ``window.until`` is where the next refresh's new traffic starts (:mod:`.trigger`): ``refresh.until``, else
+    just after the newest record this refresh covered (``[since, until)``, as the traffic log reads windows).
+    """
+    from datetime import timedelta
+
+    from ..rollout.history import LoopHistory, history_uri
+    from ..traffic.record import format_time, parse_time
+
+    traffic = lineage["traffic"]
+    until = traffic["until"] or format_time(parse_time(traffic["covered"]["last_received_at"])
+                                            + timedelta(microseconds=1))
+    gate = lineage["gate"]
+    doc = {"refresh_uri": layout.root, "lineage": layout.lineage, "created_at": lineage["created_at"],
+           "window": {"since": traffic["since"], "until": until,
+                      "first_received_at": traffic["covered"]["first_received_at"],
+                      "last_received_at": traffic["covered"]["last_received_at"]},
+           "counts": lineage["counts"], "rows": lineage["rows"]["total"],
+           "target_fingerprint": lineage["target"]["fingerprint"], "base_draft": lineage["base_draft"],
+           "candidate": lineage["candidate_draft"],
+           "verdict": None if gate is None else ("passed" if gate["passed"] else "rejected")}
+    return LoopHistory(history_uri(cfg.rollout, cfg.refresh.traffic)).append("refresh", doc)
 
 
 def refresh(cfg: RunConfig, *, target: str, serving_draft: str, out: str, gate: bool = True,
@@ -422,8 +454,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", help="window end, ISO 8601 UTC, exclusive (refresh.until)")
     p.add_argument("--out", required=True, help="output directory or URI of this refresh")
     p.add_argument("--no-gate", action="store_true", help="stop after training (no gate: the candidate is unvetted)")
+    p.add_argument("--trigger", action="store_true",
+                   help="first decide whether a refresh is needed (trigger.* settings; writes <out>/trigger.json): "
+                   "'not needed' exits 0 without refreshing; an empty --since starts where the last refresh ended")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def _triggered(cfg: RunConfig, out: str) -> RunConfig | None:
+    """``--trigger``: the trigger's decision printed and written to ``<out>/trigger.json``; None when the refresh
+    is not needed, else ``cfg`` with the window the trigger sets (:func:`.trigger.window_from_trigger`)."""
+    from ..model.target import fingerprint
+    from .trigger import NOT_NEEDED, run_trigger, trigger_document, window_from_trigger, write_trigger
+
+    decision = run_trigger(cfg, target_fingerprint=fingerprint(cfg.target.path))
+    cfg, note = window_from_trigger(cfg, decision)
+    where = write_trigger(trigger_document(decision, cfg, note), out)
+    for reason in decision.reasons:
+        print(f"trigger: {reason}")
+    if note:
+        print(f"trigger: {note}")
+    print(f"trigger: {'refresh needed' if decision.go else NOT_NEEDED} ({where})")
+    return cfg if decision.go else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg: RunConfig = C.build_config(RunConfig, ns.config, ns.overrides, values)  # type: ignore[assignment]
         if not cfg.target.path:
             raise C.ConfigError("refresh needs the serving target: --target DIR (or target.path in the config)")
+        if ns.trigger:
+            cfg = _triggered(cfg, ns.out)
+            if cfg is None:
+                return 0
         outcome = refresh(cfg, target=cfg.target.path, serving_draft=ns.serving_draft, out=ns.out,
                           gate=not ns.no_gate)
     except PeagleError as exc:

@@ -45,7 +45,7 @@ from .gate_report import (GATE_HTML, GATE_JSON, GATE_KIND, GENERAL, TRAFFIC, Dra
 from .settings import GateSettings
 
 __all__ = ["GateError", "GateResult", "GateRunConfig", "choose_k", "gate_checks", "general_prompt_set",
-           "log_gate_metrics", "main", "paired_comparison", "run_gate", "traffic_prompt_set"]
+           "acceptance_of_sums", "log_gate_metrics", "main", "paired_comparison", "run_gate", "traffic_prompt_set"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def _matrix(rows: list[Sequence[int]], width: int) -> np.ndarray:
     return out
 
 
-def _acceptance(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def acceptance_of_sums(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(AL, first-position acceptance) of summed histograms [..., K+1] (NaN where there were no steps)."""
     steps = sums.sum(axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -90,15 +90,15 @@ def paired_comparison(serving: Sequence[Sequence[int] | None], candidate: Sequen
     pairs = [(s, c) for s, c in zip(serving, candidate) if s is not None and c is not None]
     width = max((len(h) for pair in pairs for h in pair), default=1)
     s_rows, c_rows = _matrix([s for s, _ in pairs], width), _matrix([c for _, c in pairs], width)
-    s_al, s_first = _acceptance(s_rows.sum(axis=0))
-    c_al, c_first = _acceptance(c_rows.sum(axis=0))
+    s_al, s_first = acceptance_of_sums(s_rows.sum(axis=0))
+    c_al, c_first = acceptance_of_sums(c_rows.sum(axis=0))
     point = {"s_al": s_al, "s_first": s_first, "c_al": c_al, "c_first": c_first,
              "d_al": c_al - s_al, "d_first": c_first - s_first}
     bounds: dict[str, tuple[float, float] | None] = dict.fromkeys(point)
     if len(pairs) >= 2:
         picks = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
-        rs_al, rs_first = _acceptance(s_rows[picks].sum(axis=1))
-        rc_al, rc_first = _acceptance(c_rows[picks].sum(axis=1))
+        rs_al, rs_first = acceptance_of_sums(s_rows[picks].sum(axis=1))
+        rc_al, rc_first = acceptance_of_sums(c_rows[picks].sum(axis=1))
         draws = {"s_al": rs_al, "s_first": rs_first, "c_al": rc_al, "c_first": rc_first,
                  "d_al": rc_al - rs_al, "d_first": rc_first - rs_first}
         lo_q, hi_q = (1 - level) / 2 * 100, (1 + level) / 2 * 100

@@ -2,6 +2,7 @@
 
     peagle replay --url http://127.0.0.1:8000 --prompts humaneval [--concurrency 8] [--max-tokens 128] \\
         [--temperature 0] [--limit 40] [--stream] [--out results.jsonl]
+    peagle replay --split http://127.0.0.1:8000=90 --split http://127.0.0.1:8001=10 --prompts humaneval ...
 
 Each prompt is one chat request (``/v1/chat/completions``). A vLLM server started with
 ``--per-request-spec-decode-metrics summary`` (``peagle serve`` always is) returns every request's
@@ -12,7 +13,13 @@ and the first-position acceptance so far, with bootstrap intervals over the requ
 
     replay: 40/164 AL 1.42 [1.35, 1.49] p0 0.31 [0.27, 0.35] p50 1.9 s
 
-``--out`` writes one JSON row per request (prompt id, latency, tokens, histogram, text).
+``--split URL=WEIGHT`` (repeatable, instead of ``--url``) sends each request to one of several servers,
+picked by :class:`WeightedRouter` (smooth weighted round robin: deterministic, each URL gets its weight's
+share; weight 0 gets nothing). It stands in for the cluster's router (an OpenShift Route's
+``alternateBackends`` weights, an HTTPRoute's backend weights, KServe's canary split) when a stable and a
+canary ``peagle serve`` run side by side on one machine (``peagle rollout local``).
+
+``--out`` writes one JSON row per request (prompt id, the URL that answered, latency, tokens, histogram, text).
 Exit status: 0 every request answered, 3 some failed (counted; the rest are still reported), 2 bad input.
 """
 from __future__ import annotations
@@ -27,7 +34,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -39,6 +47,85 @@ from ..evaluate.prompts import Prompt, load_prompt_sets
 PROGRESS_EVERY = 10
 
 
+def api_url_of(url: str) -> str:
+    """A server's OpenAI API URL (``.../v1``) from its root or its API URL."""
+    return url.rstrip("/").removesuffix("/v1") + "/v1"
+
+
+class WeightedRouter:
+    """Picks a server per request by weight: smooth weighted round robin (nginx's), a stand-in for the
+    cluster's router.
+
+    Each pick adds every URL's weight to its running score, takes the highest score (ties: the URL given
+    first) and subtracts the total weight from it: over any ``sum(weights)`` picks each URL is picked
+    exactly its weight's number of times, interleaved (90/10 gives one canary request in every ten, not
+    ten in a row). The sequence depends on the weights only: deterministic. A URL of weight 0 is never
+    picked. :meth:`set_weights` may change the split while requests are being sent (thread-safe); the
+    scores restart then, so the new split holds from the next pick on.
+
+    :meth:`route` also counts each URL's requests in flight, so :meth:`drain` can wait for a URL that
+    lost its weight to finish what it was sent before its server is stopped (a router drains a backend
+    before it goes away; the stable endpoint never answers with an error).
+    """
+
+    def __init__(self, weights: Mapping[str, int] | Sequence[tuple[str, int]]):
+        self._cond = threading.Condition()
+        self._weights: dict[str, int] = {}
+        self._scores: dict[str, int] = {}
+        self._in_flight: dict[str, int] = {}
+        self.set_weights(weights)
+
+    def set_weights(self, weights: Mapping[str, int] | Sequence[tuple[str, int]]) -> None:
+        """Set the weight of each given URL (a new URL joins; the others keep theirs)."""
+        items = list(weights.items() if isinstance(weights, Mapping) else weights)
+        for url, weight in items:
+            if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
+                raise ValueError(f"weight of {url} must be an integer >= 0, got {weight!r}")
+        with self._cond:
+            for url, weight in items:
+                self._weights[url] = weight
+                self._in_flight.setdefault(url, 0)
+            self._scores = {url: 0 for url in self._weights}
+
+    def weights(self) -> dict[str, int]:
+        with self._cond:
+            return dict(self._weights)
+
+    def pick(self) -> str:
+        """The URL of the next request; a ValueError when every weight is 0."""
+        with self._cond:
+            live = [url for url, w in self._weights.items() if w > 0]
+            if not live:
+                raise ValueError(f"no server has weight: {self._weights}")
+            for url in live:
+                self._scores[url] += self._weights[url]
+            best = max(live, key=lambda url: self._scores[url])  # max keeps the first of equals
+            self._scores[best] -= sum(self._weights[url] for url in live)
+            return best
+
+    @contextmanager
+    def route(self) -> Iterator[str]:
+        """:meth:`pick` a URL and count the request in flight there until the block ends."""
+        url = self.pick()
+        with self._cond:
+            self._in_flight[url] += 1
+        try:
+            yield url
+        finally:
+            with self._cond:
+                self._in_flight[url] -= 1
+                self._cond.notify_all()
+
+    def in_flight(self, url: str) -> int:
+        with self._cond:
+            return self._in_flight.get(url, 0)
+
+    def drain(self, url: str, timeout: float) -> bool:
+        """Wait until ``url`` has no request in flight (give it weight 0 first); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._in_flight.get(url, 0) == 0, timeout)
+
+
 @dataclass
 class ReplayRow:
     """One request: what was sent, how long it took, what came back (``error`` set when it failed)."""
@@ -46,6 +133,7 @@ class ReplayRow:
     index: int
     id: str
     latency_s: float
+    url: str | None = None  # the API URL that answered (``.../v1``)
     first_byte_s: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -75,6 +163,12 @@ class ReplayResult:
         """Acceptance (AL, first position, with bootstrap intervals over requests), latency percentiles
         and throughput of the answered requests."""
         return summarise(self.rows, self.elapsed_s, resamples=resamples, level=level, seed=seed)
+
+    def figures_by_url(self, *, resamples: int = 1000, level: float = 0.95, seed: int = 0) -> dict[str, dict[str, Any]]:
+        """:meth:`figures` of the requests each URL answered (a failed request counts where it was sent)."""
+        urls = sorted({r.url for r in self.rows if r.url})
+        return {url: summarise([r for r in self.rows if r.url == url], self.elapsed_s, resamples=resamples,
+                               level=level, seed=seed) for url in urls}
 
 
 def summarise(rows: Sequence[ReplayRow], elapsed_s: float, *, resamples: int = 1000, level: float = 0.95,
@@ -172,50 +266,84 @@ def stream_chat(api_url: str, body: dict[str, Any], *, token: str | None, timeou
     row.text = "".join(parts)
 
 
-def _one(client: OpenAIClient, index: int, prompt: Prompt, params: dict[str, Any], stream: bool,
-         token: str | None) -> ReplayRow:
+class _Servers:
+    """One client and served model name per API URL, made on first use (a canary may join mid-replay)."""
+
+    def __init__(self, *, model: str | None, token: str | None, timeout: float, retries: int):
+        self.model, self.token, self.timeout, self.retries = model, token, timeout, retries
+        self._lock = threading.Lock()
+        self._known: dict[str, tuple[OpenAIClient, str]] = {}
+
+    def get(self, url: str) -> tuple[OpenAIClient, str]:
+        api_url = api_url_of(url)
+        with self._lock:
+            if api_url in self._known:
+                return self._known[api_url]
+        client = OpenAIClient(api_url, token=self.token, timeout=self.timeout, retries=self.retries)
+        model = self.model or next(iter(client.models()), "")
+        if not model:
+            raise EndpointError(f"{api_url}/models lists no model; give the model name")
+        with self._lock:
+            return self._known.setdefault(api_url, (client, model))
+
+    def models(self) -> list[str]:
+        """The served model names of the servers used so far."""
+        with self._lock:
+            return sorted({model for _, model in self._known.values()})
+
+
+def _one(servers: _Servers, route: Callable[[], Any], index: int, prompt: Prompt, params: dict[str, Any],
+         stream: bool) -> ReplayRow:
+    """Send one prompt to the URL ``route()`` yields (a context manager: the router counts it in flight)."""
     row = ReplayRow(index=index, id=prompt.id, latency_s=0.0)
-    body = {"messages": prompt.chat(), **params}
     t0 = time.perf_counter()
     try:
-        if stream:
-            body.update(stream=True, stream_options={"include_usage": True})
-            stream_chat(client.api_url, body, token=token, timeout=client.timeout, row=row, t0=t0)
-        else:
-            data = client.chat(body)
-            choice = data["choices"][0]
-            row.text = (choice.get("message") or {}).get("content") or ""
-            row.finish_reason = choice.get("finish_reason")
-            _usage(row, data)
-            row.histogram = _spec_histogram(data)
+        with route() as url:
+            client, model = servers.get(url)
+            row.url = client.api_url
+            body = {"messages": prompt.chat(), "model": model, **params}
+            t0 = time.perf_counter()
+            if stream:
+                body.update(stream=True, stream_options={"include_usage": True})
+                stream_chat(client.api_url, body, token=servers.token, timeout=client.timeout, row=row, t0=t0)
+            else:
+                data = client.chat(body)
+                choice = data["choices"][0]
+                row.text = (choice.get("message") or {}).get("content") or ""
+                row.finish_reason = choice.get("finish_reason")
+                _usage(row, data)
+                row.histogram = _spec_histogram(data)
     except (EndpointError, ValueError) as exc:
         row.error = str(exc)
     row.latency_s = time.perf_counter() - t0
     return row
 
 
-def replay(url: str, prompts: Sequence[Prompt], *, concurrency: int = 1, max_tokens: int = 128,
+def replay(url: str | WeightedRouter, prompts: Sequence[Prompt], *, concurrency: int = 1, max_tokens: int = 128,
            temperature: float = 0.0, seed: int | None = None, model: str | None = None, stream: bool = False,
            token: str | None = None, timeout: float = 600.0, retries: int = 2,
            progress: Callable[[str], None] | None = print, progress_every: int = PROGRESS_EVERY) -> ReplayResult:
-    """Send every prompt as a chat request to the OpenAI server at ``url`` (its root or ``.../v1``),
-    ``concurrency`` at a time; ``model`` defaults to the first one the server lists. ``progress``
+    """Send every prompt as a chat request to the OpenAI server at ``url`` (its root or ``.../v1``), or
+    to the server a :class:`WeightedRouter` picks per request (when it is sent: a weight changed
+    mid-replay holds for the requests not yet sent; ``ReplayRow.url`` says which answered),
+    ``concurrency`` at a time; ``model`` defaults to the first one each server lists. ``progress``
     gets a :func:`progress_line` every ``progress_every`` answers and at the end."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    api_url = url.rstrip("/").removesuffix("/v1") + "/v1"
-    client = OpenAIClient(api_url, token=token, timeout=timeout, retries=retries)
-    model = model or next(iter(client.models()), "")
-    if not model:
-        raise EndpointError(f"{api_url}/models lists no model; give the model name")
-    params: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
+    servers = _Servers(model=model, token=token, timeout=timeout, retries=retries)
+    if isinstance(url, WeightedRouter):
+        route, where = url.route, {"split": {safe_url(api_url_of(u)): w for u, w in url.weights().items()}}
+    else:
+        servers.get(url)  # a server that lists no model fails the replay here, not every request
+        route, where = (lambda: nullcontext(url)), {"url": safe_url(api_url_of(url))}
+    params: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature}
     if seed is not None:
         params["seed"] = seed
     rows: list[ReplayRow] = []
     lock = threading.Lock()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = [pool.submit(_one, client, i, p, params, stream, token) for i, p in enumerate(prompts)]
+        futures = [pool.submit(_one, servers, route, i, p, params, stream) for i, p in enumerate(prompts)]
         for fut in as_completed(futures):
             with lock:
                 rows.append(fut.result())
@@ -224,7 +352,8 @@ def replay(url: str, prompts: Sequence[Prompt], *, concurrency: int = 1, max_tok
                 progress(progress_line(done, len(prompts), summarise(rows, time.perf_counter() - t0, resamples=200)))
     elapsed = time.perf_counter() - t0
     rows.sort(key=lambda r: r.index)
-    return ReplayResult(rows, elapsed, concurrency, meta={"url": safe_url(api_url), "model": model,
+    models = servers.models()
+    return ReplayResult(rows, elapsed, concurrency, meta={**where, "model": ", ".join(models),
                                                           "stream": stream, "max_tokens": max_tokens,
                                                           "temperature": temperature})
 
@@ -248,7 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="peagle replay", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
-    p.add_argument("--url", required=True, help="the server's root URL (or its .../v1)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="the server's root URL (or its .../v1)")
+    where.add_argument("--split", action="append", type=split_arg, metavar="URL=WEIGHT",
+                       help="send each request to one of several servers by weight (repeatable; instead of "
+                       "--url): smooth weighted round robin, standing in for the cluster's router")
     p.add_argument("--prompts", required=True, metavar="NAME|FILE",
                    help="prompt set (humaneval, code, mtbench, sharegpt-heldout@48, ...) or a .jsonl file")
     p.add_argument("--concurrency", type=int, default=1)
@@ -263,11 +396,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def split_arg(text: str) -> tuple[str, int]:
+    """``URL=WEIGHT`` -> (URL, WEIGHT); the URL may itself hold ``=`` (the last one splits)."""
+    url, sep, weight = text.rpartition("=")
+    if not sep or not url or not weight.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not URL=WEIGHT (a weight is an integer >= 0)")
+    return url, int(weight)
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         prompts = load_prompts(ns.prompts, ns.limit)
-        result = replay(ns.url, prompts, concurrency=ns.concurrency, max_tokens=ns.max_tokens,
+        if ns.split and not any(weight for _, weight in ns.split):
+            raise ValueError("every --split weight is 0: no server would get a request")
+        where = WeightedRouter(ns.split) if ns.split else ns.url
+        result = replay(where, prompts, concurrency=ns.concurrency, max_tokens=ns.max_tokens,
                         temperature=ns.temperature, seed=ns.seed, model=ns.model, stream=ns.stream,
                         timeout=ns.timeout, progress=lambda line: print(line, flush=True))
     except (PeagleError, ValueError) as exc:
@@ -276,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"replay: {fig['answered']} answered in {fig['elapsed_s']:.1f} s ({fig['requests_per_s']:.2f} requests/s, "
           f"{fig['tokens_per_s']:.1f} tokens/s), latency p50 {fig['latency_p50_s'] or 0:.2f} s "
           f"p99 {fig['latency_p99_s'] or 0:.2f} s")
+    if ns.split:
+        for url, part in result.figures_by_url().items():
+            print(progress_line(part["answered"], part["requests"], part).replace("replay:", f"replay: {url}", 1))
     if ns.out:
         write_rows(result, ns.out)
         print(f"replay: rows in {ns.out}")

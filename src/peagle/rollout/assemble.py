@@ -1,0 +1,124 @@
+"""A cluster rollout assembled from its parts, once for ``peagle rollout`` and the refresh pipeline's step.
+
+:func:`cluster_rollout` turns the stable release's chart values, the candidate draft and the candidate's
+model source into the :class:`~.objects.Candidate` and :class:`~.objects.RolloutObjects` of a rollout;
+:meth:`ClusterRollout.phases` renders what each phase applies, :meth:`ClusterRollout.run` rolls it out
+(:class:`~.cluster.ClusterBackend` + :func:`~.controller.run_rollout`) and publishes the decision.
+:func:`read_gate` / :func:`read_lineage` check that the evidence handed in is about this candidate.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ..config import ConfigError
+from ..stage_io import join
+from ..storage import StorageError, open_store, publish
+from .local import publication_fingerprint
+from .objects import Candidate, RolloutObjects
+
+if TYPE_CHECKING:
+    from ..deploy.kube import Apis
+    from ..traffic.gate_report import GateResult
+    from .decision import Decision
+    from .settings import RolloutSettings
+
+DECISION_DIR, DECISION_JSON = "rollout", "decision.json"  # under the run's output (``out``), beside ``promotion/``
+PHASES = ("canary", "stable-with-canary", "promoted")  # in the order a promotion applies them
+
+
+@dataclass(frozen=True)
+class ClusterRollout:
+    """The candidate and the objects of its rollout on one release."""
+
+    candidate: Candidate
+    objects: RolloutObjects
+
+    def phases(self, percent: int) -> dict[str, list[dict]]:
+        """Every phase's objects, by :data:`PHASES`: the canary to create, the stable sending it ``percent``
+        of the traffic, the stable serving the candidate once promoted."""
+        c = self.candidate
+        return {"canary": self.objects.canary(c), "stable-with-canary": self.objects.stable(c, percent),
+                "promoted": self.objects.promoted(c)}
+
+    def run(self, apis: "Apis", *, traffic: str, settings: "RolloutSettings", target_fingerprint: str | None,
+            stable_draft: str, out: str | None = None, say: Callable[[str], None] = print,
+            on_decision: Callable[["Decision"], None] | None = None) -> "Decision":
+        """Roll the candidate out on the cluster behind ``apis`` and decide on the live records in the traffic
+        log ``traffic``; the loop history is ``history_uri(settings, traffic)``. With ``out`` the decision is
+        published under ``<out>/rollout/`` (``decision.json``; the decision is also the manifest's metadata) and a
+        promotion under ``<out>/promotion/``."""
+        from ..traffic.log import TrafficLog
+        from .cluster import ClusterBackend
+        from .controller import run_rollout
+        from .history import LoopHistory, history_uri
+
+        backend = ClusterBackend(apis, self.objects, ready_timeout_s=settings.ready_timeout_s, say=say)
+        decision = run_rollout(backend, self.candidate, traffic=TrafficLog(traffic), settings=settings,
+                               history=LoopHistory(history_uri(settings, traffic)),
+                               target_fingerprint=target_fingerprint, stable_draft=stable_draft, say=say,
+                               on_decision=on_decision, out=out)
+        if out:
+            publish_decision(decision, out)
+        return decision
+
+
+def publish_decision(decision: "Decision", out: str) -> str:
+    """Publish ``<out>/rollout/`` (``decision.json``; the decision record is the manifest metadata, so the run's
+    published outputs carry it); returns its URI. A rerun republishes it."""
+    uri = join(out, DECISION_DIR)
+    publish(open_store(uri), "", {DECISION_JSON: decision.to_json().encode()}, decision.to_dict(), overwrite=True)
+    return uri
+
+
+def cluster_rollout(*, name: str, namespace: str, routing: str, mode: str, stable_values: Mapping[str, Any],
+                    candidate_draft: str, candidate_values: dict, gate: dict | None = None,
+                    lineage: dict | None = None, chart: str | None = None) -> ClusterRollout:
+    """The rollout of the published draft ``candidate_draft`` (fingerprint: the first 12 hex digits of its
+    manifest's sha256) on release ``name``, which serves with ``stable_values``. ``candidate_values``: the
+    chart values pointing the stable's model source at the candidate (:func:`.objects.candidate_values`);
+    ``gate``: ``{"passed", "reasons", "report"}`` (:func:`gate_summary`) or None (unvetted)."""
+    candidate = Candidate(draft=str(candidate_draft), fingerprint=publication_fingerprint(candidate_draft),
+                          values=candidate_values, gate=gate, lineage=lineage)
+    objects = RolloutObjects(name=name, namespace=namespace, routing=routing, mode=mode,
+                             stable_values=stable_values, chart=chart)
+    return ClusterRollout(candidate, objects)
+
+
+def read_gate(location: str, candidate_draft: str) -> "GateResult":
+    """The gate result at ``location`` (gate.json or a gate output), refused unless it passed the draft at
+    ``candidate_draft`` (the gate names drafts by the sha256 of their weights and config)."""
+    from ..model.adapter import Draft
+    from ..traffic.gate_report import GateResult
+
+    result = GateResult.read(location)
+    gated = (result.candidate_draft or {}).get("sha256")
+    if gated != Draft.open(candidate_draft).fingerprint:
+        raise ConfigError(f"{location} is the gate of draft {(result.candidate_draft or {}).get('path')} "
+                          f"(sha256 {str(gated)[:12]}...), not of the candidate {candidate_draft}")
+    if not result.passed:
+        raise ConfigError(f"{location}: the gate did not pass the candidate ({'; '.join(result.reasons)})")
+    return result
+
+
+def gate_summary(result: "GateResult", location: str) -> dict:
+    """What a decision records of the candidate's gate."""
+    return {"passed": bool(result.passed), "reasons": list(result.reasons), "report": str(location)}
+
+
+def read_lineage(location: str, candidate_draft: str) -> dict:
+    """The refresh's ``lineage.json`` at ``location`` (a file or URI), refused unless its candidate is the
+    draft at ``candidate_draft`` (same manifest sha256)."""
+    from ..model.adapter import Draft
+
+    head, _, name = str(location).rstrip("/").rpartition("/")
+    try:
+        lineage = json.loads(open_store(head or ".").get_bytes(name))
+    except (OSError, ValueError, StorageError) as exc:
+        raise ConfigError(f"{location}: not a readable lineage.json ({exc})") from None
+    described = (lineage.get("candidate_draft") or {}) if isinstance(lineage, dict) else {}
+    if described.get("manifest_sha256") != Draft.open(candidate_draft).manifest_sha256:
+        raise ConfigError(f"{location} is the lineage of draft {described.get('uri')}, not of the candidate "
+                          f"{candidate_draft}")
+    return lineage

@@ -1,0 +1,181 @@
+"""The rollout's Kubernetes backend: :class:`ClusterBackend` implements :class:`.controller.Backend` over
+:mod:`peagle.deploy.kube` (apply, read, wait_ready, patch, delete) and the objects of :mod:`.objects`.
+
+The phase is recorded in a ConfigMap ``<name>-rollout`` (keys ``candidate``: the canary's draft
+fingerprint, written before any canary object is created; ``started-at``: when the canary first got
+traffic). It is deleted after the last canary object, so a rerun after a kill finds the canary, even
+half-created or half-removed. Not as annotations on the InferenceService (or its ServingRuntime): KServe
+copies both onto the predictor's pod template, so writing the phase there would restart the stable; and
+not on the Route/HTTPRoute either, so every routing keeps one record, and the routing object stays exactly
+what the chart renders.
+
+A canary serves before it gets traffic (route/httproute: its release is ready before the routing object
+names it; kserve-canary: its predictor joins ``spec.canary`` at 0 % first). The stable release's serving
+objects are applied only by :meth:`ClusterBackend.update_stable`; before anything else touches the stable
+endpoint object the stable values are checked to render the draft the cluster serves, so a rollout never
+changes the stable by accident. KServe Serverless (``canaryTrafficPercent``) is refused: there the
+candidate replaces the stable predictor, which this backend does not model.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Callable
+
+from ..deploy import kube
+from ..traffic.record import format_time, parse_time
+from .controller import RolloutError
+from .objects import Candidate, RolloutObjects, endpoint_object
+
+CANDIDATE_KEY = "candidate"
+STARTED_KEY = "started-at"
+SERVING_KINDS = ("InferenceService", "Deployment")
+ROUTING_KINDS = ("Route", "HTTPRoute")
+
+
+def phase_record_name(name: str) -> str:
+    """The ConfigMap holding the phase of a rollout of release ``name``."""
+    return f"{name}-rollout"
+
+
+class ClusterBackend:
+    """Stable and canary as rendered by ``objects`` on the cluster behind ``apis``."""
+
+    def __init__(self, apis: kube.Apis, objects: RolloutObjects, *, ready_timeout_s: float = 1800,
+                 interval: float = 10, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc), say: Callable[[str], None] = print):
+        if objects.serverless:
+            raise RolloutError("the cluster backend does not handle KServe Serverless canaries: use "
+                               "kserve.deploymentMode RawDeployment/Standard, or routing route/httproute")
+        self.apis, self.objects, self.ns, self.routing = apis, objects, objects.namespace, objects.routing
+        self.ready_timeout_s, self.interval, self.clock, self.sleep, self.now, self.say = (
+            ready_timeout_s, interval, clock, sleep, now, say)
+        stable = objects.stable()
+        self._endpoint = endpoint_object(stable)
+        self._stable_main = next(o for o in stable if o["kind"] in SERVING_KINDS)
+        self._rendered_stable = kube.fingerprint_of(self._stable_main)
+        self._record = phase_record_name(objects.name)
+
+    # -- state -------------------------------------------------------------------------------------
+    def _read(self, obj: dict) -> dict | None:
+        return kube.read(self.apis, obj["kind"], obj["apiVersion"], obj["metadata"]["name"], self.ns)
+
+    def _phase(self) -> dict:
+        live = kube.read(self.apis, "ConfigMap", "v1", self._record, self.ns) or {}
+        return live.get("data") or {}
+
+    def stable_fingerprint(self) -> str | None:
+        live = self._read(self._stable_main)
+        return None if live is None else kube.fingerprint_of(live)
+
+    def canary_fingerprint(self) -> str | None:
+        return self._phase().get(CANDIDATE_KEY) or None
+
+    def canary_started_at(self) -> datetime | None:
+        started = self._phase().get(STARTED_KEY)
+        return parse_time(started) if started else None
+
+    # -- changes -----------------------------------------------------------------------------------
+    def deploy_canary(self, candidate: Candidate, percent: int) -> None:
+        self._check_stable_unchanged()
+        if self._read(self._endpoint) is None:  # first rollout of a release deployed without its routing object
+            kube.apply(self.apis, [self._endpoint])
+        self._write_phase({CANDIDATE_KEY: candidate.fingerprint})
+        canary_objs = self.objects.canary(candidate)
+        kube.apply(self.apis, canary_objs)
+        if self.routing == "kserve-canary":  # the canary is a predictor of the stable InferenceService
+            self._apply_endpoint(self.objects.stable(candidate, 0))
+            self._wait_serving(endpoint_object(self.objects.stable(candidate, 0)), candidate.fingerprint,
+                               predictor=self.objects.canary_name(candidate))
+        else:
+            self._wait_serving(next(o for o in canary_objs if o["kind"] in SERVING_KINDS), candidate.fingerprint)
+        self._apply_endpoint(self.objects.stable(candidate, percent))
+        if not self._phase().get(STARTED_KEY):
+            self._write_phase({STARTED_KEY: format_time(self.now())})
+
+    def set_weight(self, candidate: Candidate, percent: int) -> None:
+        self._check_stable_unchanged()
+        self._apply_endpoint(self.objects.stable(candidate, percent))
+
+    def update_stable(self, candidate: Candidate) -> None:
+        """Apply the stable release serving the candidate and wait until it serves. route/httproute: its
+        serving objects only -- the split stays as :meth:`set_weight` left it (all to the canary while the
+        stable restarts) or as :meth:`remove_canary` left it (all to the stable, which served already);
+        kserve-canary: ``spec.predictor`` becomes the canary's predictor and ``spec.canary`` goes in the same
+        write, so KServe retargets to the running canary pods."""
+        promoted = self.objects.promoted(candidate)
+        if self.routing == "kserve-canary":  # a merge patch keeps keys the render leaves out
+            promoted = [_without_canary(o) if o["kind"] == "InferenceService" else o for o in promoted]
+        else:
+            promoted = [o for o in promoted if o["kind"] not in ROUTING_KINDS]
+        kube.apply(self.apis, promoted)
+        main = next(o for o in promoted if o["kind"] in SERVING_KINDS)
+        self._wait_serving(main, candidate.fingerprint)
+
+    def remove_canary(self) -> None:
+        """All traffic to the stable (whichever draft it serves), delete the canary's objects, clear the phase."""
+        fingerprint = self.canary_fingerprint()
+        if fingerprint is None:
+            return
+        # Only the canary's names are needed (they derive from the fingerprint), not its model source.
+        candidate = Candidate(draft="", fingerprint=fingerprint, values={})
+        promoted = self.stable_fingerprint() == fingerprint
+        if self.routing == "kserve-canary":  # drop spec.canary only: the stable predictor stays as it is
+            e = self._endpoint
+            kube.patch(self.apis, e["apiVersion"], e["kind"], e["metadata"]["name"], self.ns,
+                       {"spec": {"canary": None}})
+        else:  # the routing object does not depend on the draft the stable serves
+            kube.apply(self.apis, [_without_canary(self._endpoint)])
+        for api_version, kind, name in self.objects.canary_refs(candidate, promoted=promoted):
+            kube.delete(self.apis, api_version, kind, name, self.ns)
+        kube.delete(self.apis, "v1", "ConfigMap", self._record, self.ns)
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _check_stable_unchanged(self) -> None:
+        live = self.stable_fingerprint()
+        if live is None:
+            raise RolloutError(f"{self._stable_main['kind']}/{self.objects.name} not found in {self.ns}: "
+                               "deploy the stable first (peagle deploy)")
+        if live != self._rendered_stable:
+            raise RolloutError(f"the stable values render draft {self._rendered_stable} but "
+                               f"{self._stable_main['kind']}/{self.objects.name} serves {live}: give the model "
+                               "source the stable was deployed with")
+
+    def _write_phase(self, data: dict) -> None:
+        kube.apply(self.apis, [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+            "name": self._record, "namespace": self.ns,
+            "labels": {"app.kubernetes.io/name": "peagle", "app.kubernetes.io/instance": self.objects.name}},
+            "data": data}])
+
+    def _apply_endpoint(self, release: list[dict]) -> None:
+        kube.apply(self.apis, [endpoint_object(release)])
+
+    def _wait_serving(self, obj: dict, fingerprint: str, predictor: str | None = None) -> None:
+        """Wait until ``obj`` serves ``fingerprint``. A named KServe predictor (``predictor``, or the
+        object's ``spec.predictor.name``) runs as Deployment ``<isvc>-<name>-predictor``."""
+        name = obj["metadata"]["name"]
+        wait = dict(timeout=self.ready_timeout_s, interval=self.interval, clock=self.clock, sleep=self.sleep)
+        if obj["kind"] == "InferenceService":
+            predictor = predictor or ((obj.get("spec") or {}).get("predictor") or {}).get("name")
+        if not predictor:
+            kube.wait_ready(self.apis, obj["kind"], obj["apiVersion"], name, self.ns, fingerprint=fingerprint, **wait)
+            return
+        kube.wait_ready(self.apis, "Deployment", "apps/v1", f"{name}-{predictor}-predictor", self.ns,
+                        fingerprint=fingerprint, **wait)
+        deadline = self.clock() + self.ready_timeout_s
+        while not kube.isvc_state(self._read(obj) or {})[0]:
+            if self.clock() >= deadline:
+                raise kube.DeployTimeout(f"InferenceService/{name} in {self.ns} not Ready after "
+                                         f"{self.ready_timeout_s:.0f}s")
+            self.sleep(self.interval)
+
+
+def _without_canary(obj: dict) -> dict:
+    """``obj`` with its canary keys set to null, so the merge patch that applies it removes them."""
+    spec = dict(obj["spec"])
+    if obj["kind"] == "Route":
+        spec.setdefault("alternateBackends", None)
+    elif obj["kind"] == "InferenceService":
+        spec.setdefault("canary", None)
+    return {**obj, "spec": spec}

@@ -1,0 +1,185 @@
+"""Live acceptance of the stable and the candidate draft, from the traffic log's per-request records.
+
+During a canary both drafts serve real traffic; every captured record names the draft that answered it
+(``draft_fingerprint``) and carries vLLM's per-request acceptance histogram (``spec_decode``). A version's
+live figures pool the histograms of its records received in ``[since, until)`` that were answered (status
+200) with a histogram -- the same definitions as the gate (:func:`peagle.traffic.gate.acceptance_of_sums`):
+
+* acceptance length ``AL = 1 + accepted / steps`` (``h[j]``: steps with ``j`` drafts accepted);
+* first-position acceptance = steps whose first drafted token was accepted / steps.
+
+Unlike the gate, the two versions answered *different* requests (the router split them), so the interval
+of the difference comes from an unpaired percentile bootstrap: each version's requests are drawn with
+replacement on their own (one seeded generator, stable's draws first), and the difference is taken draw by
+draw. A version with no requests has figures of value None; one with a single request has no interval.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..traffic.gate import acceptance_of_sums
+from ..traffic.gate_report import Estimate
+from ..traffic.record import TrafficRecord, format_time
+
+STABLE, CANDIDATE = "stable", "candidate"
+ROLES = (STABLE, CANDIDATE)
+
+
+@dataclass(frozen=True)
+class VersionFigures:
+    """One draft's live figures over the window (see the module docstring)."""
+
+    role: str  # "stable" | "candidate"
+    fingerprint: str
+    requests: int  # status-200 records of this draft with an acceptance histogram
+    acceptance_length: Estimate
+    first_position: Estimate
+    latency_p50_s: float | None  # median timing.latency_s of those requests
+    steps: int = 0  # verification steps (drafts) summed over the requests
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "fingerprint": self.fingerprint, "requests": self.requests, "steps": self.steps,
+                "acceptance_length": self.acceptance_length.as_dict(),
+                "first_position_acceptance": self.first_position.as_dict(), "latency_p50_s": self.latency_p50_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "VersionFigures":
+        """The inverse of :meth:`to_dict` (KeyError/TypeError/ValueError on a malformed one)."""
+        p50 = d["latency_p50_s"]
+        return cls(str(d["role"]), str(d["fingerprint"]), int(d["requests"]),
+                   Estimate.from_dict(d["acceptance_length"]), Estimate.from_dict(d["first_position_acceptance"]),
+                   None if p50 is None else float(p50), int(d["steps"]))
+
+
+@dataclass(frozen=True)
+class LiveComparison:
+    """Both versions' live figures over one window; ``difference`` = AL(candidate) - AL(stable)."""
+
+    stable: VersionFigures
+    candidate: VersionFigures
+    difference: Estimate  # unpaired bootstrap interval
+    since: str  # window [since, until) of record timestamps (format_time)
+    until: str
+    level: float
+    resamples: int
+    first_position_difference: Estimate = Estimate(None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"window": {"since": self.since, "until": self.until}, "level": self.level,
+                "resamples": self.resamples, "stable": self.stable.to_dict(), "candidate": self.candidate.to_dict(),
+                "difference": {"acceptance_length": self.difference.as_dict(),
+                               "first_position_acceptance": self.first_position_difference.as_dict()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LiveComparison":
+        """The inverse of :meth:`to_dict` (KeyError/TypeError/ValueError on a malformed one)."""
+        diff = d["difference"]
+        return cls(VersionFigures.from_dict(d[STABLE]), VersionFigures.from_dict(d[CANDIDATE]),
+                   Estimate.from_dict(diff["acceptance_length"]), str(d["window"]["since"]),
+                   str(d["window"]["until"]), float(d["level"]), int(d["resamples"]),
+                   Estimate.from_dict(diff["first_position_acceptance"]))
+
+
+def live_histogram(record: TrafficRecord) -> list[int] | None:
+    """The record's acceptance histogram when it counts as a live request (answered, status 200), else None."""
+    if record.status != 200 or record.spec_decode is None:
+        return None
+    return list(record.spec_decode["acceptance_histogram"])
+
+
+@dataclass
+class _Group:
+    """One version's requests: histograms padded to one width, latencies."""
+
+    rows: np.ndarray  # [requests, K+1]
+    latencies: list[float]
+
+    @classmethod
+    def of(cls, records: Sequence[TrafficRecord]) -> "_Group":
+        hists = [live_histogram(r) for r in records]
+        width = max((len(h) for h in hists), default=1)
+        rows = np.zeros((len(hists), width), dtype=np.int64)
+        for i, h in enumerate(hists):
+            rows[i, :len(h)] = h
+        return cls(rows, [float(r.timing["latency_s"]) for r in records])
+
+    @property
+    def requests(self) -> int:
+        return self.rows.shape[0]
+
+    def draws(self, rng: np.random.Generator, resamples: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(AL, first-position) of ``resamples`` draws of the requests with replacement; None under two requests."""
+        if self.requests < 2:
+            return None
+        picks = rng.integers(0, self.requests, size=(resamples, self.requests))
+        return acceptance_of_sums(self.rows[picks].sum(axis=1))
+
+
+def pooled_acceptance_length(records: Iterable[TrafficRecord]) -> float | None:
+    """AL pooled over the live requests among ``records`` (None without a drafting step): the figure
+    :func:`live_comparison` reports per version, without an interval."""
+    live = [r for r in records if live_histogram(r) is not None]
+    if not live:
+        return None
+    al, _ = acceptance_of_sums(_Group.of(live).rows.sum(axis=0))
+    return _value(al)
+
+
+def _interval(values: np.ndarray | None, level: float, resamples: int) -> tuple[float, float] | None:
+    """Percentile interval of the finite draws; None when most draws are undefined (no steps) or none exist."""
+    if values is None:
+        return None
+    values = values[np.isfinite(values)]
+    if values.size < resamples // 2:
+        return None
+    return float(np.percentile(values, (1 - level) / 2 * 100)), float(np.percentile(values, (1 + level) / 2 * 100))
+
+
+def _value(v: float) -> float | None:
+    return float(v) if np.isfinite(v) else None
+
+
+def live_comparison(records: Iterable[TrafficRecord], *, stable_fingerprint: str, candidate_fingerprint: str,
+                    since: datetime, until: datetime, level: float = 0.95, resamples: int = 1000,
+                    seed: int = 0) -> LiveComparison:
+    """Both versions' live figures over records received in ``[since, until)`` (see the module docstring).
+
+    Records of other drafts (another fingerprint, or none) are ignored. ValueError when the two
+    fingerprints are empty or equal (the versions could not be told apart)."""
+    if not stable_fingerprint or not candidate_fingerprint or stable_fingerprint == candidate_fingerprint:
+        raise ValueError(f"live comparison needs two different draft fingerprints, got stable "
+                         f"{stable_fingerprint!r} and candidate {candidate_fingerprint!r}")
+    by_role: dict[str, list[TrafficRecord]] = {STABLE: [], CANDIDATE: []}
+    role_of = {stable_fingerprint: STABLE, candidate_fingerprint: CANDIDATE}
+    for r in records:
+        role = role_of.get(r.draft_fingerprint or "")
+        if role and live_histogram(r) is not None and since <= r.received_at_dt < until:
+            by_role[role].append(r)
+    groups = {role: _Group.of(rs) for role, rs in by_role.items()}
+    rng = np.random.default_rng(seed)
+    draws = {role: groups[role].draws(rng, resamples) for role in ROLES}  # stable's first: the order is the seed's
+
+    def figures(role: str, fingerprint: str) -> VersionFigures:
+        g, d = groups[role], draws[role]
+        al, first = acceptance_of_sums(g.rows.sum(axis=0))
+        return VersionFigures(
+            role, fingerprint, g.requests,
+            Estimate(_value(al), _interval(None if d is None else d[0], level, resamples)),
+            Estimate(_value(first), _interval(None if d is None else d[1], level, resamples)),
+            float(np.median(g.latencies)) if g.latencies else None, int(g.rows.sum()))
+
+    stable, candidate = figures(STABLE, stable_fingerprint), figures(CANDIDATE, candidate_fingerprint)
+
+    def difference(i: int, s: Estimate, c: Estimate) -> Estimate:
+        value = None if s.value is None or c.value is None else c.value - s.value
+        both = draws[STABLE] is not None and draws[CANDIDATE] is not None
+        return Estimate(value, _interval(draws[CANDIDATE][i] - draws[STABLE][i], level, resamples) if both else None)
+
+    return LiveComparison(stable, candidate,
+                          difference(0, stable.acceptance_length, candidate.acceptance_length),
+                          format_time(since), format_time(until), level, resamples,
+                          difference(1, stable.first_position, candidate.first_position))

@@ -1,0 +1,208 @@
+"""The Kubernetes objects of a rollout, rendered from the ``peagle-serving`` chart.
+
+A canary is the same chart rendered a second time with the candidate's values (its model source and
+draft fingerprint merged over the stable's). How the traffic is split decides which release carries what:
+
+* ``route`` / ``httproute``: the canary is a release of its own, ``<name>-c<fingerprint[:8]>`` (its
+  Deployment + Service, or InferenceService + ServingRuntime in kserve RawDeployment mode); the stable
+  release owns the Route or HTTPRoute ``<name>`` that sends ``weight`` percent to the canary's Service.
+  Promotion re-renders the stable release with the candidate's values while the canary serves.
+* ``kserve-canary``: the canary is a predictor of the stable InferenceService, using a ServingRuntime of
+  its own (``<name>-c<fp8>``, so its served model name carries the candidate's fingerprint).
+  RawDeployment/Standard (KServe >= 0.20): ``spec.canary``; promotion sets ``spec.predictor`` to the
+  canary's predictor, its name included, and drops ``spec.canary`` (KServe retargets without a restart).
+  Serverless/Knative: the stable predictor becomes the candidate's with ``canaryTrafficPercent``
+  (KServe keeps the previous revision for the rest); promotion drops ``canaryTrafficPercent``.
+
+In every phase the stable endpoint object (Route, HTTPRoute or InferenceService ``<name>``) keeps its
+name and host, so clients never see the URL change.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..deploy.render import RenderError, deep_merge, render
+from .settings import ROUTINGS
+
+MODES = ("kserve", "deployment")
+RAW_MODES = ("RawDeployment", "Standard")
+SERVERLESS_MODES = ("Serverless", "Knative")
+CANARY_FINGERPRINT_DIGITS = 8  # of the candidate's fingerprint in the canary's name
+_FINGERPRINT = re.compile(f"[0-9a-f]{{{CANARY_FINGERPRINT_DIGITS},40}}")
+# Chart values the stable release sets for a rollout; a canary release starts from none of them.
+_OWN_RELEASE = {"routing": {"kind": "none", "canary": {"service": "", "weight": 0}}, "route": {"enabled": False},
+                "runtimeName": "", "kserve": {"predictorName": "", "canary": {"enabled": False},
+                                              "canaryTrafficPercent": None}}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A draft to roll out beside the serving one."""
+
+    draft: str               # URI/directory of the candidate draft
+    fingerprint: str         # 12 hex digits: Draft.open(draft).manifest_sha256[:12]
+    values: dict             # chart values overriding the stable's model source (see candidate_values)
+    gate: dict | None = None     # {"passed", "reasons", "report"}, or None (unvetted)
+    lineage: dict | None = None  # the refresh's lineage.json, when there is one
+
+    def __post_init__(self) -> None:
+        if not _FINGERPRINT.fullmatch(self.fingerprint):
+            raise RenderError(f"candidate fingerprint {self.fingerprint!r}: expected lower-case hex digits "
+                              f"({CANARY_FINGERPRINT_DIGITS} to 40)")
+
+
+def candidate_values(stable_values: Mapping, *, draft_uri: str | None = None, path: str | None = None) -> dict:
+    """The chart values that point the stable's model source at the candidate.
+
+    ``storage.type`` ``uris``: ``draft_uri`` replaces ``storage.uris.draft`` (the target stays);
+    ``dataConnection`` / ``pvc``: ``path`` is the prefix (sub-path) holding the candidate's target/ and
+    draft/; ``uri``: ``path`` is the URI holding them."""
+    kind = (stable_values.get("storage") or {}).get("type", "dataConnection")
+    if kind == "uris":
+        if not draft_uri or path:
+            raise RenderError("storage.type=uris: give the candidate's draft URI (--candidate-draft-uri), not a path")
+        return {"storage": {"uris": {"draft": draft_uri}}}
+    if not path or draft_uri:
+        raise RenderError(f"storage.type={kind}: give the prefix holding the candidate's target/ and draft/ "
+                          "(--candidate-path), not a draft URI")
+    key = {"dataConnection": "path", "pvc": "path", "uri": "uri"}.get(kind)
+    if key is None:
+        raise RenderError(f"storage.type={kind!r}: expected dataConnection, uri, uris or pvc")
+    return {"storage": {kind: {key: path}}}
+
+
+class RolloutObjects:
+    """The objects of each phase of a rollout of release ``name`` (see the module docstring).
+
+    ``routing``: kserve-canary | route | httproute; ``mode``: kserve | deployment (the chart's mode);
+    ``stable_values``: the chart values the stable release serves with (``peagle deploy``'s). Its
+    ``routing.host`` / ``routing.gateway`` name the endpoint; ``kserve.deploymentMode`` decides between
+    KServe's two canaries. Every method returns the objects in apply order, or raises
+    :class:`~peagle.deploy.render.RenderError` naming the value the chart refuses."""
+
+    def __init__(self, *, name: str, namespace: str, routing: str, mode: str, stable_values: Mapping,
+                 chart: str | None = None) -> None:
+        if routing not in ROUTINGS:
+            raise RenderError(f"routing {routing!r}: expected one of {', '.join(ROUTINGS)}")
+        if mode not in MODES:
+            raise RenderError(f"mode {mode!r}: expected kserve or deployment")
+        self.name, self.namespace, self.routing, self.mode, self.chart = name, namespace, routing, mode, chart
+        self._values = deep_merge(dict(stable_values), {"mode": mode, "fullnameOverride": name})
+        deployment_mode = (self._values.get("kserve") or {}).get("deploymentMode", "RawDeployment")
+        if routing == "kserve-canary":
+            if mode != "kserve":
+                raise RenderError("routing kserve-canary needs mode=kserve (mode=deployment: use route or httproute)")
+            if deployment_mode not in RAW_MODES + SERVERLESS_MODES:
+                raise RenderError(f"routing kserve-canary needs kserve.deploymentMode set to one of "
+                                  f"{', '.join(RAW_MODES + SERVERLESS_MODES)} (got {deployment_mode!r}): "
+                                  "KServe's canary differs between them")
+        self.serverless = mode == "kserve" and deployment_mode in SERVERLESS_MODES
+        self.served_model_name = (self._values.get("vllm") or {}).get("servedModelName") or name
+
+    # -- names
+    @property
+    def stable_service(self) -> str:
+        """The stable release's Service, the routing object's first backend."""
+        return f"{self.name}-predictor" if self.mode == "kserve" else self.name
+
+    def canary_name(self, candidate: Candidate) -> str:
+        """``<name>-c<fingerprint[:8]>``: the canary release (route/httproute) or predictor and runtime (kserve-canary)."""
+        return f"{self.name}-c{candidate.fingerprint[:CANARY_FINGERPRINT_DIGITS]}"
+
+    def canary_service(self, candidate: Candidate) -> str:
+        """The canary release's Service (route/httproute)."""
+        cname = self.canary_name(candidate)
+        return f"{cname}-predictor" if self.mode == "kserve" else cname
+
+    # -- values
+    def _candidate(self, candidate: Candidate) -> dict:
+        """What differs for the candidate: its model source and fingerprint."""
+        return deep_merge(candidate.values, {"speculative": {"draftFingerprint": candidate.fingerprint}})
+
+    def _routing(self, service: str = "", weight: int = 0) -> dict:
+        if not 0 <= weight <= 100:
+            raise RenderError(f"canary weight {weight}: expected 0..100 percent")
+        kind = "none" if self.routing == "kserve-canary" else self.routing
+        return {"routing": {"kind": kind, "canary": {"service": service, "weight": weight if service else 0}}}
+
+    def promoted_values(self, candidate: Candidate) -> dict:
+        """The stable release's values once it serves ``candidate`` (the next rollout's ``stable_values``)."""
+        v = deep_merge(self._values, self._candidate(candidate))
+        if self.routing == "kserve-canary":
+            cname = self.canary_name(candidate)  # the canary's runtime (and, raw, its predictor) live on
+            v = deep_merge(v, {"runtimeName": cname, "kserve": {"predictorName": "" if self.serverless else cname}})
+        return v
+
+    def _render(self, values: dict, name: str | None = None) -> list[dict]:
+        return render(values, name or self.name, self.namespace, self.chart)
+
+    # -- phases
+    def stable(self, canary: Candidate | None = None, weight: int = 0) -> list[dict]:
+        """The stable release; with ``canary``, sending it ``weight`` percent of the requests (route/httproute:
+        the routing object's split; kserve-canary: the InferenceService's canary)."""
+        if canary is None:
+            return self._render(deep_merge(self._values, self._routing()))
+        if self.routing != "kserve-canary":
+            return self._render(deep_merge(self._values, self._routing(self.canary_service(canary), weight)))
+        cname = self.canary_name(canary)
+        self._routing(weight=weight)  # checks the weight
+        if self.serverless:
+            return self._render(deep_merge(deep_merge(self._values, self._candidate(canary)),
+                                           {"runtimeName": cname, "kserve": {"canaryTrafficPercent": weight}}))
+        overrides = self._candidate(canary)
+        if empty := _empty_leaves(overrides):
+            # Helm's mergeOverwrite skips them: the canary predictor would not be the promoted one.
+            raise RenderError(f"candidate values {', '.join(empty)} are empty: kserve.canary.values cannot "
+                              "override with an empty value")
+        return self._render(deep_merge(self._values, {"kserve": {"canary": {
+            "enabled": True, "name": cname, "trafficPercent": weight, "runtime": cname, "values": overrides}}}))
+
+    def canary(self, candidate: Candidate) -> list[dict]:
+        """The objects of the canary to create before the stable sends it traffic: route/httproute, the
+        canary release (Deployment + Service, or ServingRuntime + InferenceService); kserve-canary, its
+        ServingRuntime."""
+        if self.routing == "kserve-canary":  # the same runtime the stable release renders once it serves the candidate
+            return [o for o in self._render(self.promoted_values(candidate)) if o["kind"] == "ServingRuntime"]
+        cname = self.canary_name(candidate)
+        values = deep_merge(deep_merge(self._values, _OWN_RELEASE), self._candidate(candidate))
+        # Clients name the stable's model; the canary answers to it too (and to <model>:draft-<fingerprint>).
+        values = deep_merge(values, {"fullnameOverride": cname, "vllm": {"servedModelName": self.served_model_name}})
+        return self._render(values, cname)
+
+    def promoted(self, candidate: Candidate, weight_to_canary: int = 0) -> list[dict]:
+        """The stable release serving ``candidate``. route/httproute: ``weight_to_canary`` percent still go
+        to the canary (100 while the stable restarts with the candidate, 0 before the canary is removed);
+        kserve-canary: no canary any more (raw: ``spec.predictor`` is the canary's predictor, name included)."""
+        values = self.promoted_values(candidate)
+        if self.routing != "kserve-canary":
+            service = self.canary_service(candidate) if weight_to_canary else ""
+            values = deep_merge(values, self._routing(service, weight_to_canary))
+        return self._render(values)
+
+    def canary_refs(self, candidate: Candidate, *, promoted: bool = False) -> list[tuple[str, str, str]]:
+        """(apiVersion, kind, name) of the canary's objects to delete when it is removed; ``promoted``: after
+        a promotion, leaving out what the stable release now uses (kserve-canary: the canary's runtime)."""
+        if promoted and self.routing == "kserve-canary":
+            return []
+        return [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in self.canary(candidate)]
+
+
+def _empty_leaves(values: Mapping, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in values.items():
+        if isinstance(v, Mapping) and v:
+            out += _empty_leaves(v, f"{prefix}{k}.")
+        elif not isinstance(v, Mapping) and not v:
+            out.append(prefix + k)
+    return out
+
+
+def endpoint_object(objs: list[dict]) -> dict[str, Any]:
+    """The stable endpoint object among a release's objects: its Route or HTTPRoute, else its InferenceService."""
+    for kinds in (("Route", "HTTPRoute"), ("InferenceService",)):
+        for o in objs:
+            if o["kind"] in kinds:
+                return o
+    raise RenderError("no endpoint object (Route, HTTPRoute or InferenceService) among the rendered objects")

@@ -1,0 +1,222 @@
+"""A client of the OpenShift AI (Kubeflow) Model Registry REST API, ``/api/model_registry/v1alpha3``.
+
+What a promotion needs, over plain HTTP (``urllib``: no SDK to pin):
+
+* the registered model, found by name (``GET /registered_model?name=``) or created
+  (``POST /registered_models``);
+* one model version per promoted draft, named by the draft's fingerprint: found
+  (``GET /model_version?name=&parentResourceId=``) or created (``POST /registered_models/{id}/versions``);
+  an existing version of that name is reused, so a rerun of the same promotion registers nothing twice;
+* its model artifact, the draft's URI (``GET``/``POST /model_versions/{id}/artifacts``), ``state`` LIVE.
+
+Custom properties are a flat ``{name: str | int | float | bool}``: each becomes the API's tagged
+``MetadataValue`` (``MetadataStringValue``, ``MetadataIntValue`` -- an int32 carried as a string --,
+``MetadataDoubleValue``, ``MetadataBoolValue``); ``None`` values are left out.
+
+Errors are :class:`ModelRegistryError` naming the method, the endpoint and the HTTP status (or the network
+failure); the bearer token never appears in them (it is replaced by ``***`` should a server echo it).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from ..errors import PeagleError
+from ..storage.settings import strip_userinfo
+from .settings import RegistrySettings
+
+API_PREFIX = "/api/model_registry/v1alpha3"
+MODEL_FORMAT_NAME = "peagle-p-eagle-draft"  # what the artifact is: a vLLM-format P-EAGLE draft directory
+MODEL_ARTIFACT = "model-artifact"  # the API's artifactType discriminator
+_INT32_DIGITS = 9  # MetadataIntValue.int_value: "^-?([1-9][0-9]{0,8}|0)$"
+_MESSAGE_LIMIT = 300  # characters of a server's error body shown in an error
+
+Property = str | int | float | bool | None
+
+
+class ModelRegistryError(PeagleError, RuntimeError):
+    """The registry refused a request or could not be reached; the message names the endpoint."""
+
+    exit_code = 3
+
+
+def metadata_value(name: str, value: str | int | float | bool) -> dict[str, Any]:
+    """The ``MetadataValue`` of one custom property. An int beyond the API's int32 string pattern is
+    carried as a string (exact); a NaN or infinite float is an error naming the property."""
+    if isinstance(value, bool):  # before int: bool is an int
+        return {"metadataType": "MetadataBoolValue", "bool_value": value}
+    if isinstance(value, int):
+        if len(str(abs(value))) <= _INT32_DIGITS:
+            return {"metadataType": "MetadataIntValue", "int_value": str(value)}
+        return {"metadataType": "MetadataStringValue", "string_value": str(value)}
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"custom property {name!r}: {value} is not a finite number")
+        return {"metadataType": "MetadataDoubleValue", "double_value": value}
+    if isinstance(value, str):
+        return {"metadataType": "MetadataStringValue", "string_value": value}
+    raise TypeError(f"custom property {name!r}: {type(value).__name__} is not str, int, float or bool")
+
+
+def custom_properties(flat: Mapping[str, Property]) -> dict[str, dict[str, Any]]:
+    """``customProperties`` of a flat dict; ``None`` values are left out (the API has no null value)."""
+    return {name: metadata_value(name, value) for name, value in flat.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Where a promoted draft was registered (ids are the registry's)."""
+
+    url: str
+    registered_model_id: str
+    registered_model_name: str
+    model_version_id: str
+    model_version_name: str
+    model_artifact_id: str
+    reused_version: bool  # the version existed already (a rerun): nothing was created for it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ModelRegistryClient:
+    """The few calls of the Model Registry REST API a promotion makes (see the module docstring)."""
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0, verify_tls: bool = True):
+        base = url.rstrip("/")
+        if not base.startswith(("http://", "https://")):
+            raise ModelRegistryError(f"Model Registry URL {strip_userinfo(url)!r} is not an http(s) URL")
+        self.url = base.removesuffix(API_PREFIX)
+        self._token = token or None
+        self.timeout_s = timeout_s
+        self._context = None if verify_tls else _unverified_tls()
+
+    @classmethod
+    def from_settings(cls, settings: RegistrySettings, env: Mapping[str, str] | None = None) -> "ModelRegistryClient":
+        """A client of ``settings.url``, its bearer token read from the variable ``settings.token_env``
+        (unset or empty: no Authorization header)."""
+        env = os.environ if env is None else env
+        return cls(settings.url, env.get(settings.token_env) or None, settings.timeout_s, settings.verify_tls)
+
+    # -- the objects ------------------------------------------------------------------------------
+    def registered_model(self, name: str, *, description: str = "") -> dict[str, Any]:
+        """The registered model ``name``, created if there is none."""
+        found = self._request("GET", "/registered_model", query={"name": name}, missing_ok=True)
+        if found is not None:
+            return found
+        body = {"name": name, "state": "LIVE", **({"description": description} if description else {})}
+        created = self._request("POST", "/registered_models", body=body, conflict_ok=True)
+        # 409: another process created it between our lookup and our create
+        return created or self._request("GET", "/registered_model", query={"name": name})
+
+    def model_version(self, registered_model_id: str, name: str, *, properties: Mapping[str, Property],
+                      description: str = "", author: str = "peagle") -> tuple[dict[str, Any], bool]:
+        """``(version, created)``: the version ``name`` of the registered model, created with
+        ``properties`` if there is none (an existing one is returned as it is)."""
+        query = {"name": name, "parentResourceId": registered_model_id}
+        found = self._request("GET", "/model_version", query=query, missing_ok=True)
+        if found is not None:
+            return found, False
+        body = {"name": name, "registeredModelId": registered_model_id, "state": "LIVE", "author": author,
+                "customProperties": custom_properties(properties),
+                **({"description": description} if description else {})}
+        created = self._request("POST", f"/registered_models/{_id(registered_model_id)}/versions", body=body,
+                                conflict_ok=True)
+        if created is not None:
+            return created, True
+        return self._request("GET", "/model_version", query=query), False
+
+    def model_artifact(self, model_version_id: str, *, name: str, uri: str, properties: Mapping[str, Property],
+                       description: str = "", model_format_version: str = "") -> dict[str, Any]:
+        """The model artifact ``name`` of the version, created (``uri``, LIVE) if the version has none."""
+        path = f"/model_versions/{_id(model_version_id)}/artifacts"
+        listing = self._request("GET", path, query={"name": name, "artifactType": MODEL_ARTIFACT})
+        for item in listing.get("items") or []:
+            if item.get("name") == name and item.get("artifactType") == MODEL_ARTIFACT:
+                return item
+        body = {"artifactType": MODEL_ARTIFACT, "name": name, "uri": uri, "state": "LIVE",
+                "modelFormatName": MODEL_FORMAT_NAME, "customProperties": custom_properties(properties),
+                **({"modelFormatVersion": model_format_version} if model_format_version else {}),
+                **({"description": description} if description else {})}
+        return self._request("POST", path, body=body)
+
+    def register(self, *, model_name: str, version_name: str, uri: str, properties: Mapping[str, Property],
+                 description: str = "", model_format_version: str = "") -> Registration:
+        """Get-or-create the registered model, then its version ``version_name`` with ``properties`` and
+        that version's model artifact at ``uri``. Idempotent: a rerun finds what the first run made."""
+        model = self.registered_model(model_name, description="P-EAGLE drafts promoted by peagle rollouts")
+        version, created = self.model_version(str(model["id"]), version_name, properties=properties,
+                                              description=description)
+        artifact = self.model_artifact(str(version["id"]), name=version_name, uri=uri, properties=properties,
+                                       description=description, model_format_version=model_format_version)
+        return Registration(strip_userinfo(self.url), str(model["id"]), model_name, str(version["id"]),
+                            version_name, str(artifact["id"]), not created)
+
+    # -- HTTP -------------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
+                 body: Mapping[str, Any] | None = None, missing_ok: bool = False,
+                 conflict_ok: bool = False) -> Any:
+        """The decoded JSON answer; ``None`` for a 404 with ``missing_ok`` or a 409 with ``conflict_ok``."""
+        endpoint = API_PREFIX + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        shown = f"Model Registry {method} {strip_userinfo(self.url)}{endpoint}"
+        headers = {"Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.url + endpoint, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._context) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            if (exc.code == 404 and missing_ok) or (exc.code == 409 and conflict_ok):
+                return None
+            raise ModelRegistryError(self._redact(f"{shown}: HTTP {exc.code} {exc.reason}: "
+                                                  f"{_server_message(exc)}")) from None
+        except (urllib.error.URLError, OSError) as exc:  # refused, DNS, TLS, timeout
+            reason = getattr(exc, "reason", exc)
+            raise ModelRegistryError(self._redact(f"{shown}: cannot reach the registry ({reason})")) from None
+        try:
+            return json.loads(payload)
+        except ValueError:
+            raise ModelRegistryError(f"{shown}: the answer is not JSON ({len(payload)} bytes)") from None
+
+    def _redact(self, message: str) -> str:
+        return message.replace(self._token, "***") if self._token else message
+
+
+def _unverified_tls() -> ssl.SSLContext:
+    """TLS without certificate checks: what ``verify_tls: false`` asks for (a registry behind a
+    cluster-internal CA the pod does not trust)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _id(value: str) -> str:
+    """A server id put into a path: quoted, so an odd id cannot change the endpoint."""
+    return urllib.parse.quote(str(value), safe="")
+
+
+def _server_message(exc: urllib.error.HTTPError) -> str:
+    """The API's ``Error.message`` when the body is one, else the body's start."""
+    try:
+        raw = exc.read()
+    except OSError:
+        return ""
+    try:
+        doc = json.loads(raw)
+        text = str(doc.get("message") or doc) if isinstance(doc, dict) else str(doc)
+    except ValueError:
+        text = raw.decode("utf-8", "replace")
+    return text.strip()[:_MESSAGE_LIMIT]
