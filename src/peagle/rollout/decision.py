@@ -31,11 +31,11 @@ import re
 import uuid
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from ..errors import PeagleError
 from ..traffic.gate_report import Estimate
-from ..traffic.record import format_time, parse_time
+from ..traffic.record import format_time, parse_time, strict_fields, timestamp_problem
 from .live import CANDIDATE, ROLES, STABLE, LiveComparison
 from .settings import ROUTINGS, RolloutSettings
 
@@ -83,25 +83,7 @@ class Decision:
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "Decision":
         """Parse one record strictly; :class:`DecisionError` names ``where`` and the field."""
-        def bad(name: str, why: str) -> DecisionError:
-            return DecisionError(f"{where}: field {name!r}: {why}")
-
-        if not isinstance(d, Mapping):
-            raise DecisionError(f"{where}: a decision record is a JSON object, got {type(d).__name__}")
-        if d.get("format") != DECISION_FORMAT:
-            raise bad("format", f"{d.get('format')!r} is not {DECISION_FORMAT!r}")
-        names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in d]
-        if missing:
-            raise bad(missing[0], "missing")
-        unknown = sorted(set(d) - set(names) - {"format"})
-        if unknown:
-            raise bad(unknown[0], "not a field of " + DECISION_FORMAT)
-        for name, check in _CHECKS.items():
-            why = check(d[name])
-            if why:
-                raise bad(name, f"{why} (got {_short(d[name])})")
-        return cls(**{n: d[n] for n in names})
+        return cls(**strict_fields(cls, d, where, DECISION_FORMAT, _CHECKS, DecisionError, "a decision record"))
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> "Decision":
@@ -110,11 +92,6 @@ class Decision:
         except ValueError as exc:
             raise DecisionError(f"{where}: not JSON: {exc}") from None
         return cls.from_dict(doc, where)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _comparison(v: Any) -> str | None:
@@ -147,14 +124,6 @@ def _versions(v: Any) -> str | None:
                             "'candidate': {'fingerprint', 'draft'}} (strings)")
 
 
-def _timestamp(v: Any) -> str | None:
-    try:
-        parse_time(v)
-    except (TypeError, ValueError, AttributeError):
-        return "not an ISO 8601 timestamp"
-    return None
-
-
 _CHECKS = {
     "id": lambda v: None if isinstance(v, str) and _ID.fullmatch(v) else "not 32 lowercase hex digits",
     "decision": lambda v: None if v in DECISIONS else f"not one of {', '.join(DECISIONS)}",
@@ -168,7 +137,7 @@ _CHECKS = {
                                  else "not an integer 0..100"),
     "gate": lambda v: None if v is None or isinstance(v, dict) else "not an object or null",
     "settings": lambda v: None if isinstance(v, dict) else "not an object",
-    "decided_at": _timestamp,
+    "decided_at": timestamp_problem,
 }
 
 

@@ -43,7 +43,7 @@ from ..errors import PeagleError
 from ..stage_io import is_remote, join
 from ..storage import open_dataset, open_store, publish
 from ..traffic.gate_report import TRAFFIC, GateResult
-from ..traffic.record import format_time, parse_time
+from ..traffic.record import format_time, parse_time, strict_fields, timestamp_problem
 from .history import PROMOTION
 from .live import CANDIDATE, STABLE, LiveComparison
 from .registry import ModelRegistryClient, Property, Registration
@@ -94,23 +94,7 @@ class PromotionRecord:
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "PromotionRecord":
         """Parse one record strictly; :class:`PromotionError` names ``where`` and the field."""
-        if not isinstance(d, Mapping):
-            raise PromotionError(f"{where}: a promotion record is a JSON object, got {type(d).__name__}")
-        if d.get("format") != PROMOTION_FORMAT:
-            raise PromotionError(f"{where}: field 'format': {d.get('format')!r} is not {PROMOTION_FORMAT!r}")
-        names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in d]
-        unknown = sorted(set(d) - set(names) - {"format"})
-        if missing or unknown:
-            name = (missing or unknown)[0]
-            raise PromotionError(f"{where}: field {name!r}: {'missing' if missing else 'not a field of the record'}")
-        for name, check in _CHECKS.items():
-            why = check(d[name])
-            if why:
-                shown = repr(d[name])
-                shown = shown if len(shown) <= 80 else shown[:77] + "..."
-                raise PromotionError(f"{where}: field {name!r}: {why} (got {shown})")
-        return cls(**{n: d[n] for n in names})
+        return cls(**strict_fields(cls, d, where, PROMOTION_FORMAT, _CHECKS, PromotionError, "a promotion record"))
 
     def registry_properties(self) -> dict[str, Property]:
         """The lineage as the registry version's flat custom properties (None values are left out there)."""
@@ -304,14 +288,6 @@ def _registration(v: Any) -> str | None:
     return None if ok else f"not an object with the keys {', '.join(sorted(names))}, or null"
 
 
-def _timestamp(v: Any) -> str | None:
-    try:
-        parse_time(v)
-    except (TypeError, ValueError, AttributeError):
-        return "not an ISO 8601 timestamp"
-    return None
-
-
 _CHECKS = {
     "draft": lambda v: _identity(v, nullable=False),
     "target_fingerprint": _str_or_none,
@@ -322,7 +298,7 @@ _CHECKS = {
     "live": _live,
     "decision_id": lambda v: None if isinstance(v, str) and v else "not a non-empty string",
     "vllm_version": _str_or_none,
-    "promoted_at": _timestamp,
+    "promoted_at": timestamp_problem,
     "lineage_uri": _str_or_none,
     "registry": _registration,
 }

@@ -104,24 +104,11 @@ class TrafficRecord:
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "TrafficRecord":
         """Parse one record strictly; :class:`TrafficRecordError` names ``where`` and the field."""
+        fields_of = strict_fields(cls, d, where, RECORD_FORMAT, _CHECKS, TrafficRecordError, "a traffic record")
+
         def bad(name: str, why: str) -> TrafficRecordError:
             return TrafficRecordError(f"{where}: field {name!r}: {why}")
 
-        if not isinstance(d, Mapping):
-            raise TrafficRecordError(f"{where}: a traffic record is a JSON object, got {type(d).__name__}")
-        if d.get("format") != RECORD_FORMAT:
-            raise bad("format", f"{d.get('format')!r} is not {RECORD_FORMAT!r}")
-        names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in d]
-        if missing:
-            raise bad(missing[0], "missing")
-        unknown = sorted(set(d) - set(names) - {"format"})
-        if unknown:
-            raise bad(unknown[0], "not a field of " + RECORD_FORMAT)
-        for name, check in _CHECKS.items():
-            why = check(d[name])
-            if why:
-                raise bad(name, f"{why} (got {_short(d[name])})")
         try:
             parse_time(d["received_at"])
         except ValueError:
@@ -130,7 +117,40 @@ class TrafficRecord:
             raise bad("messages", f"null in a {CHAT_ENDPOINT} record")
         if d["endpoint"] == COMPLETIONS_ENDPOINT and d["prompt"] is None:
             raise bad("prompt", f"null in a {COMPLETIONS_ENDPOINT} record")
-        return cls(**{n: d[n] for n in names})
+        return cls(**fields_of)
+
+
+def strict_fields(cls: Any, d: Any, where: str, fmt: str, checks: Mapping[str, Any], error: type[Exception],
+                  what: str) -> dict[str, Any]:
+    """The fields of dataclass ``cls`` from the JSON object ``d`` of format ``fmt``, checked strictly: ``d`` is
+    an object, its ``format`` is ``fmt``, every field is there and no other key, and each ``checks[name](value)``
+    returns None (else the reason). Raises ``error`` naming ``where`` and the field (``what``: "a traffic
+    record", for the message when ``d`` is not an object). The one parser of the loop's JSON records."""
+    if not isinstance(d, Mapping):
+        raise error(f"{where}: {what} is a JSON object, got {type(d).__name__}")
+    if d.get("format") != fmt:
+        raise error(f"{where}: field 'format': {d.get('format')!r} is not {fmt!r}")
+    names = [f.name for f in fields(cls)]
+    missing = [n for n in names if n not in d]
+    if missing:
+        raise error(f"{where}: field {missing[0]!r}: missing")
+    unknown = sorted(set(d) - set(names) - {"format"})
+    if unknown:
+        raise error(f"{where}: field {unknown[0]!r}: not a field of {fmt}")
+    for name, check in checks.items():
+        why = check(d[name])
+        if why:
+            raise error(f"{where}: field {name!r}: {why} (got {_short(d[name])})")
+    return {n: d[n] for n in names}
+
+
+def timestamp_problem(v: Any) -> str | None:
+    """None when ``v`` is an ISO 8601 timestamp, else the reason (a field check of :func:`strict_fields`)."""
+    try:
+        parse_time(v)
+    except (TypeError, ValueError, AttributeError):
+        return "not an ISO 8601 timestamp"
+    return None
 
 
 def _short(value: Any) -> str:
