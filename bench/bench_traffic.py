@@ -197,6 +197,11 @@ def cycles_table(cycles: Sequence[Mapping[str, Any]]) -> str:
     rows, notes = [], []
     level = 0.95
     for c in cycles:
+        if c.get("refresh"):
+            notes.append(f"cycle {c['cycle']} refresh on {c['refresh']['prompts']}: gate "
+                         f"{'passed' if c['refresh']['gate']['passed'] else 'rejected'}, differences "
+                         + ", ".join(f"{k} {_fmt(v, False, signed=True)}"
+                                     for k, v in c["refresh"]["gate"]["difference"].items()))
         if c.get("skipped"):
             notes.append(f"cycle {c['cycle']}: skipped ({c['skipped']})")
             continue
@@ -249,6 +254,7 @@ class Plan:
     tolerance: float = 0.1
     mirror: bool = True  # each live prompt sent twice: the 50/50 split gives (nearly always) one copy to each version
     from_scenario: Path | None = None  # reuse that scenario's refresh: run the cycles only
+    shifted: str = ""  # a third cycle: traffic of this prompt set -> refresh + gate of the stable -> canary
     poll_s: float = 5.0
     window_s: float = 900.0
 
@@ -277,7 +283,10 @@ class Plan:
             "   cycle 1: canary = the gated candidate; expect promote; then the live prompts against the stable "
             "(after)",
             *(["   cycle 2: canary = the draft that served before cycle 1 (no gate record of its own; worse on "
-               "this traffic); expect rollback"] if self.cycles > 1 else [])] if self.cycles else []
+               "this traffic); expect rollback"] if self.cycles > 1 else []),
+            *([f"   cycle 3: the stable answers {self.shifted} (captured), a refresh of the stable on that window "
+               "is gated; a candidate that passed is canaried on the live prompts (observed)"]
+              if self.shifted and self.cycles > 1 else [])] if self.cycles else []
         reused = ([f"steps 1-6 reused from {self.from_scenario} (its refresh, gate and figures): only the cycles run"]
                   if self.from_scenario else [])
         return "\n".join([
@@ -311,7 +320,8 @@ def make_plan(a: argparse.Namespace) -> Plan:
                 port=a.port, temperature=a.temperature, sampled=tuple(a.sampled_responses.split(",")),
                 cycles=a.cycles, traffic_prompts=a.traffic_prompts, live_max_tokens=a.live_max_tokens,
                 canary_percent=a.canary_percent, min_requests=a.min_requests, tolerance=a.tolerance,
-                mirror=not a.no_mirror, from_scenario=Path(a.from_scenario).resolve() if a.from_scenario else None)
+                mirror=not a.no_mirror, from_scenario=Path(a.from_scenario).resolve() if a.from_scenario else None,
+                shifted=a.shifted_traffic)
 
 
 def run_config(config: Mapping[str, Any], overrides: Mapping[str, Any]):
@@ -425,11 +435,13 @@ def write_log(records: list, uri: str) -> None:
     writer.close(60.0)
 
 
-def refresh_once(cfg, plan: Plan, out: Path, clock: Clock) -> dict[str, Any]:
+def refresh_once(cfg, plan: Plan, out: Path, clock: Clock, serving_draft: str | None = None) -> dict[str, Any]:
     """The steps of ``peagle refresh`` (:mod:`peagle.refresh.steps`) in order, each timed; the selection
-    and prepare summaries, the candidate, the gate document (``gate.json``) and the layout."""
+    and prepare summaries, the candidate, the gate document (``gate.json``) and the layout. ``serving_draft``:
+    the warm start and the gate's baseline (default: the run's draft)."""
     from peagle.refresh import steps as r
 
+    serving_draft = serving_draft or plan.serving_draft
     layout = r.RefreshLayout.of(str(out))
     with clock.stage("refresh: select"):
         selection = r.select_step(cfg, target=plan.target, layout=layout)
@@ -438,10 +450,10 @@ def refresh_once(cfg, plan: Plan, out: Path, clock: Clock) -> dict[str, Any]:
     with clock.stage("refresh: extract"):
         r.extract_step(cfg, target=plan.target, layout=layout)
     with clock.stage("refresh: train"):
-        candidate = r.train_step(cfg, target=plan.target, serving_draft=plan.serving_draft, layout=layout)
+        candidate = r.train_step(cfg, target=plan.target, serving_draft=serving_draft, layout=layout)
     with clock.stage("refresh: gate"):
-        gate = r.gate_step(cfg, target=plan.target, serving_draft=plan.serving_draft, layout=layout)
-    r.lineage_step(cfg, target=plan.target, serving_draft=plan.serving_draft, layout=layout, gate=gate)
+        gate = r.gate_step(cfg, target=plan.target, serving_draft=serving_draft, layout=layout)
+    r.lineage_step(cfg, target=plan.target, serving_draft=serving_draft, layout=layout, gate=gate)
     return {"layout": layout, "selection": selection, "prepared": prepared, "candidate": candidate,
             "gate": gate.to_doc()}
 
@@ -609,6 +621,8 @@ def run_cycles(plan: Plan, *, candidate_draft: str, gate_report: str, live: Sequ
         cycles.append(one_cycle(1, backend, gated, expected="promote", **common))
         if plan.cycles > 1 and cycles[0]["decision"] == "promote":
             cycles.append(one_cycle(2, backend, serving, expected="rollback", note=CYCLE2_NOTE, **common))
+            if plan.shifted:
+                cycles.append(shifted_cycle(3, backend, **common))
         elif plan.cycles > 1:
             cycles.append({"cycle": 2, "skipped": "cycle 1 did not promote: the draft that served before it still "
                            "serves, so there is no worse draft to hand the canary", "as_expected": False})
@@ -616,6 +630,44 @@ def run_cycles(plan: Plan, *, candidate_draft: str, gate_report: str, live: Sequ
         with clock.stage("cycles: stop the servers"):
             backend.close()
     return cycles
+
+
+SHIFTED_NOTE = ("refreshed from the stable on a window of other traffic ({prompts}) and gated against it on that "
+                "window's newest prompts (passed); canaried on the live HumanEval prompts: a candidate that passed "
+                "its gate on the traffic it saw, while the live traffic is what the stable was promoted for")
+
+
+def shifted_cycle(n: int, backend, *, plan: Plan, live: Sequence[Any], settings, history, target_fp: str,
+                  clock: Clock) -> dict[str, Any]:
+    """``--shifted-traffic SET``: the stable answers SET's prompts (captured), a refresh warm-started from the
+    stable is gated against it on that window, and a candidate that passed is canaried under the live
+    prompts (observed, not required: ``expected`` is what a gate blind to the live traffic would miss)."""
+    from peagle.rollout.local import candidate_of, gate_summary
+    from peagle.traffic.replay import load_prompts
+
+    stable_draft = backend.stable_draft
+    window_start = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    with clock.stage(f"cycle {n}: {plan.shifted} traffic to the stable (captured)"):
+        replay_prompts(backend.stable_url, load_prompts(plan.shifted), concurrency=plan.concurrency,
+                       max_tokens=plan.max_tokens, out=plan.out / "replay" / f"cycle-{n}-window.jsonl")
+        time.sleep(5.0)  # the capture publishes its last batch (flush interval 2 s)
+    refresh_clock = Clock()
+    outcome = refresh_once(refresh_config(plan, window_start), plan, plan.out / f"refresh-cycle-{n}", refresh_clock,
+                           serving_draft=stable_draft)
+    clock.seconds.update({f"cycle {n}: {k}": v for k, v in refresh_clock.seconds.items()})
+    gate = outcome["gate"]
+    window = {"prompts": plan.shifted, "since": window_start, "rows_trained": outcome["prepared"]["rows"]["train"],
+              "gate": {"passed": gate["passed"], "reasons": gate_reasons(gate),
+                       "difference": {name: gate["sets"][name]["difference"]["acceptance_length"]
+                                      for name in gate.get("sets", {}) if gate["sets"][name].get("difference")}}}
+    if not gate["passed"]:
+        return {"cycle": n, "skipped": f"the candidate refreshed on {plan.shifted} did not pass its gate",
+                "refresh": window}
+    candidate = candidate_of(str(outcome["candidate"]), gate=gate_summary(str(outcome["layout"].gate)))
+    entry = one_cycle(n, backend, candidate, plan=plan, live=live, settings=settings, history=history,
+                      target_fp=target_fp, clock=clock, expected="rollback",
+                      note=SHIFTED_NOTE.format(prompts=plan.shifted))
+    return {**entry, "required": False, "refresh": window}
 
 
 def one_cycle(n: int, backend, candidate, *, plan: Plan, live: Sequence[Any], settings, history, target_fp: str,
@@ -700,6 +752,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from-scenario", metavar="DIR",
                    help="reuse the refresh and gate of the scenario in DIR (its scenario.json): run only the cycles, "
                         "into --out with a fresh traffic log and loop history")
+    p.add_argument("--shifted-traffic", metavar="SET", default="",
+                   help="a third cycle after a promotion: the stable answers SET (e.g. mtbench), a refresh of the "
+                        "stable on that window is gated, and a candidate that passed is canaried on the live prompts "
+                        "(observed: reported, not required)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     a = p.parse_args(argv)
     run = Path(a.run)
@@ -726,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
     print(banner(load0))
     print(table(doc))
     print(f"wrote {plan.out / 'scenario.json'}")
-    as_expected = all(c.get("as_expected") for c in doc["cycles"])
+    as_expected = all(c.get("as_expected") for c in doc["cycles"] if c.get("required", True))
     return 0 if doc["gate"]["passed"] and not doc["negative_control"]["passed"] and as_expected else 1
 
 

@@ -54,7 +54,7 @@ def test_the_refresh_configuration_is_the_runs_with_the_window_and_writes_under_
                            max_tokens=128, epochs=1, negative_control="other-target", port=0,
                            temperature=0.8, sampled_responses="keep,regenerate", cycles=2, traffic_prompts=100,
                            live_max_tokens=96, canary_percent=50, min_requests=24, tolerance=0.1,
-                           no_mirror=False, from_scenario=None)
+                           no_mirror=False, from_scenario=None, shifted_traffic="")
     plan = bench.make_plan(a)
     assert plan.temperature == 0.8 and plan.sampled == ("keep", "regenerate")
     cfg = bench.refresh_config(plan, "2026-12-03T15:00:00Z")
@@ -173,7 +173,7 @@ def test_the_prompts_split_into_the_refresh_window_and_the_live_traffic(run_dir,
                            max_tokens=128, epochs=1, negative_control="other-target", port=0, temperature=0.0,
                            sampled_responses="keep", cycles=2, traffic_prompts=100, live_max_tokens=96,
                            canary_percent=50, min_requests=24, tolerance=0.1, no_mirror=False,
-                           from_scenario=None)
+                           from_scenario=None, shifted_traffic="")
     plan = bench.make_plan(a)
     window, live = plan.split_prompts(list(range(164)))
     assert window == list(range(100)) and live == list(range(100, 164))  # neither draft trained on live prompts
@@ -227,3 +227,16 @@ def test_the_scenario_document_and_table_carry_the_cycles():
     assert "promote (expected rollback)" in bench.table(bench.scenario_document(stage_results(cycles=[wrong])))
     skipped = {"cycle": 2, "skipped": "cycle 1 did not promote", "as_expected": False}
     assert "cycle 2: skipped (cycle 1 did not promote)" in bench.cycles_table([cycles()[0], skipped])
+
+
+def test_shifted_traffic_adds_an_observed_third_cycle(run_dir, tmp_path, capsys):
+    assert bench.main(["--run", str(run_dir), "--out", str(tmp_path / "out"), "--shifted-traffic", "mtbench",
+                       "--dry-run"]) == 0
+    assert "cycle 3: the stable answers mtbench (captured), a refresh of the stable on that window is gated" \
+        in capsys.readouterr().out
+    skipped = {"cycle": 3, "skipped": "the candidate refreshed on mtbench did not pass its gate",
+               "refresh": {"prompts": "mtbench", "gate": {"passed": False, "difference": {
+                   "traffic": {"value": 0.01, "interval": [-0.02, 0.04]}}}}}
+    text = bench.cycles_table([skipped])
+    assert "cycle 3: skipped (the candidate refreshed on mtbench did not pass its gate)" in text
+    assert "cycle 3 refresh on mtbench: gate rejected, differences traffic +0.010 [-0.020, +0.040]" in text
