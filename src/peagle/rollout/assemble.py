@@ -78,7 +78,7 @@ def cluster_rollout(*, name: str, namespace: str, routing: str, mode: str, stabl
     """The rollout of the published draft ``candidate_draft`` (fingerprint: the first 12 hex digits of its
     manifest's sha256) on release ``name``, which serves with ``stable_values``. ``candidate_values``: the
     chart values pointing the stable's model source at the candidate (:func:`.objects.candidate_values`);
-    ``gate``: ``{"passed", "reasons", "report"}`` (:func:`gate_summary`) or None (unvetted)."""
+    ``gate``: ``{"passed", "reasons", "report"}`` (:func:`.local.gate_summary_of`) or None (unvetted)."""
     candidate = Candidate(draft=str(candidate_draft), fingerprint=publication_fingerprint(candidate_draft),
                           values=candidate_values, gate=gate, lineage=lineage)
     objects = RolloutObjects(name=name, namespace=namespace, routing=routing, mode=mode,
@@ -100,11 +100,6 @@ def read_gate(location: str, candidate_draft: str) -> "GateResult":
     if not result.passed:
         raise ConfigError(f"{location}: the gate did not pass the candidate ({'; '.join(result.reasons)})")
     return result
-
-
-def gate_summary(result: "GateResult", location: str) -> dict:
-    """What a decision records of the candidate's gate."""
-    return {"passed": bool(result.passed), "reasons": list(result.reasons), "report": str(location)}
 
 
 def read_lineage(location: str, candidate_draft: str) -> dict:

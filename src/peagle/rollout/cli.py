@@ -113,14 +113,15 @@ def assemble(ns: argparse.Namespace, namespace: str, routing: str) -> tuple["Clu
     """The rollout the flags describe (gate and lineage checked against the candidate), and the fingerprint
     of the target both versions serve as the lineage or the gate names it (None: neither given)."""
     from ..deploy.cli import values_from_args
-    from .assemble import cluster_rollout, gate_summary, read_gate, read_lineage
+    from .assemble import cluster_rollout, read_gate, read_lineage
+    from .local import gate_summary_of
     from .objects import candidate_values
 
     stable_values = values_from_args(ns)
     gate = lineage = target = None
     if ns.gate:
         result = _flag("--gate", read_gate, ns.gate, ns.candidate_draft)
-        gate, target = gate_summary(result, ns.gate), (result.target or {}).get("fingerprint")
+        gate, target = gate_summary_of(result, ns.gate), (result.target or {}).get("fingerprint")
     if ns.lineage:
         lineage = _flag("--lineage", read_lineage, ns.lineage, ns.candidate_draft)
         target = (lineage.get("target") or {}).get("fingerprint") or target

@@ -44,6 +44,7 @@ from ..traffic.settings import CaptureSettings
 from .settings import RolloutSettings
 
 if TYPE_CHECKING:
+    from ..traffic.gate_report import GateResult
     from ..evaluate.prompts import Prompt
     from ..traffic.log import TrafficLog
     from ..traffic.replay import ReplayResult
@@ -320,8 +321,12 @@ def gate_summary(path: str | None) -> dict | None:
         return None
     from ..traffic.gate_report import GateResult
 
-    result = GateResult.read(path)
-    return {"passed": result.passed, "reasons": list(result.reasons), "report": str(path)}
+    return gate_summary_of(GateResult.read(path), str(path))
+
+
+def gate_summary_of(result: "GateResult", location: str) -> dict:
+    """What a decision records of the candidate's gate (``peagle rollout`` and the local loop alike)."""
+    return {"passed": bool(result.passed), "reasons": list(result.reasons), "report": str(location)}
 
 
 def main_local(argv: list[str] | None = None) -> int:
