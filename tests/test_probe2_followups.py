@@ -143,6 +143,15 @@ def test_regeneration_prompts_stop_on_an_endless_template_naming_the_target_and_
     assert f"target {endless_target}" in msg and "0.5 s" in msg and "prepare.template_time_limit_s" in msg
 
 
+def test_an_endless_template_is_stopped_before_the_regeneration_engine_is_built(endless_target, hang_guard):
+    """vLLM renders the template once while it starts, outside the time limit; the probe render ends it first."""
+    from peagle.data.regenerate import probe_template
+
+    with pytest.raises(TemplateTimeout) as info:
+        probe_template(str(endless_target), 0.5)
+    assert f"target {endless_target}" in str(info.value) and "0.5 s" in str(info.value)
+
+
 def test_regeneration_prompts_are_counted_as_the_template_renders_them(qwen3_target):
     from peagle.data.regenerate import PromptCounter
 

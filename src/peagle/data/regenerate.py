@@ -192,6 +192,25 @@ class PromptCounter:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+PROBE_CONVERSATION = [{"role": "system", "content": "You are a helpful assistant."},
+                      {"role": "user", "content": "Hello! Can you help me?"}]
+
+
+def probe_template(target: str, time_limit_s: float | None) -> None:
+    """Render :data:`PROBE_CONVERSATION` with ``target``'s chat template within ``time_limit_s``:
+    :class:`TemplateTimeout` (a PrepareError naming the target and the limit) past it. A template that
+    refuses the conversation is left to the per-conversation handling."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True, trust_remote_code=False)
+    renderer = ChatRenderer(tokenizer, time_limit_s=time_limit_s, source=f"target {target}")
+    with renderer.time_limits():
+        try:
+            renderer.prompt(PROBE_CONVERSATION)
+        except RowRejected:
+            pass
+
+
 class VllmGenerator:
     """Offline batches with real vLLM; only constructed inside the child interpreter."""
 
@@ -199,6 +218,10 @@ class VllmGenerator:
                  template_time_limit_s: float | None = TEMPLATE_TIME_LIMIT_S):
         from vllm import SamplingParams
 
+        # vLLM renders the chat template once while it starts, outside any time limit of ours: a
+        # template that never ends would hold the engine (and its minutes of loading) first. One
+        # render through the time-limited renderer before the engine exists ends that in seconds.
+        probe_template(target, template_time_limit_s)
         # log stats on: the progress meter reads vLLM's generated-token counter (peagle.engine.metering)
         kwargs = engine.engine_kwargs(settings.engine, target, seed=settings.seed, log_stats=True)
         self.llm = engine.build_llm(kwargs, settings.engine)
