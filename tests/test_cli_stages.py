@@ -73,3 +73,12 @@ def test_prepare_and_extract_through_s3(qwen3_target, tmp_path, monkeypatch, sea
     assert main(["extract", "--target", str(qwen3_target), "--backend", "hf", "--data", f"{root}/data",
                  "--out", f"{root}/hs", "--splits", "train", "--samples-per-shard", "2"]) == 0
     assert published() == before
+
+
+def test_regenerate_refuses_an_out_that_is_one_of_its_sources(tmp_path, capsys):
+    src = tmp_path / "convs.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    before = src.read_bytes()
+    assert main(["regenerate", "--set", f"regenerate.sources=[{src}]", "--set", "regenerate.endpoint=http://127.0.0.1:9",
+                 "--out", str(src)]) == 2
+    assert "refusing" in capsys.readouterr().err and src.read_bytes() == before

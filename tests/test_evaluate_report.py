@@ -294,6 +294,21 @@ def test_command_refuses_bad_input_and_reports_a_failed_measurement(tmp_path, qw
     assert not (tmp_path / "out" / "report.json").exists()
 
 
+@pytest.mark.parametrize("where", ["a_file", "inside_the_draft"])
+def test_command_refuses_an_out_it_cannot_or_must_not_write_before_measuring(tmp_path, qwen3_target, capsys, where):
+    from peagle.cli import main as peagle_main
+
+    draft = tmp_path / "draft"
+    assert peagle_main(["draft", "init", "--target", str(qwen3_target), "--out", str(draft), "--num-depths", "2",
+                        "--draft-vocab-size", "128", "--aux-layer-ids", "1", "3", "5"]) == 0
+    (tmp_path / "a_file").write_text("mine")
+    out = tmp_path / "a_file" if where == "a_file" else draft / "evaluate"
+    code = evaluate_main(["--out", str(out), "--target", str(qwen3_target), "--draft", str(draft),
+                          "--endpoint", "http://127.0.0.1:9"])
+    assert code == 2 and str(out) in capsys.readouterr().err
+    assert (tmp_path / "a_file").read_text() == "mine" and not (draft / "evaluate").exists()
+
+
 def test_confidence_intervals_reach_report_json_the_page_and_kfp(report_parts, tmp_path):
     """Per-request histograms -> bootstrap intervals in report.json, the HTML and the KFP scalars."""
     from peagle.evaluate import log_to_kfp

@@ -209,6 +209,27 @@ def test_cli_compile_with_another_profile(tmp_path):
     assert "tolerations" not in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-extract"]
 
 
+@pytest.mark.parametrize("where", ["profile", "dir"])
+def test_cli_compile_refuses_an_out_over_its_profile_or_a_directory(tmp_path, capsys, where):
+    from peagle.pipeline.__main__ import main
+
+    prof = tmp_path / "mycluster.yaml"
+    prof.write_text("name: mycluster\n")
+    (tmp_path / "dir").mkdir()
+    assert main(["compile", "--profile", str(prof), "--out", str(tmp_path / ("mycluster.yaml" if where == "profile"
+                                                                                  else "dir"))]) == 2
+    assert "refusing" in capsys.readouterr().err or where == "dir"
+    assert prof.read_text() == "name: mycluster\n" and not any((tmp_path / "dir").iterdir())
+
+
+def test_cli_render_refuses_an_out_that_is_a_file_before_rendering(tmp_path, capsys):
+    from peagle.pipeline.__main__ import main
+
+    (tmp_path / "objs").write_text("mine")
+    assert main(["render", "--out", str(tmp_path / "objs")]) == 2
+    assert capsys.readouterr().err.startswith("peagle: error: ") and (tmp_path / "objs").read_text() == "mine"
+
+
 def test_streaming_profile_starts_training_beside_the_extraction_loop(docs, tmp_path):
     from peagle.pipeline.build import compile_pipeline
 

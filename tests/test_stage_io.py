@@ -44,3 +44,23 @@ def test_staged_and_fetched_input_at_a_file_uri(tmp_path, monkeypatch):
         raise RuntimeError("writer died")
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["data"]  # the failed staging dir is gone
     assert (tmp_path / "run" / "data" / "y.txt").is_file()
+
+
+def test_copy_published_replaces_only_an_earlier_copy_of_its_kind(tmp_path):
+    from peagle.stage_io import OutputError, copy_published
+
+    src = tmp_path / "train" / "final"
+    with staged(src, kind="test-draft") as d:
+        (d / "weights.bin").write_bytes(b"w1")
+    dst = tmp_path / "draft"
+    assert copy_published(str(src), str(dst)) == str(dst)
+    assert (dst / "weights.bin").read_bytes() == b"w1"
+    assert open_published(LocalStore(dst), "").manifest.metadata["kind"] == "test-draft"
+    assert copy_published(str(src), str(dst)) == str(dst)  # a rerun replaces its own earlier copy
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    for where in (mine, src, tmp_path / "train"):  # the user's files; the source itself; a directory holding it
+        with pytest.raises(OutputError, match="refusing"):
+            copy_published(str(src), str(where))
+    assert (mine / "notes.txt").read_text() == "keep" and (src / "weights.bin").read_bytes() == b"w1"

@@ -107,6 +107,30 @@ def test_too_little_traffic_names_the_counts():
         select_traffic(records, target_fingerprint=TARGET_FP, settings=settings())
 
 
+def test_records_dated_after_now_are_counted_as_future_and_never_end_the_window():
+    now = T0 + timedelta(hours=1)
+    future = [record(100 + i, when=datetime(9999, 12, 31, tzinfo=timezone.utc)) for i in range(20)]
+    sel = select_traffic(future + [record(i) for i in range(60)], target_fingerprint=TARGET_FP, settings=settings(),
+                         now=now)
+    assert sel.counts["future"] == 20 and sel.counts["usable"] == 60
+    assert all(r.received_at_dt < now for r in sel.train + sel.heldout)
+    assert sel.window()["heldout"]["last_received_at"] == record(59).received_at
+
+
+def test_one_prompt_repeated_thousands_of_times_does_not_block_the_refresh():
+    """A client repeating one older prompt 3000 times (varied responses): the held-out slice is sized by
+    distinct prompts, so it is the newest 16 of the 61, and the rest trains."""
+    flood = [record(i, prompt="Say something.", response=f"Something {i}.", when=T0 - timedelta(hours=1, seconds=-i))
+             for i in range(3000)]
+    good = [record(i) for i in range(60)]
+    sel = select_traffic(flood + good, target_fingerprint=TARGET_FP, settings=settings(min_heldout=16))
+    assert [r.id for r in sel.heldout] == [r.id for r in good[-16:]]  # ceil(0.25 * 61 prompts) = 16
+    assert len(sel.train) == 3000 + 44 and sel.counts["train_heldout_prompts"] == 0
+    # every record the same prompt: no prompt left to train on, named by the count of distinct prompts
+    with pytest.raises(TrafficSelectionError, match="1 distinct prompts"):
+        select_traffic(flood, target_fingerprint=TARGET_FP, settings=settings())
+
+
 def test_selection_files(tmp_path):
     sel = select_traffic([record(i, temperature=0.5 if i == 0 else 0.0) for i in range(12)],
                          target_fingerprint=TARGET_FP, settings=settings(sampled_responses="regenerate"))
@@ -219,6 +243,48 @@ def test_a_serving_draft_that_is_not_one_stops_the_refresh_first(qwen3_target, t
                  str(tmp_path / "traffic"), "--out", str(tmp_path / "out")])
     assert code == 2 and "nothing" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_select_step_leaves_out_records_dated_in_the_future(qwen3_target, tmp_path):
+    """An empty refresh.until is now: records dated 9999 are counted as future, never the window's end."""
+    fp = fingerprint(qwen3_target)
+    now = datetime.now(timezone.utc)
+    future = [record(100 + i, fp=fp, when=datetime(9999, 12, 31, tzinfo=timezone.utc)) for i in range(20)]
+    traffic = write_traffic(tmp_path / "traffic", future + [record(i, fp=fp, when=now - timedelta(minutes=90 - i))
+                                                            for i in range(60)])
+    summary = select_step(tiny_config(traffic, ""), target=str(qwen3_target),
+                          layout=RefreshLayout.of(str(tmp_path / "refresh")))
+    assert summary["counts"]["future"] == 20 and summary["counts"]["usable"] == 60
+    assert summary["window"]["heldout"]["last_received_at"] < summary["selected_at"]
+
+
+@pytest.mark.parametrize("case", ["base_data_inside_out", "out_is_a_prepared_dataset", "out_holds_user_files",
+                                  "draft_over_the_serving_draft"])
+def test_a_refresh_out_that_would_replace_data_is_refused_before_any_work(qwen3_target, base_data, serving_draft,
+                                                                           tmp_path, capsys, case):
+    import shutil
+
+    run = tmp_path / "run"
+    if case == "base_data_inside_out":  # refresh --base-data RUN/data --out RUN: its own base data
+        shutil.copytree(base_data, run / "data")
+        base, out = run / "data", run
+    elif case == "out_is_a_prepared_dataset":
+        shutil.copytree(base_data, run)
+        base, out = base_data, run
+    elif case == "out_holds_user_files":
+        run.mkdir()
+        (run / "notes.txt").write_text("mine")
+        base, out = base_data, run
+    else:  # the serving draft is <out>/draft
+        shutil.copytree(serving_draft, run / "draft")
+        base, out = base_data, run
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    traffic = write_traffic(tmp_path / "traffic", target_records(qwen3_target, 16))
+    code = main(["--target", str(qwen3_target), "--serving-draft", str(run / "draft" if case.startswith("draft")
+                                                                         else serving_draft),
+                 "--traffic", traffic, "--base-data", str(base), "--out", str(out), "--trigger"])
+    assert code == 2 and "refusing" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing written, nothing lost
 
 
 def test_refresh_end_to_end_with_a_stand_in_gate(qwen3_target, base_data, serving_draft, tmp_path, monkeypatch):

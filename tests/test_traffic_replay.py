@@ -118,6 +118,37 @@ def test_replay_counts_failures_and_cli_exit_status(fake_server, tmp_path, capsy
     assert R.main(["--url", fake_server, "--prompts", "no-such-set"]) == 2
 
 
+@pytest.mark.parametrize("out", ["prompts", "dir", "under_a_file"])
+def test_a_bad_out_is_refused_before_any_request_and_the_prompts_stay(fake_server, tmp_path, capsys, out):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(3)))
+    before = prompts.read_bytes()
+    (tmp_path / "dir").mkdir()
+    where = {"prompts": prompts, "dir": tmp_path / "dir", "under_a_file": prompts / "rows.jsonl"}[out]
+    assert R.main(["--url", fake_server, "--prompts", str(prompts), "--out", str(where)]) == 2
+    assert capsys.readouterr().err.startswith("peagle: error: --out: ")
+    assert FakeVLLM.calls == 0  # refused before sending: nothing to lose
+    assert prompts.read_bytes() == before and not any((tmp_path / "dir").iterdir())
+
+
+@pytest.mark.parametrize("limit", ["0", "-1"])
+def test_a_limit_below_one_is_refused_not_read_as_all(fake_server, tmp_path, capsys, limit):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(3)))
+    assert R.main(["--url", fake_server, "--prompts", str(prompts), "--limit", limit]) == 2
+    assert "--limit" in capsys.readouterr().err and FakeVLLM.calls == 0
+
+
+def test_rows_replace_an_earlier_rows_file_atomically(fake_server, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "q0"}) + "\n")
+    out = tmp_path / "rows.jsonl"
+    out.write_text("an earlier replay's rows\n")
+    assert R.main(["--url", fake_server, "--prompts", str(prompts), "--out", str(out)]) == 0
+    assert [json.loads(line)["text"] for line in out.read_text().splitlines()] == ["echo: q0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "rows.jsonl"]  # no temporary file left
+
+
 # ---- the weighted split (stands in for the cluster's router) ----------------------------------------
 
 def test_router_gives_each_url_its_share_interleaved_and_deterministically():

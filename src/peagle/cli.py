@@ -106,11 +106,12 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 def cmd_regenerate(ns: argparse.Namespace) -> int:
     _check_uris(**{"--out": ns.out})
     from .data.regenerate import run_regenerate
-    from .stage_io import check_writable, write_errors
+    from .stage_io import check_output_file, write_errors
 
     cfg = _resolve(ns)
     out = ns.out or str(Path(cfg.work_dir) / "regenerated.jsonl")
-    path = check_writable(out, directory=False)  # a JSONL file, appended to: before any work
+    # a JSONL file, appended to: before any work, and never one of the conversations it rewrites
+    path = check_output_file(out, [*cfg.regenerate.sources, cfg.target.path])
     with write_errors(out, path.absolute().parent):
         result = run_regenerate(cfg.regenerate, cfg.target.path or None, out,
                                 template_time_limit_s=cfg.prepare.template_time_limit_s)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import PeagleError
-from .scratch import owned_dir, scratch_dir
+from .scratch import owned_dir
 from .storage import (MANIFEST, SUCCESS, ChecksumMismatchError, IncompletePrefixError, LocalStore, Manifest, ObjectNotFoundError,
                       PrefixWriter, Store, file_uri_path, is_complete, open_published, open_store, publish_dir)
 from .storage.base import TMP_MARKER
@@ -145,6 +145,16 @@ def check_writable(out: str | os.PathLike, *, directory: bool) -> Path:
         raise OutputError(f"cannot create {out}: {probe} is not a directory")
     if not os.access(probe, os.W_OK):  # EROFS for anyone (root included) on a read-only mount
         raise OutputError(f"cannot write {out}: {probe} is not writable (read-only, or no permission)")
+    return path
+
+
+def check_output_file(out: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """For a single-file output written in place (replaced atomically, e.g. with
+    :func:`peagle.storage.base.atomic_path`): :func:`check_writable` for a file, and not one of the
+    local ``inputs`` (nor a directory holding one); OutputError naming ``out`` if not. Call it before
+    any work, so that a bad output does not waste the work nor destroy an input."""
+    path = check_writable(out, directory=False)
+    check_not_an_input(Path(os.path.realpath(path)), inputs, str(out))
     return path
 
 
@@ -297,11 +307,15 @@ def fetched_input(uri: str | os.PathLike, cache_root: str | os.PathLike | None =
     return dest
 
 
-def copy_published(src: str, dst: str) -> str:
-    """Republish the published prefix ``src`` at ``dst`` (same files, new manifest); returns ``dst``."""
+def copy_published(src: str, dst: str, *, kind: str | None = None) -> str:
+    """Republish the published prefix ``src`` at ``dst`` (same files, new manifest); returns ``dst``.
+
+    Through :func:`staged`: ``dst`` may only replace an earlier output of ``kind`` (default: the kind
+    recorded in ``src``), never something else nor ``src`` itself; OutputError naming ``dst`` if not."""
     published = open_published(open_store(src), "")
-    with scratch_dir("peagle-copy-") as tmp:
-        publish_dir(open_store(dst), "", published.download(tmp), overwrite=True)
+    kind = kind or published.manifest.metadata.get("kind") or "peagle-copy"
+    with staged(dst, kind=kind, inputs=[src]) as tmp:
+        published.download(tmp)  # a published prefix: staged keeps its manifest, plus ``kind``
     return dst
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..stage_io import check_not_an_input, check_writable
 from ..storage.base import atomic_path
 from .counters import CounterError
 from .html_report import render_html
@@ -265,6 +266,10 @@ def evaluate(cfg: EvaluateRunConfig) -> EvaluationOutcome:
     if not s.endpoint:  # vLLM refuses a context beyond the target's only after loading it
         fitted = context_length(s, target_dir, workloads, cfg.target.trust_remote_code)
         s = s.model_copy(update={"engine": s.engine.model_copy(update={"max_model_len": fitted})})
+
+    # The output, before the measurement (hours): a directory this process can write, apart from the inputs.
+    check_not_an_input(Path(os.path.realpath(check_writable(out, directory=True))),
+                       [target_dir, s.draft, s.hidden_states], str(out))
 
     # ---- Offline agreement (no vLLM), before the long live runs so a bad dataset fails early ------
     offline = None

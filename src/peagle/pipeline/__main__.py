@@ -20,6 +20,7 @@ for review before a run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -39,6 +40,11 @@ def cmd_compile(ns: argparse.Namespace) -> int:
         print(f"regenerated {init_run_component_path()} from peagle.pipeline.params")
     # --out names one file: the pipeline --pipeline names, else the default one
     pipelines = [ns.pipeline or "peagle"] if ns.pipeline or ns.out else list(PIPELINES)
+    if ns.out:  # before compiling: never over the profile it compiles
+        from ..stage_io import check_output_file
+        from .build import profile_path
+
+        check_output_file(ns.out, [profile_path(ns.profile)])
     for pipeline in pipelines:
         out = compile_pipeline(ns.profile, ns.out, pipeline)
         print(f"compiled pipeline {pipeline} ({ns.profile} profile): {out}")
@@ -130,6 +136,11 @@ def cmd_render(ns: argparse.Namespace) -> int:
                            "--deploy-name": rules.rule_of("objectName"), "--run-id": rules.rule_of("dnsLabel")})
     _check_count("--num-nodes", ns.num_nodes, "num_nodes")
     _check_count("--num-gpus", ns.num_gpus, "num_gpus")
+    from ..stage_io import check_not_an_input, check_writable
+
+    # a directory of YAML files, written in place: before any work, and never over the profile
+    check_not_an_input(Path(os.path.realpath(check_writable(ns.out, directory=True))), [profile_path(ns.profile)],
+                       ns.out)
     profile = load_profile(profile_path(ns.profile))
     objs = run_objects(profile, run_id=ns.run_id, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus,
                        namespace=ns.namespace, data_connection=ns.data_connection, output_root=ns.output_root,

@@ -3,6 +3,9 @@
 :func:`select_traffic` turns a window of :class:`~peagle.traffic.record.TrafficRecord` into a
 :class:`Selection`, in this order (every record dropped is counted under one key of ``counts``):
 
+0. ``future``: received at or after the selection's ``now`` (a writer whose clock runs ahead, or a
+   foreign writer): not yet in any window, left for a later refresh. Such a record must not become the
+   window's end, or every later trigger would count no new record;
 1. ``failed``: status other than 200, or an empty response;
 2. ``other_target``: served by a target whose fingerprint differs from the serving target's;
    ``unknown_target``: no target fingerprint recorded, so it cannot be told which target served it;
@@ -13,9 +16,10 @@
 5. ``duplicates`` (``refresh.dedupe``): the same conversation with the same response as an earlier record;
 6. ``beyond_max_records``: older than the newest ``refresh.max_records``.
 
-What is left (``usable``) is sorted by ``received_at`` (then id). The newest ``heldout_fraction``
-of it, and at least ``min_heldout`` distinct prompts, is the held-out slice: the gate's traffic
-prompts, never trained on. Records sharing the boundary timestamp join the held-out slice, so every
+What is left (``usable``) is sorted by ``received_at`` (then id). The held-out slice is the newest
+records holding ``heldout_fraction`` of its distinct prompts, and at least ``min_heldout`` of them: the
+gate's traffic prompts, never trained on. It is sized by distinct prompts, not records, so that one
+client repeating one prompt many times cannot fill it (and then take every training record with it). Records sharing the boundary timestamp join the held-out slice, so every
 training record is strictly older than every held-out one. The held-out slice keeps one record per prompt
 (``heldout_duplicate_prompts``), and training records whose prompt also is a held-out prompt are
 removed from training (``train_heldout_prompts``).
@@ -37,6 +41,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +55,7 @@ HELDOUT_FILE = "heldout.jsonl"
 COUNTS_FILE = "counts.json"
 HELDOUT_CATEGORY = "traffic"
 # Every key of Selection.counts, in the order the cleaning applies them (printed in this order).
-COUNT_KEYS = ("read", "failed", "other_target", "unknown_target", "completions_endpoint", "not_user_last",
+COUNT_KEYS = ("read", "future", "failed", "other_target", "unknown_target", "completions_endpoint", "not_user_last",
               "duplicates", "beyond_max_records", "usable", "heldout", "heldout_duplicate_prompts",
               "train_heldout_prompts", "sampled", "sampled_dropped", "sampled_regenerate", "train")
 
@@ -101,12 +106,14 @@ class Selection:
 
 
 def _clean(records: Iterable[TrafficRecord], target_fingerprint: str, dedupe: bool,
-           counts: dict[str, int]) -> list[TrafficRecord]:
-    """Steps 1-5 of the module docstring; the kept records sorted by time (then id)."""
+           counts: dict[str, int], now: datetime | None = None) -> list[TrafficRecord]:
+    """Steps 0-5 of the module docstring (0 only given ``now``); the kept records sorted by time (then id)."""
     kept = []
     for r in records:
         counts["read"] += 1
-        if r.status != 200 or not r.response_text.strip():
+        if now is not None and r.received_at_dt >= now:
+            counts["future"] += 1
+        elif r.status != 200 or not r.response_text.strip():
             counts["failed"] += 1
         elif r.target_fingerprint is None:
             counts["unknown_target"] += 1
@@ -133,40 +140,44 @@ def _clean(records: Iterable[TrafficRecord], target_fingerprint: str, dedupe: bo
     return unique
 
 
-def _heldout_size(usable: int, settings: RefreshSettings) -> int:
-    return max(settings.min_heldout, math.ceil(settings.heldout_fraction * usable))
+def _heldout_size(prompts: int, settings: RefreshSettings) -> int:
+    """Distinct prompts the held-out slice holds, of ``prompts`` distinct prompts in the window."""
+    return max(settings.min_heldout, math.ceil(settings.heldout_fraction * prompts))
 
 
-def _heldout_start(usable: list[TrafficRecord], cut: int, min_prompts: int) -> int:
-    """Where the held-out slice starts: at ``cut``, earlier while the record before it shares the slice's
-    oldest timestamp, and earlier still while the slice holds fewer than ``min_prompts`` distinct prompts."""
-    prompts = {_prompt_key(r.chat()) for r in usable[cut:]}
-    while cut > 0 and (usable[cut - 1].received_at_dt == usable[cut].received_at_dt or len(prompts) < min_prompts):
+def _heldout_start(usable: list[TrafficRecord], wanted: int) -> int:
+    """Where the held-out slice starts: going back from the newest record until the slice holds ``wanted``
+    distinct prompts, then earlier while the record before it shares the slice's oldest timestamp."""
+    cut, prompts = len(usable), set()
+    while cut > 0 and (len(prompts) < wanted or usable[cut - 1].received_at_dt == usable[cut].received_at_dt):
         cut -= 1
         prompts.add(_prompt_key(usable[cut].chat()))
     return cut
 
 
 def select_traffic(records: Iterable[TrafficRecord], *, target_fingerprint: str,
-                   settings: RefreshSettings) -> Selection:
-    """Clean and split a traffic window (see the module docstring).
+                   settings: RefreshSettings, now: datetime | None = None) -> Selection:
+    """Clean and split a traffic window (see the module docstring); records received at or after ``now``
+    (when given: the refresh passes the time of its selection) are counted as ``future`` and left out.
 
     :class:`TrafficSelectionError` (naming the counts) unless at least ``min_heldout`` held-out
     records and one training record are left.
     """
     counts = dict.fromkeys(COUNT_KEYS, 0)
-    usable = _clean(records, target_fingerprint, settings.dedupe, counts)
+    usable = _clean(records, target_fingerprint, settings.dedupe, counts, now)
     if settings.max_records is not None and len(usable) > settings.max_records:
         counts["beyond_max_records"] = len(usable) - settings.max_records
         usable = usable[-settings.max_records:]
     counts["usable"] = len(usable)
-    size = _heldout_size(len(usable), settings)
-    if len(usable) <= size:
+    distinct = len({_prompt_key(r.chat()) for r in usable})
+    size = _heldout_size(distinct, settings)
+    if distinct <= size:
         raise TrafficSelectionError(
-            f"too little usable traffic for a refresh: {len(usable)} usable records, but the held-out slice alone "
-            f"needs {size} (refresh.min_heldout={settings.min_heldout}, heldout_fraction={settings.heldout_fraction})"
-            f" and training at least one more; counts: {describe_counts(counts)}")
-    cut = _heldout_start(usable, len(usable) - size, settings.min_heldout)
+            f"too little usable traffic for a refresh: {len(usable)} usable records with {distinct} distinct prompts, "
+            f"but the held-out slice alone needs {size} distinct prompts (refresh.min_heldout={settings.min_heldout}, "
+            f"heldout_fraction={settings.heldout_fraction}) and training at least one more; "
+            f"counts: {describe_counts(counts)}")
+    cut = _heldout_start(usable, size)
     older, newest = usable[:cut], usable[cut:]
 
     heldout, heldout_prompts = [], set()

@@ -21,6 +21,10 @@ pipeline calls the same functions):
 6. :func:`lineage_step` -- ``lineage.json``: the window covered, row counts, replay, base draft, verdict;
    and a ``refresh`` record in the loop history (``rollout.history``), where the next trigger starts counting.
 
+Before any work, :func:`check_outputs` checks every output as the other stages do: ``--out`` is not, does not hold
+and does not lie inside an input (``--base-data`` included), holds nothing but a refresh's outputs, and each
+published output there replaces only an earlier one of its kind.
+
 ``--trigger`` first asks :mod:`.trigger` whether the refresh is needed at all: "not needed" exits 0 before any
 work; with an empty ``--since`` the window starts where the last refresh's window ended.
 
@@ -36,7 +40,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,9 +63,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SELECTION_KIND = "peagle-traffic-selection"
+PREPARED_KIND = "peagle-prepared"  # as ``peagle prepare`` publishes it
 REGENERATED_FILE = "regenerated.jsonl"
 LINEAGE_FORMAT = "peagle.traffic.lineage/v1"
 REPLAY_LABEL = "replay"  # sample ids of replayed rows start with "replay/" (never a prepare source label here)
+
+
+OUTPUT_NAMES = ("selection", "data", "hidden_states", "train", "draft", "gate", "lineage.json")  # RefreshLayout's
+TRIGGER_NAME = "trigger.json"  # refresh --trigger's decision, beside them
 
 
 @dataclass(frozen=True)
@@ -80,8 +89,7 @@ class RefreshLayout:
     @classmethod
     def of(cls, out: str) -> "RefreshLayout":
         root = str(out).rstrip("/") or str(out)
-        return cls(root, *(join(root, name) for name in ("selection", "data", "hidden_states", "train", "draft",
-                                                          "gate", "lineage.json")))
+        return cls(root, *(join(root, name) for name in OUTPUT_NAMES))
 
     def hidden_states_of(self, split: str) -> str:
         return join(self.hidden_states, split)
@@ -147,6 +155,35 @@ def _draft_identity(uri: str) -> dict[str, Any]:
     return {"uri": str(uri), "fingerprint": draft.fingerprint, "manifest_sha256": draft.manifest_sha256}
 
 
+def check_outputs(cfg: RunConfig, *, serving_draft: str, out: str) -> RefreshLayout:
+    """The output check of the other stages (:func:`peagle.stage_io.check_output`), before any work, on
+    every output of a refresh into ``out``: none is, holds or lies inside an input (the target, the
+    serving draft, the traffic log, ``refresh.base_data``); each published output there (selection,
+    data, draft, gate) may only replace an earlier one of its kind; and an existing ``out`` holds
+    nothing but a refresh's outputs. OutputError (exit 2) naming the output otherwise."""
+    from ..model.adapter import DRAFT_KIND
+    from ..stage_io import OutputError, check_not_an_input, check_output, output_dir
+    from ..traffic.gate_report import GATE_KIND
+
+    layout = RefreshLayout.of(out)
+    inputs = [cfg.target.path, serving_draft, cfg.refresh.traffic, cfg.refresh.base_data]
+    if not is_remote(layout.root):
+        root = output_dir(layout.root)
+        check_not_an_input(root, inputs, layout.root)
+        own = {*OUTPUT_NAMES, TRIGGER_NAME, "run.json", "rollout"}  # run.json, rollout/: the pipeline's
+        if root.is_dir():
+            foreign = sorted(p.name for p in root.iterdir() if p.name not in own and not p.name.startswith("."))
+            if foreign:
+                raise OutputError(f"{out} holds {foreign[0]}, which is not a refresh output; refusing to write a "
+                                  "refresh there (choose a new directory for each refresh)")
+        elif root.exists():
+            raise OutputError(f"{out} exists and is not a directory; refusing to write a refresh there")
+    for where, kind in ((layout.selection, SELECTION_KIND), (layout.data, PREPARED_KIND),
+                        (layout.draft, DRAFT_KIND), (layout.gate, GATE_KIND)):
+        check_output(where, kind, inputs)
+    return layout
+
+
 def _read_selection_summary(layout: RefreshLayout) -> dict[str, Any]:
     return json.loads((fetched_input(layout.selection) / COUNTS_FILE).read_text(encoding="utf-8"))
 
@@ -165,15 +202,18 @@ def select_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> dict[s
     from ..model.target import fingerprint
     from ..stage_io import staged
     from ..traffic.log import TrafficLog
+    from ..traffic.record import format_time
     from .selection import select_traffic, write_selection
 
     s = cfg.refresh
     if not s.traffic:
         raise C.ConfigError("refresh needs the traffic log: --traffic URI (or refresh.traffic in the config)")
     since, until = _window(s)
+    # An empty refresh.until is now: records dated later are counted as "future", never the window's end.
+    now = datetime.now(timezone.utc)
     records = TrafficLog(s.traffic).records(since=since, until=until)
-    selection = select_traffic(records, target_fingerprint=fingerprint(target), settings=s)
-    summary = selection.summary()
+    selection = select_traffic(records, target_fingerprint=fingerprint(target), settings=s, now=now)
+    summary = {**selection.summary(), "selected_at": format_time(now)}
     with staged(layout.selection, kind=SELECTION_KIND) as tmp:
         paths = write_selection(selection, tmp)
         if REGENERATE_FILE in paths:
@@ -260,8 +300,15 @@ def prepare_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> dict[
 def _write_prepared(out: str, rows: dict[str, list[PreparedRow]], header: PreparedHeader, summary: dict[str, Any],
                     base: PreparedData | None, shard_rows: int) -> None:
     """Publish ``rows`` as a prepared dataset: the traffic's manifest with the merged shards and counts."""
+    from ..stage_io import staged
+
     vocab = header.target.vocab_size
-    writer = PreparedWriter(out)
+    with staged(out, kind=PREPARED_KIND, inputs=[base.uri] if base is not None else []) as tmp:
+        _write_prepared_into(PreparedWriter(tmp), rows, header, summary, base, shard_rows, vocab)
+
+
+def _write_prepared_into(writer: PreparedWriter, rows: dict[str, list[PreparedRow]], header: PreparedHeader,
+                         summary: dict[str, Any], base: PreparedData | None, shard_rows: int, vocab: int) -> None:
     try:
         shards: dict[str, list[dict[str, Any]]] = {}
         tokens: dict[str, dict[str, int]] = {}
@@ -311,6 +358,7 @@ def extract_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> None:
 def train_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> str:
     """Train the candidate on ``layout.hidden_states`` warm-started from ``serving_draft``
     (``train.init_from``: its weights and draft vocabulary); publish it at ``layout.draft``, return that."""
+    from ..model.adapter import DRAFT_KIND
     from ..stage_io import copy_published
     from ..train import TrainError, train
 
@@ -322,7 +370,7 @@ def train_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Refre
     result = train(run)
     if not result.final_uri:
         raise TrainError(f"training into {layout.train} published no draft")
-    return copy_published(result.final_uri, layout.draft)
+    return copy_published(result.final_uri, layout.draft, kind=DRAFT_KIND)
 
 
 def gate_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> "GateResult":
@@ -354,6 +402,7 @@ def lineage_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Ref
         "peagle_version": __version__,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "traffic": {"uri": cfg.refresh.traffic, "since": cfg.refresh.since or None, "until": cfg.refresh.until or None,
+                    "selected_at": selection.get("selected_at"),
                     "covered": {"first_received_at": min(firsts), "last_received_at": max(lasts), **window}},
         "counts": selection["counts"],
         "sampled_responses": selection["sampled_responses"],
@@ -390,6 +439,8 @@ def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: dict[str, An
     traffic = lineage["traffic"]
     until = traffic["until"] or format_time(parse_time(traffic["covered"]["last_received_at"])
                                             + timedelta(microseconds=1))
+    if traffic.get("selected_at") and parse_time(until) > parse_time(traffic["selected_at"]):
+        until = traffic["selected_at"]  # a refresh.until in the future: what comes later is not covered yet
     gate = lineage["gate"]
     doc = {"refresh_uri": layout.root, "lineage": layout.lineage, "created_at": lineage["created_at"],
            "window": {"since": traffic["since"], "until": until,
@@ -411,7 +462,7 @@ def refresh(cfg: RunConfig, *, target: str, serving_draft: str, out: str, gate: 
     """
     from ..model.adapter import Draft
 
-    layout = RefreshLayout.of(out)
+    layout = check_outputs(cfg, serving_draft=serving_draft, out=out)  # before any work
     started = time.monotonic()
     Draft.open(serving_draft)  # a serving draft that is not one stops the refresh before any work
 
@@ -488,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg: RunConfig = C.build_config(RunConfig, ns.config, ns.overrides, values)  # type: ignore[assignment]
         if not cfg.target.path:
             raise C.ConfigError("refresh needs the serving target: --target DIR (or target.path in the config)")
+        check_outputs(cfg, serving_draft=ns.serving_draft, out=ns.out)  # trigger.json is written there too
         if ns.trigger:
             cfg = _triggered(cfg, ns.out)
             if cfg is None:

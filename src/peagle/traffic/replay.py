@@ -19,7 +19,8 @@ share; weight 0 gets nothing). It stands in for the cluster's router (an OpenShi
 ``alternateBackends`` weights, an HTTPRoute's backend weights, KServe's canary split) when a stable and a
 canary ``peagle serve`` run side by side on one machine (``peagle rollout local``).
 
-``--out`` writes one JSON row per request (prompt id, the URL that answered, latency, tokens, histogram, text).
+``--out`` writes one JSON row per request (prompt id, the URL that answered, latency, tokens, histogram, text),
+replaced atomically; it is checked before the first request (a writable file, not the ``--prompts`` file).
 Exit status: 0 every request answered, 3 some failed (counted; the rest are still reported), 2 bad input.
 """
 from __future__ import annotations
@@ -43,6 +44,8 @@ from ..engine.client import EndpointError, OpenAIClient, safe_url
 from ..errors import PeagleError, report
 from ..evaluate.confidence import bootstrap, figures
 from ..evaluate.prompts import Prompt, load_prompt_sets
+from ..stage_io import OutputError, check_output_file, write_errors
+from ..storage.base import atomic_path
 
 PROGRESS_EVERY = 10
 
@@ -361,16 +364,18 @@ def replay(url: str | WeightedRouter, prompts: Sequence[Prompt], *, concurrency:
 def load_prompts(name: str, limit: int | None = None) -> list[Prompt]:
     """The prompts of a set name or ``.jsonl`` file (:func:`peagle.evaluate.prompts.load_prompt_sets`),
     all categories in order, the first ``limit``."""
+    if limit is not None and limit < 1:  # 0 used to mean "all": refused rather than silently sending them all
+        raise ValueError(f"--limit: {limit} is not a number of prompts to send (at least 1; omit it to send all)")
     prompts = [p for ps in load_prompt_sets([name]).values() for p in ps.prompts]
-    return prompts[:limit] if limit else prompts
+    return prompts if limit is None else prompts[:limit]
 
 
 def write_rows(result: ReplayResult, out: str | Path) -> None:
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        for row in result.rows:
-            fh.write(json.dumps(asdict(row)) + "\n")
+    """The rows as JSON lines at ``out``, replaced atomically (a failed write leaves the old file)."""
+    with write_errors(str(out), Path(out).parent), atomic_path(Path(out)) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for row in result.rows:
+                fh.write(json.dumps(asdict(row)) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -388,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, help="per-request sampling seed")
-    p.add_argument("--limit", type=int, help="send only the first N prompts")
+    p.add_argument("--limit", type=int, help="send only the first N prompts (N >= 1)")
     p.add_argument("--model", help="served model name (default: the first the server lists)")
     p.add_argument("--stream", action="store_true", help="streamed requests (server-sent events)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
@@ -407,6 +412,11 @@ def split_arg(text: str) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
+        if ns.out:  # before any request: a bad --out must not cost the replay, nor replace its --prompts
+            check_output_file(ns.out, [ns.prompts])
+    except OutputError as exc:
+        return report(PeagleError(f"--out: {exc}"))
+    try:
         prompts = load_prompts(ns.prompts, ns.limit)
         if ns.split and not any(weight for _, weight in ns.split):
             raise ValueError("every --split weight is 0: no server would get a request")
@@ -424,7 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         for url, part in result.figures_by_url().items():
             print(progress_line(part["answered"], part["requests"], part).replace("replay:", f"replay: {url}", 1))
     if ns.out:
-        write_rows(result, ns.out)
+        try:
+            write_rows(result, ns.out)
+        except OutputError as exc:
+            return report(PeagleError(f"--out: {exc}"))
         print(f"replay: rows in {ns.out}")
     if fig["failed"]:
         first = next(r.error for r in result.rows if r.error)

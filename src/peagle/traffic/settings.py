@@ -79,10 +79,12 @@ class RefreshSettings(StrictModel):
 
     traffic: str = Field("", description="traffic log root written by the capture (local directory or s3:// URI)")
     since: str = Field("", description="window start, ISO 8601 UTC (inclusive; empty: the oldest record)")
-    until: str = Field("", description="window end, ISO 8601 UTC (exclusive; empty: now)")
+    until: str = Field("", description="window end, ISO 8601 UTC (exclusive; empty: now, the time of the selection; "
+                       "records dated later are counted as future and left out)")
     heldout_fraction: float = Field(0.25, gt=0.0, lt=1.0,
-                                    description="newest fraction of the window kept for the gate, never trained on")
-    min_heldout: int = Field(16, ge=1, description="held-out slice has at least this many records")
+                                    description="newest fraction of the window's distinct prompts kept for the gate, "
+                                    "never trained on")
+    min_heldout: int = Field(16, ge=1, description="held-out slice has at least this many distinct prompts")
     max_records: int | None = Field(None, ge=1, description="newest records of the window used at most")
     dedupe: bool = Field(True, description="drop records whose conversation and response repeat an earlier one")
     replay_fraction: float = Field(0.25, ge=0.0, lt=1.0,
