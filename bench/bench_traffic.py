@@ -601,13 +601,13 @@ def run_cycles(plan: Plan, *, candidate_draft: str, gate_report: str, live: Sequ
     whose stable starts with the serving draft; each entry as :func:`scenario_document` stores it."""
     from peagle.model.target import fingerprint as target_fingerprint
     from peagle.rollout.history import LoopHistory, history_uri
-    from peagle.rollout.local import LocalBackend, candidate_of, gate_summary
+    from peagle.rollout.local import LocalBackend, candidate_of
     from peagle.traffic.serve import free_port
     from peagle.traffic.settings import CaptureSettings
 
     settings = rollout_settings(plan)
     serving = candidate_of(plan.serving_draft)
-    gated = candidate_of(candidate_draft, gate=gate_summary(gate_report))
+    gated = candidate_of(candidate_draft, gate=gate_report)  # verified: a gate of this draft, passed
     common = dict(plan=plan, live=live, settings=settings, history=LoopHistory(history_uri(settings, plan.traffic)),
                   target_fp=target_fingerprint(plan.target), clock=clock)
     capture = CaptureSettings(enabled=True, uri=plan.traffic, flush_interval_s=2.0)
@@ -642,7 +642,7 @@ def shifted_cycle(n: int, backend, *, plan: Plan, live: Sequence[Any], settings,
     """``--shifted-traffic SET``: the stable answers SET's prompts (captured), a refresh warm-started from the
     stable is gated against it on that window, and a candidate that passed is canaried under the live
     prompts (observed, not required: ``expected`` is what a gate blind to the live traffic would miss)."""
-    from peagle.rollout.local import candidate_of, gate_summary
+    from peagle.rollout.local import candidate_of
     from peagle.traffic.replay import load_prompts
 
     stable_draft = backend.stable_draft
@@ -663,7 +663,7 @@ def shifted_cycle(n: int, backend, *, plan: Plan, live: Sequence[Any], settings,
     if not gate["passed"]:
         return {"cycle": n, "skipped": f"the candidate refreshed on {plan.shifted} did not pass its gate",
                 "refresh": window}
-    candidate = candidate_of(str(outcome["candidate"]), gate=gate_summary(str(outcome["layout"].gate)))
+    candidate = candidate_of(str(outcome["candidate"]), gate=str(outcome["layout"].gate))
     entry = one_cycle(n, backend, candidate, plan=plan, live=live, settings=settings, history=history,
                       target_fp=target_fp, clock=clock, expected="rollback",
                       note=SHIFTED_NOTE.format(prompts=plan.shifted))

@@ -124,6 +124,16 @@ def test_gate(report_parts):
     assert not passes_gate(r, 1.0)
 
 
+@pytest.mark.parametrize("edit", [{"passed": True}, {"passed": "false", "reasons": []}, {"passed": 1, "reasons": []}])
+def test_a_report_whose_gate_verdict_disagrees_with_its_reasons_is_refused(report_parts, edit):
+    from peagle.evaluate.report import ReportError
+
+    r = make_report(report_parts)
+    r["gate"] = {**apply_gate(r, r["summary"]["acceptance_length"] + 0.5).as_dict(), **edit}
+    with pytest.raises(ReportError, match="report.json: .*gate: field 'passed'"):
+        Report.from_doc(r, "report.json")
+
+
 def test_gate_command_exit_codes(report_parts, tmp_path, capsys):
     r = make_report(report_parts)
     r["gate"] = apply_gate(r).as_dict()

@@ -149,6 +149,17 @@ def test_a_gate_of_another_candidate_or_a_failed_gate_is_refused(drafts, tmp_pat
     assert code == 0, err
 
 
+@pytest.mark.parametrize("passed, checks", [(True, "failed"), ("false", "failed"), (1, None)])
+def test_an_edited_verdict_does_not_roll_a_rejected_candidate_out(drafts, tmp_path, passed, checks):
+    path = tmp_path / "gate" / "gate.json"
+    gate_json(path.parent, drafts["candidate"], passed=False)
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "passed": passed, "checks": doc["checks"] if checks else []}))
+    code, _, err = run(flags("route", drafts, "--gate", str(path), "--render-only", str(tmp_path / "r")))
+    assert code == 2 and f"--gate: {path}: field 'passed'" in err, err
+    assert not (tmp_path / "r").exists()
+
+
 def stable_on(cluster: FakeCluster, routing: str, drafts: dict) -> tuple[Apis, RolloutObjects, list[str]]:
     """The stable release deployed as ``peagle rollout``'s flags render it; returns (apis, objects, flags)."""
     from peagle.deploy.cli import values_from_args

@@ -1,14 +1,21 @@
 """The loop history (rollout.history): append-only documents per kind, in time order, on a local store and on
-real S3 (SeaweedFS); beside the traffic log without disturbing it."""
+real S3 (SeaweedFS); beside the traffic log without disturbing it; every record the loop writes (gate result,
+decision, promotion) reads back with its strict reader, and one it would refuse is refused when written."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from peagle.rollout.decision import Decision, DecisionError, decide
 from peagle.rollout.history import (KINDS, LoopHistory, LoopHistoryError, history_uri)
-from peagle.rollout.settings import RolloutSettings
+from peagle.rollout.live import LiveComparison, VersionFigures
+from peagle.rollout.objects import Candidate
+from peagle.rollout.promotion import PromotionRecord, record_promotion
+from peagle.rollout.settings import ROUTINGS, RegistrySettings, RolloutSettings
+from peagle.traffic.gate_report import Estimate, GateCheck, GateResult, write_gate
 from peagle.traffic.log import TrafficLog, TrafficWriter
 from peagle.traffic.record import TrafficRecord
 from peagle.traffic.settings import CaptureSettings
@@ -32,17 +39,16 @@ def test_append_all_latest_in_time_order(tmp_path):
     history = LoopHistory(str(tmp_path / "loop"), clock=clock)
     keys = []
     for i in range(3):
-        keys.append(history.append("decision", {"i": i}))
+        keys.append(history.append("refresh", {"i": i}))
         clock.now += timedelta(minutes=1)
-    history.append("refresh", {"r": 0})
-    assert keys[0].startswith("decision/20260301T120000000000Z-") and keys[0].endswith(".json")
-    assert history.keys("decision") == keys
-    assert [d["i"] for d in history.all("decision")] == [0, 1, 2]
-    assert history.latest("decision") == {"i": 2}
-    assert history.latest("decision", where=lambda d: d["i"] < 2) == {"i": 1}
-    assert history.latest("decision", where=lambda d: d["i"] > 5) is None
+    assert keys[0].startswith("refresh/20260301T120000000000Z-") and keys[0].endswith(".json")
+    assert history.keys("refresh") == keys
+    assert [d["i"] for d in history.all("refresh")] == [0, 1, 2]
+    assert history.latest("refresh") == {"i": 2}
+    assert history.latest("refresh", where=lambda d: d["i"] < 2) == {"i": 1}
+    assert history.latest("refresh", where=lambda d: d["i"] > 5) is None
     assert history.latest("promotion") is None and history.all("promotion") == []
-    assert history.all("refresh") == [{"r": 0}]
+    assert history.latest("decision") is None
     assert LoopHistory.appended_at(keys[1]) == T0 + timedelta(minutes=1)
 
 
@@ -50,14 +56,14 @@ def test_appends_in_the_same_instant_or_after_the_clock_stepped_back_keep_their_
     clock = Clock()
     history = LoopHistory(tmp_path, clock=clock)
     for i in range(5):
-        history.append("promotion", {"i": i})
+        history.append("refresh", {"i": i})
         if i == 2:
             clock.now -= timedelta(hours=1)
-    assert [d["i"] for d in history.all("promotion")] == [0, 1, 2, 3, 4]
+    assert [d["i"] for d in history.all("refresh")] == [0, 1, 2, 3, 4]
     # a second writer later on reads the first one's documents in order too
     later = LoopHistory(tmp_path, clock=Clock(T0 + timedelta(days=1)))
-    later.append("promotion", {"i": 5})
-    assert [d["i"] for d in LoopHistory(tmp_path).all("promotion")] == list(range(6))
+    later.append("refresh", {"i": 5})
+    assert [d["i"] for d in LoopHistory(tmp_path).all("refresh")] == list(range(6))
 
 
 def test_documents_are_readable_json_files_and_foreign_files_are_passed_over(tmp_path):
@@ -70,16 +76,16 @@ def test_documents_are_readable_json_files_and_foreign_files_are_passed_over(tmp
 
 def test_a_damaged_document_is_an_error_naming_its_key(tmp_path):
     history = LoopHistory(tmp_path)
-    history.append("decision", {"i": 0})
-    bad = history.append("decision", {"i": 1})
+    history.append("refresh", {"i": 0})
+    bad = history.append("refresh", {"i": 1})
     (tmp_path / bad).write_text('{"i": 1')  # cut short
     with pytest.raises(LoopHistoryError, match=f"loop history document .*{bad} is damaged"):
-        history.latest("decision")
+        history.latest("refresh")
     with pytest.raises(LoopHistoryError, match=bad):
-        history.all("decision")
+        history.all("refresh")
     (tmp_path / bad).write_text("[1, 2]")
     with pytest.raises(LoopHistoryError, match=f"{bad} is damaged: a JSON list, not an object"):
-        history.latest("decision")
+        history.latest("refresh")
 
 
 def test_unknown_kind_and_non_dict_documents_are_refused(tmp_path):
@@ -91,6 +97,55 @@ def test_unknown_kind_and_non_dict_documents_are_refused(tmp_path):
     with pytest.raises(TypeError, match="a loop history document is a dict"):
         history.append("refresh", [1])  # type: ignore[arg-type]
     assert KINDS == ("refresh", "decision", "promotion")
+
+
+def live(difference: float) -> LiveComparison:
+    def figures(role: str, fp: str, al: float) -> VersionFigures:
+        return VersionFigures(role, fp, 64, Estimate(al, (al - 0.05, al + 0.05)), Estimate(0.4, (0.35, 0.45)), 0.2, 500)
+
+    return LiveComparison(figures("stable", "a" * 12, 1.3), figures("candidate", "c" * 12, 1.3 + difference),
+                          Estimate(difference, (difference - 0.04, difference + 0.04)), "2026-03-01T11:00:00.000000Z",
+                          "2026-03-01T12:00:00.000000Z", 0.95, 1000)
+
+
+@pytest.mark.parametrize("routing", [*ROUTINGS, "local"])  # "local": peagle rollout local's router
+def test_every_record_the_loop_writes_reads_back_with_its_strict_reader(tmp_path, routing):
+    checks = (GateCheck("traffic_gain", True, 0.15, 0.0, "AL +0.150"), GateCheck("loads", True, 1.0, 1.0, "ok"))
+    gate_result = GateResult(True, checks, {"path": "t", "fingerprint": "f" * 64}, {"path": "s"},
+                             {"path": "c", "sha256": "c" * 64}, 2, {}, {}, None, {})
+    gate_path = write_gate(gate_result, tmp_path / "gate")[0]
+    assert GateResult.read(gate_path) == gate_result
+    gate = {"passed": True, "reasons": [], "report": str(gate_path)}
+    candidate = Candidate(draft="/drafts/c", fingerprint="c" * 12, values={}, gate=gate)
+    history = LoopHistory(tmp_path / "loop", clock=Clock())
+    for difference in (0.2, -0.2):  # a promotion and a rollback, split by each routing (the local loop's too)
+        decision = decide(live(difference), RolloutSettings(min_requests=32), window_over=False, routing=routing,
+                          target_fingerprint="f" * 64, stable_draft="/drafts/s", candidate_draft=candidate.draft,
+                          gate=gate, now=T0)
+        assert decision.routing == routing
+        assert Decision.from_dict(json.loads(decision.to_json()), "decision.json") == decision
+        history.append("decision", decision)
+        assert Decision.from_dict(history.latest("decision"), "history") == decision
+    record = record_promotion(Decision.from_dict(history.all("decision")[0], "history"), candidate, history=history,
+                              registry=RegistrySettings())
+    assert PromotionRecord.from_dict(history.latest("promotion"), "history") == record
+    assert PromotionRecord.from_dict(json.loads(record.to_json()), "promotion.json") == record
+
+
+def test_a_record_its_reader_would_refuse_is_refused_when_written(tmp_path):
+    decision = decide(live(0.2), RolloutSettings(min_requests=32), window_over=False, now=T0)
+    with pytest.raises(DecisionError, match="field 'routing'"):
+        dataclasses.replace(decision, routing="istio")
+    with pytest.raises(DecisionError, match="field 'canary_percent'"):
+        decide(live(0.2), RolloutSettings(min_requests=32), window_over=False, canary_percent=101)
+    with pytest.raises(DecisionError, match="field 'decided_at'"):
+        dataclasses.replace(decision, decided_at="yesterday")
+    history = LoopHistory(tmp_path, clock=Clock())
+    for kind, doc in (("decision", {**decision.to_dict(), "decided_at": "yesterday"}),
+                      ("promotion", {"format": "peagle.rollout.promotion/v1"})):
+        with pytest.raises(TypeError, match=f"a {kind} is appended as its record object"):
+            history.append(kind, doc)  # a dict bypasses the record's checks: refused
+        assert history.keys(kind) == []
 
 
 def test_history_uri_defaults_under_the_traffic_log(tmp_path):
@@ -120,12 +175,12 @@ def test_on_real_s3(seaweed_server, monkeypatch):
     clock = Clock()
     history = LoopHistory(uri, clock=clock)
     for i in range(3):
-        history.append("promotion", {"i": i})
+        history.append("refresh", {"i": i})
         clock.now += timedelta(seconds=1)
     assert history.uri.startswith(f"s3://{BUCKET}/")
-    assert [d["i"] for d in LoopHistory(uri).all("promotion")] == [0, 1, 2]
-    assert LoopHistory(uri).latest("promotion", where=lambda d: d["i"] == 1) == {"i": 1}
-    key = history.keys("promotion")[-1]
+    assert [d["i"] for d in LoopHistory(uri).all("refresh")] == [0, 1, 2]
+    assert LoopHistory(uri).latest("refresh", where=lambda d: d["i"] == 1) == {"i": 1}
+    key = history.keys("refresh")[-1]
     seaweed_server.client().put_object(Bucket=BUCKET, Key=f"{uri.split('/', 3)[3]}/{key}", Body=b"\x00garbage")
     with pytest.raises(LoopHistoryError, match=f"s3://{BUCKET}/.*/{key} is damaged"):
-        history.latest("promotion")
+        history.latest("refresh")

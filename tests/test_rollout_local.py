@@ -206,6 +206,81 @@ def test_rollout_local_refuses_bad_input(tmp_path, capsys):
     assert "peagle: error:" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def published(qwen3_target, tmp_path_factory):
+    """{"target", "stable", "candidate": published drafts of the tiny target, "prompts": a .jsonl}."""
+    from peagle.config import DraftSettings
+    from peagle.model import init_draft, save_draft
+
+    work = tmp_path_factory.mktemp("published")
+    paths = {role: str(save_draft(init_draft(str(qwen3_target), DraftSettings(num_layers=1, num_depths=2,
+                                                                             init_seed=seed)), work / role))
+             for role, seed in (("stable", 0), ("candidate", 1))}
+    (work / "prompts.jsonl").write_text(json.dumps({"id": "p0", "messages": [{"role": "user", "content": "hi"}]}))
+    return {**paths, "target": str(qwen3_target), "prompts": str(work / "prompts.jsonl")}
+
+
+@pytest.fixture
+def never_started(monkeypatch):
+    """The calls that would have made a LocalBackend (and so started its servers): must stay empty."""
+    made = []
+
+    def refuse(*args, **kwargs):
+        made.append(args)
+        raise L.LocalRolloutError("a server would start here")
+
+    monkeypatch.setattr(L, "LocalBackend", refuse)
+    return made
+
+
+def local_args(published, tmp_path, *extra):
+    return ["--target", published["target"], "--stable-draft", published["stable"], "--candidate-draft",
+            published["candidate"], "--traffic", str(tmp_path / "log"), "--prompts", published["prompts"], *extra]
+
+
+def gate_of(directory, draft: str, passed: bool) -> str:
+    """A gate.json of ``draft`` as ``peagle gate`` writes it (one check, no figures)."""
+    from peagle.model.adapter import Draft
+    from peagle.traffic.gate_report import GateCheck, GateResult, write_gate
+
+    result = GateResult(passed, (GateCheck("traffic_gain", passed, 0.3 if passed else -0.2, 0.0, "AL"),),
+                        {"path": "/models/target", "fingerprint": "f" * 64}, {"path": "/s", "sha256": "0" * 64},
+                        {"path": draft, "sha256": Draft.open(draft).fingerprint, "trained_depths": 2}, 2, {}, {},
+                        None, {})
+    return str(write_gate(result, directory)[0])
+
+
+@pytest.mark.parametrize("gated, passed, message", [("stable", True, "is the gate of draft"),
+                                                    ("candidate", False, "the gate did not pass the candidate")])
+def test_rollout_local_refuses_a_failed_gate_or_another_drafts_gate_before_serving(
+        published, tmp_path, capsys, never_started, gated, passed, message):
+    gate = gate_of(tmp_path / "gate", published[gated], passed)
+    assert L.main_local(local_args(published, tmp_path, "--gate", gate)) == 2
+    err = capsys.readouterr().err
+    assert f"peagle: error: --gate: {gate}" in err and message in err, err
+    assert never_started == []
+
+
+def test_rollout_local_records_the_verified_gate(published, tmp_path):
+    gate = gate_of(tmp_path / "gate", published["candidate"], True)
+    candidate = L.candidate_of(published["candidate"], gate)
+    assert candidate.gate == {"passed": True, "reasons": [], "report": gate}
+    assert L.candidate_of(published["candidate"]).gate is None
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--concurrency", "0"], "--concurrency"), (["--rounds", "-1"], "--rounds"), (["--max-tokens", "0"], "--max-tokens"),
+    (["--limit", "0"], "--limit"), (["-k", "0"], "--num-speculative-tokens"), (["--port", "99999"], "--port"),
+    (["--port", "0"], "--port"), (["--canary-port", "70000"], "--canary-port"),
+    (["--port", "8123", "--canary-port", "8123"], "--canary-port"),
+])
+def test_rollout_local_bad_numbers_exit_2_naming_the_flag_before_anything_starts(
+        published, tmp_path, capsys, never_started, flags, flag):
+    assert L.main_local(local_args(published, tmp_path, *flags)) == 2
+    assert capsys.readouterr().err.startswith(f"peagle: error: {flag}: ")
+    assert never_started == []
+
+
 # ---- the whole local loop: controller, router, replay, capture (stand-in servers) ---------------------
 
 class CapturingStandIn:

@@ -10,8 +10,11 @@ import pytest
 from peagle.model.target import fingerprint
 from peagle.refresh.trigger import decide_trigger, pooled_acceptance_length, window_from_trigger
 from peagle.rollout.history import LoopHistory
+from peagle.rollout.live import LiveComparison, VersionFigures
+from peagle.rollout.promotion import PromotionRecord
 from peagle.rollout.settings import TriggerSettings
 from peagle.run_config import RunConfig
+from peagle.traffic.gate_report import Estimate
 from peagle.traffic.log import TrafficLog, TrafficWriter
 from peagle.traffic.record import TrafficRecord, format_time
 from peagle.traffic.settings import CaptureSettings
@@ -55,8 +58,16 @@ def refreshed_until(history: LoopHistory, seconds: int) -> str:
 
 
 def promoted(history: LoopHistory, al: float, draft: str = SERVING) -> None:
-    history.append("promotion", {"draft": {"uri": "s3://b/d", "fingerprint": draft},
-                                 "live": {"candidate": {"acceptance_length": {"value": al, "interval": None}}}})
+    """A promotion record of ``draft`` at live AL ``al`` (a whole one: the history refuses what it cannot read)."""
+    def figures(role: str, fp: str, value: float) -> VersionFigures:
+        return VersionFigures(role, fp, 64, Estimate(value), Estimate(None), None, 100)
+
+    live = LiveComparison(figures("stable", OTHER, 1.0), figures("candidate", draft, al), Estimate(al - 1.0),
+                          format_time(T0), format_time(T0 + timedelta(hours=1)), 0.95, 1000)
+    history.append("promotion", PromotionRecord(
+        draft={"uri": "s3://b/d", "fingerprint": draft}, target_fingerprint=TARGET_FP, base_draft=None,
+        traffic_window=None, replay_fraction=None, gate=None, live=live.to_dict(), decision_id="0" * 32,
+        vllm_version=None, promoted_at=format_time(T0), lineage_uri=None, registry=None))
 
 
 def settings(**kw) -> TriggerSettings:

@@ -7,7 +7,9 @@ difference of exactly 0 while the float32 check and loading pass.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +19,8 @@ from peagle.config import DraftSettings
 from peagle.evaluate.prompts import PromptSetError
 from peagle.evaluate.settings import EvaluateEngineSettings
 from peagle.traffic.gate import gate_checks, main, paired_comparison, run_gate, traffic_prompt_set
-from peagle.traffic.gate_report import (GATE_FORMAT, GateReportError, GateResult, gate_metrics, log_gate_metrics,
-                                        render_gate_html, summary_lines, write_gate)
+from peagle.traffic.gate_report import (GATE_FORMAT, GateCheck, GateReportError, GateResult, gate_metrics,
+                                        log_gate_metrics, render_gate_html, summary_lines, write_gate)
 from peagle.traffic.settings import GateSettings
 
 # the vllm test's engines: a short context, a small batch, in-process (on CPU an engine starts in seconds)
@@ -164,6 +166,38 @@ def test_gate_json_round_trip(tmp_path):
     json_path.write_text(json.dumps({k: v for k, v in doc.items() if k != "checks"}))
     with pytest.raises(GateReportError, match="checks"):
         GateResult.read(json_path)
+
+
+def _failing_check(doc: dict) -> dict:
+    return {**doc, "checks": [{**c, "passed": c["name"] != "traffic_gain"} for c in doc["checks"]]}
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: {**_failing_check(d), "passed": True}, "'passed'"),  # a failing check under a passed verdict
+    (lambda d: {**d, "passed": "false"}, "'passed'"),  # a string: truthy
+    (lambda d: {**d, "passed": 1, "checks": []}, "'passed'"),  # a number, no checks
+    (lambda d: {**d, "passed": True, "checks": []}, "'checks'"),  # no checks to derive a verdict from
+    (lambda d: {**d, "checks": [{**c, "passed": "yes"} for c in d["checks"]]}, "'checks[0].passed'"),
+    (lambda d: {**d, "checks": [{**d["checks"][0], "value": "0.3"}]}, "'checks[0].value'"),
+    (lambda d: {**d, "checks": d["checks"] + d["checks"][:1]}, "'checks'"),  # a check counted twice
+])
+def test_a_verdict_that_disagrees_with_its_checks_is_refused(tmp_path, edit, field):
+    json_path, _ = write_gate(_result(), tmp_path)
+    json_path.write_text(json.dumps(edit(json.loads(json_path.read_text()))))
+    with pytest.raises(GateReportError, match=f"{json_path}: field {re.escape(field)}"):
+        GateResult.read(json_path)
+
+
+def test_a_verdict_is_made_from_its_checks_only():
+    result = _result()
+    with pytest.raises(GateReportError, match="field 'passed'"):
+        dataclasses.replace(result, passed=False)  # every check passed
+    with pytest.raises(GateReportError, match="field 'checks'"):
+        dataclasses.replace(result, checks=())
+    with pytest.raises(GateReportError, match="field 'passed'"):
+        dataclasses.replace(result, checks=(GateCheck("loads", False, 0.0, 1.0, "did not start"),))
+    with pytest.raises(GateReportError, match="field 'passed'"):
+        GateCheck("loads", 1, 1.0, 1.0, "started")
 
 
 def test_page_shows_the_verdict_first_and_the_figures(monkeypatch):

@@ -252,6 +252,16 @@ class GateResult:
     require_lossless: bool
     reasons: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # the verdict is derived from the reasons (none: passed); an edited "passed" that disagrees is refused
+        if not isinstance(self.passed, bool):
+            raise ReportError(f"gate: field 'passed': not a boolean (got {self.passed!r:.80})")
+        if not (isinstance(self.reasons, list) and all(isinstance(r, str) for r in self.reasons)):
+            raise ReportError("gate: field 'reasons': not a list of strings")
+        if self.passed == bool(self.reasons):
+            raise ReportError(f"gate: field 'passed': {str(self.passed).lower()} but "
+                              f"{len(self.reasons)} reasons to fail: the verdict is passed iff there are none")
+
     def as_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "acceptance_length": self.acceptance_length,
                 "min_acceptance_length": self.min_acceptance_length, "require_lossless": self.require_lossless,
@@ -428,9 +438,9 @@ class Report:
                 Summary.from_doc(doc["summary"]),
                 {name: {curve: {int(k): _number(al) for k, al in points.items()} for curve, points in curves.items()}
                  for name, curves in doc["acceptance_length_vs_k"].items()},
-                None if gate is None else GateResult(bool(gate["passed"]), _number(gate["acceptance_length"]),
+                None if gate is None else GateResult(gate["passed"], _number(gate["acceptance_length"]),
                                                      _number(gate["min_acceptance_length"]),
-                                                     bool(gate["require_lossless"]), list(gate["reasons"])),
+                                                     bool(gate["require_lossless"]), gate["reasons"]),
                 doc)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise ReportError(f"{where}: not a complete report ({type(e).__name__}: {e})") from None

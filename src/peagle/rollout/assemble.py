@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from ..config import ConfigError
 from ..stage_io import join
 from ..storage import StorageError, open_store, publish
-from .local import publication_fingerprint
-from .objects import Candidate, RolloutObjects
+from .objects import Candidate, RolloutObjects, publication_fingerprint
 
 if TYPE_CHECKING:
     from ..deploy.kube import Apis

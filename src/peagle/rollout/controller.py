@@ -112,7 +112,7 @@ def run_rollout(backend: Backend, candidate: "Candidate", *, traffic: "TrafficLo
                             target_fingerprint=target_fingerprint, stable_draft=stable_draft, clock=clock,
                             sleep=sleep, say=say)
         if history is not None:
-            history.append("decision", recorded.to_dict())
+            history.append("decision", recorded)
         say(f"decision {recorded.id}: {recorded.decision} ({'; '.join(recorded.reasons)})")
         if on_decision is not None:
             on_decision(recorded)

@@ -17,7 +17,7 @@ Layout of a decision record (:meth:`Decision.to_dict`; every key is required, no
     comparison      peagle.rollout.live.LiveComparison.to_dict()
     window          {since, until}         record timestamps the comparison covers
     versions        {target_fingerprint: str | null, stable: {fingerprint, draft}, candidate: {fingerprint, draft}}
-    routing         how traffic was split (rollout.routing)
+    routing         how traffic was split: rollout.routing, or "local" (``peagle rollout local``'s router)
     canary_percent  the candidate's share of traffic
     gate            the candidate's gate summary {passed, reasons, report} | null (not gated)
     settings        the rollout section used, without the registry
@@ -42,6 +42,8 @@ from .settings import ROUTINGS, RolloutSettings
 DECISION_FORMAT = "peagle.rollout.decision/v1"
 PROMOTE, ROLLBACK = "promote", "rollback"
 DECISIONS = (PROMOTE, ROLLBACK)
+LOCAL = "local"  # the routing of the local loop's weighted router (peagle.rollout.local.LocalBackend)
+DECISION_ROUTINGS = (*ROUTINGS, LOCAL)
 _ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -64,6 +66,12 @@ class Decision:
     settings: dict[str, Any]
     decided_at: str
     id: str
+
+    def __post_init__(self) -> None:
+        # a record is checked when it is made, by the rules its reader applies: one that could not be read
+        # back (a rerun looks at it) is refused before it is written anywhere
+        strict_fields(type(self), self.to_dict(), f"decision {self.id}", DECISION_FORMAT, _CHECKS, DecisionError,
+                      "a decision record")
 
     @property
     def promoted(self) -> bool:
@@ -132,7 +140,7 @@ _CHECKS = {
     "comparison": _comparison,
     "window": _window,
     "versions": _versions,
-    "routing": lambda v: None if v in ROUTINGS else f"not one of {', '.join(ROUTINGS)}",
+    "routing": lambda v: None if v in DECISION_ROUTINGS else f"not one of {', '.join(DECISION_ROUTINGS)}",
     "canary_percent": lambda v: (None if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100
                                  else "not an integer 0..100"),
     "gate": lambda v: None if v is None or isinstance(v, dict) else "not an object or null",

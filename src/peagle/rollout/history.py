@@ -5,7 +5,10 @@ which the traffic log's reader and retention pass over -- it is not a date parti
 
     <kind>/<YYYYmmddTHHMMSSffffffZ>-<8 hex>.json     kind: refresh | decision | promotion
 
-One JSON object per document, written with one atomic put and never changed afterwards. Keys sort in
+One JSON object per document, written with one atomic put and never changed afterwards. A ``decision`` or
+``promotion`` document is checked before it is written by the rules its reader applies
+(:meth:`~peagle.rollout.decision.Decision.from_dict`, :meth:`~peagle.rollout.promotion.PromotionRecord.from_dict`),
+so what a rerun reads back was readable when it was written. Keys sort in
 the order they were appended: the UTC time (fixed width, microseconds) comes first, and one
 :class:`LoopHistory` never hands out a time at or before its previous one. Keys of another shape under a
 kind are not documents and are passed over; a document that does not parse as a JSON object is an error
@@ -46,6 +49,24 @@ def _check_kind(kind: str) -> str:
     return kind
 
 
+# Kinds whose documents are written from their record classes (rollout.decision.Decision,
+# rollout.promotion.PromotionRecord), which refuse on construction whatever their strict readers would
+# refuse: so nothing unreadable is ever written. Taken by duck type (``to_dict()``), so that this module,
+# below both, imports neither. Refresh documents have no record class yet: a JSON object is enough.
+_RECORD_KINDS = (DECISION, PROMOTION)
+
+
+def _document(kind: str, doc: Any) -> dict[str, Any]:
+    if kind in _RECORD_KINDS:
+        if isinstance(doc, dict) or not callable(getattr(doc, "to_dict", None)):
+            raise TypeError(f"a {kind} is appended as its record object (checked when built), "
+                            f"not as {type(doc).__name__}")
+        return doc.to_dict()
+    if not isinstance(doc, dict):
+        raise TypeError(f"a loop history document is a dict, got {type(doc).__name__}")
+    return doc
+
+
 class LoopHistory:
     """The history at ``uri`` (a local directory, ``file://`` or ``s3://`` URI, or an open store)."""
 
@@ -58,11 +79,12 @@ class LoopHistory:
     def uri(self) -> str:
         return self.store.uri
 
-    def append(self, kind: str, doc: dict[str, Any]) -> str:
-        """Write ``doc`` as the newest document of ``kind`` (one atomic put); returns its key."""
+    def append(self, kind: str, doc: Any) -> str:
+        """Write ``doc`` as the newest document of ``kind`` (one atomic put); returns its key. A decision
+        or promotion is given as its record object (:class:`~peagle.rollout.decision.Decision`,
+        :class:`~peagle.rollout.promotion.PromotionRecord`), validated when it was built."""
         _check_kind(kind)
-        if not isinstance(doc, dict):
-            raise TypeError(f"a loop history document is a dict, got {type(doc).__name__}")
+        doc = _document(kind, doc)
         data = (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
         when = self._clock().astimezone(timezone.utc)
         if self._last is not None and when <= self._last:  # same microsecond, or the clock stepped back

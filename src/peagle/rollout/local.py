@@ -41,6 +41,7 @@ from ..errors import PeagleError, report
 from ..traffic.replay import WeightedRouter
 from ..traffic.serve import ServerProcess, free_port, server_command
 from ..traffic.settings import CaptureSettings
+from .objects import publication_fingerprint
 from .settings import RolloutSettings
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from .history import LoopHistory
     from .objects import Candidate
 
-FINGERPRINT_DIGITS = 12  # as peagle.pipeline.deployment names a published draft
 SERVED_MODEL_NAME = "peagle"  # both servers answer to one model name, as behind one endpoint
 
 
@@ -280,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1, help="replay the prompts this many times (more traffic)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--gate", metavar="FILE", help="the candidate's gate.json (recorded with the decision)")
+    p.add_argument("--gate", metavar="FILE", help="the candidate's gate.json or gate output: refused unless it passed "
+                   "this candidate; recorded with the decision")
     p.add_argument("--port", type=int, default=8000, help="the stable's port (its URL never changes)")
     p.add_argument("--canary-port", type=int, help="the canary's port (default: a free one)")
     p.add_argument("--num-speculative-tokens", "-k", type=int, help="K (default: the drafts' trained depths)")
@@ -293,6 +294,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_AT_LEAST_ONE = ("--limit", "--rounds", "--concurrency", "--max-tokens", "--num-speculative-tokens")
+
+
+def check_flags(ns: argparse.Namespace) -> None:
+    """The numeric flags' bounds, before anything starts (``--flag: why``, exit 2): counts at least 1, ports
+    1..65535, the canary's port not the stable's."""
+    for flag in _AT_LEAST_ONE:
+        value = getattr(ns, flag[2:].replace("-", "_"))
+        if value is not None and value < 1:
+            raise C.ConfigError(f"{flag}: must be at least 1 (got {value})")
+    for flag, value in (("--port", ns.port), ("--canary-port", ns.canary_port)):
+        if value is not None and not 1 <= value <= 65535:
+            raise C.ConfigError(f"{flag}: not a TCP port 1..65535 (got {value})")
+    if ns.canary_port == ns.port:
+        raise C.ConfigError(f"--canary-port: the canary needs a port of its own, not the stable's --port {ns.port}")
+
+
 def load_config(ns: argparse.Namespace) -> LocalRolloutConfig:
     """YAML < ``--set`` < flags; ``--traffic`` is the capture's log."""
     values = dict(C.flag_values(ns))
@@ -300,28 +318,19 @@ def load_config(ns: argparse.Namespace) -> LocalRolloutConfig:
     return C.build_config(LocalRolloutConfig, ns.config, ns.overrides, values, own_sections_only=True)
 
 
-def publication_fingerprint(draft: str) -> str:
-    """A published draft's fingerprint as rollouts name it: the first 12 hex digits of the sha256 of its
-    ``_MANIFEST.json`` (the chart's ``speculative.draftFingerprint``, ``Candidate.fingerprint``)."""
-    from ..model.adapter import Draft
+def candidate_of(draft: str, gate: str | None = None) -> "Candidate":
+    """The local rollout's candidate: a published draft directory (no chart values: nothing is rendered).
 
-    return Draft.open(draft).manifest_sha256[:FINGERPRINT_DIGITS]
-
-
-def candidate_of(draft: str, gate: dict | None = None) -> "Candidate":
-    """The local rollout's candidate: a published draft directory (no chart values: nothing is rendered)."""
+    ``gate``: where its gate result is (gate.json or a gate output), verified as ``peagle rollout`` verifies
+    it (:func:`.assemble.read_gate`: a gate of this draft, and passed), then summarized with the decision."""
     from .objects import Candidate
 
-    return Candidate(draft=str(draft), fingerprint=publication_fingerprint(draft), values={}, gate=gate)
+    summary = None
+    if gate:
+        from .assemble import read_gate
 
-
-def gate_summary(path: str | None) -> dict | None:
-    """``{"passed", "reasons", "report"}`` of a gate.json (the controller records it with the decision)."""
-    if not path:
-        return None
-    from ..traffic.gate_report import GateResult
-
-    return gate_summary_of(GateResult.read(path), str(path))
+        summary = gate_summary_of(read_gate(gate, draft), str(gate))
+    return Candidate(draft=str(draft), fingerprint=publication_fingerprint(draft), values={}, gate=summary)
 
 
 def gate_summary_of(result: "GateResult", location: str) -> dict:
@@ -332,6 +341,7 @@ def gate_summary_of(result: "GateResult", location: str) -> dict:
 def main_local(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
+        check_flags(ns)
         from ..model.target import fingerprint as target_fingerprint
         from ..traffic.log import TrafficLog
         from ..traffic.replay import load_prompts
@@ -339,7 +349,12 @@ def main_local(argv: list[str] | None = None) -> int:
 
         cfg = load_config(ns)
         prompts = load_prompts(ns.prompts, ns.limit)
-        candidate = candidate_of(ns.candidate_draft, gate_summary(ns.gate))
+        candidate = candidate_of(ns.candidate_draft)
+        if ns.gate:
+            try:
+                candidate = candidate_of(ns.candidate_draft, ns.gate)
+            except PeagleError as exc:
+                raise C.ConfigError(f"--gate: {exc}") from None
         stable = candidate_of(ns.stable_draft)
         if stable.fingerprint == candidate.fingerprint:
             raise C.ConfigError(f"the candidate is the stable draft ({candidate.fingerprint}): nothing to roll out")

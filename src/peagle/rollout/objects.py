@@ -29,6 +29,7 @@ from .settings import ROUTINGS
 MODES = ("kserve", "deployment")
 RAW_MODES = ("RawDeployment", "Standard")
 SERVERLESS_MODES = ("Serverless", "Knative")
+FINGERPRINT_DIGITS = 12  # as peagle.pipeline.deployment names a published draft
 CANARY_FINGERPRINT_DIGITS = 8  # of the candidate's fingerprint in the canary's name
 _FINGERPRINT = re.compile(f"[0-9a-f]{{{CANARY_FINGERPRINT_DIGITS},40}}")
 # Chart values the stable release sets for a rollout; a canary release starts from none of them.
@@ -206,3 +207,11 @@ def endpoint_object(objs: list[dict]) -> dict[str, Any]:
             if o["kind"] in kinds:
                 return o
     raise RenderError("no endpoint object (Route, HTTPRoute or InferenceService) among the rendered objects")
+
+
+def publication_fingerprint(draft: str) -> str:
+    """A published draft's fingerprint as rollouts name it: the first 12 hex digits of the sha256 of its
+    ``_MANIFEST.json`` (the chart's ``speculative.draftFingerprint``, ``Candidate.fingerprint``)."""
+    from ..model.adapter import Draft
+
+    return Draft.open(draft).manifest_sha256[:FINGERPRINT_DIGITS]

@@ -81,6 +81,11 @@ class PromotionRecord:
     lineage_uri: str | None
     registry: dict[str, Any] | None
 
+    def __post_init__(self) -> None:
+        # checked when made, by its reader's rules (as a Decision): an unreadable record is never written
+        strict_fields(type(self), self.to_dict(), f"promotion record of decision {self.decision_id}",
+                      PROMOTION_FORMAT, _CHECKS, PromotionError, "a promotion record")
+
     @property
     def fingerprint(self) -> str:
         return self.draft["fingerprint"]
@@ -147,7 +152,7 @@ def record_promotion(decision: "Decision", candidate: "Candidate", *, history: "
                                     "registry": registration.to_dict()})
     if out:
         publish_promotion(record, out)
-    history.append(PROMOTION, record.to_dict())
+    history.append(PROMOTION, record)
     return record
 
 

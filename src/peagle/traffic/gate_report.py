@@ -16,7 +16,8 @@ Layout of ``gate.json``::
                         intervals: percentile bootstrap resampling prompts jointly for both drafts
     lossless_float32    {dtype, num_speculative_tokens, compared, identical, differing_prompts,
                          accepted_tokens, generated_tokens} | null
-    checks              [{name, passed, value, threshold, detail}]   passed = all of them
+    checks              [{name, passed, value, threshold, detail}]   at least one; passed (a bool) = all of them
+                        pass (a verdict that disagrees with its checks is refused, made or read)
     settings            the gate section used; timing {checks_s, vllm_s, total_s}
 
 Locations are stored without URL userinfo (``peagle.storage.settings.strip_userinfo``): the page and the
@@ -110,7 +111,8 @@ class PairedComparison:
 
 @dataclass(frozen=True)
 class GateCheck:
-    """One condition of the verdict; ``value`` compared with ``threshold`` as ``detail`` says."""
+    """One condition of the verdict; ``value`` compared with ``threshold`` as ``detail`` says. Typed strictly
+    when made (:func:`check_problem`): ``passed`` is a real bool, never a truthy string or number."""
 
     name: str
     passed: bool
@@ -118,9 +120,60 @@ class GateCheck:
     threshold: float | None
     detail: str
 
+    def __post_init__(self) -> None:
+        field_, why = check_problem(self.as_dict()) or (None, None)
+        if why:
+            raise GateReportError(f"gate check {self.name!r}: field {field_!r}: {why}")
+
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "passed": self.passed, "value": self.value, "threshold": self.threshold,
                 "detail": self.detail}
+
+
+def _number_or_none(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+_CHECK_FIELDS = {
+    "name": lambda v: None if isinstance(v, str) and v else "not a non-empty string",
+    "passed": lambda v: None if isinstance(v, bool) else "not a boolean",
+    "value": lambda v: None if _number_or_none(v) else "not a number or null",
+    "threshold": lambda v: None if _number_or_none(v) else "not a number or null",
+    "detail": lambda v: None if isinstance(v, str) else "not a string",
+}
+
+
+def check_problem(c: Any) -> tuple[str, str] | None:
+    """(field, why) when ``c`` is not one check ``{name, passed, value, threshold, detail}`` (exactly those
+    keys, typed), else None. The one rule of a check, made or read."""
+    if not isinstance(c, dict):
+        return "checks", f"a check is a JSON object, got {type(c).__name__}"
+    if set(c) != set(_CHECK_FIELDS):
+        return "checks", f"a check has exactly the keys {', '.join(_CHECK_FIELDS)}, got {', '.join(sorted(c))}"
+    for name, rule in _CHECK_FIELDS.items():
+        why = rule(c[name])
+        if why:
+            return name, f"{why} (got {c[name]!r:.80})"
+    return None
+
+
+def verdict_problem(passed: Any, checks: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(field, why) when ``passed`` is not the verdict of ``checks`` (each a valid check's dict), else None.
+    A verdict is derived from its checks: at least one check, and ``passed`` a real bool equal to all of them
+    passing -- so an edited ``"passed": true`` beside a failed check, a ``"false"`` string or a ``1`` with no
+    checks is refused instead of promoting the candidate."""
+    if not isinstance(passed, bool):
+        return "passed", f"not a boolean (got {passed!r:.80})"
+    if not checks:
+        return "checks", "no checks: a verdict is derived from at least one check"
+    names = [c["name"] for c in checks]
+    if len(set(names)) != len(names):
+        return "checks", f"check names repeat ({', '.join(names)})"
+    failed = [c["name"] for c in checks if not c["passed"]]
+    if passed != (not failed):
+        said = "true but the checks " + ", ".join(failed) + " failed" if passed else "false but every check passed"
+        return "passed", f"{said}: the verdict is all of its checks passing"
+    return None
 
 
 @dataclass(frozen=True)
@@ -141,6 +194,12 @@ class GateResult:
     device: str | None = None
     created_utc: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat())
     format: str = GATE_FORMAT
+
+    def __post_init__(self) -> None:
+        problem = verdict_problem(self.passed, [c.as_dict() for c in self.checks])
+        if problem:
+            raise GateReportError(f"gate result of candidate {self.candidate_draft.get('path')}: "
+                                  f"field {problem[0]!r}: {problem[1]}")
 
     def check(self, name: str) -> GateCheck:
         return next(c for c in self.checks if c.name == name)
@@ -166,11 +225,20 @@ class GateResult:
         if not isinstance(doc, dict) or doc.get("format") != GATE_FORMAT:
             found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise GateReportError(f"{where}: format {found!r} is not {GATE_FORMAT!r}")
+        checks = doc.get("checks")
+        if not isinstance(checks, list):
+            raise GateReportError(f"{where}: field 'checks': missing or not a list")
+        for i, c in enumerate(checks):
+            problem = check_problem(c)
+            if problem:
+                name = f"checks[{i}]" if problem[0] == "checks" else f"checks[{i}].{problem[0]}"
+                raise GateReportError(f"{where}: field {name!r}: {problem[1]}")
+        problem = verdict_problem(doc.get("passed"), checks)
+        if problem:
+            raise GateReportError(f"{where}: field {problem[0]!r}: {problem[1]}")
         try:
             k = doc["num_speculative_tokens"]
-            return cls(bool(doc["passed"]),
-                       tuple(GateCheck(str(c["name"]), bool(c["passed"]), c["value"], c["threshold"], str(c["detail"]))
-                             for c in doc["checks"]),
+            return cls(doc["passed"], tuple(GateCheck(**c) for c in checks),
                        dict(doc["target"]), dict(doc["serving_draft"]), dict(doc["candidate_draft"]),
                        None if k is None else int(k),
                        {name: PairedComparison.from_dict(s) for name, s in doc["sets"].items()},
