@@ -43,6 +43,8 @@ def _resolved(monkeypatch, cpu: bool) -> dict[str, dict]:
 
     monkeypatch.setattr(engine, "build_llm", _capture)
     monkeypatch.setattr(engine, "cpu_only", lambda: cpu)
+    from peagle.data import regenerate
+    monkeypatch.setattr(regenerate, "probe_template", lambda target, limit: None)  # '/t' has no tokenizer
     dev, config, out = "cpu" if cpu else "gpu", embedded.CONFIG, {}
     with pytest.raises(Captured) as got:
         VllmHiddenStatesExtractor("/t", LayerIds((2, 15, 27), 30), "bfloat16",
