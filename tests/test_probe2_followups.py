@@ -188,7 +188,8 @@ def test_regenerate_child_error_is_one_line_not_a_traceback(tmp_path, capsys):
     from peagle.cli import main
 
     missing = tmp_path / "missing.jsonl"
-    rc = main(["regenerate", "--target", str(tmp_path), "--set", f"regenerate.sources=[{missing}]",
+    (tmp_path / "target").mkdir()  # an output inside the target would be refused first
+    rc = main(["regenerate", "--target", str(tmp_path / "target"), "--set", f"regenerate.sources=[{missing}]",
                "--out", str(tmp_path / "r.jsonl")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("peagle: error: "), err
