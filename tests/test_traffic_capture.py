@@ -77,6 +77,28 @@ def test_default_patterns_replace_each_kind(name, text):
     assert f"[REDACTED:{name}]" in out and n == 1, out
 
 
+@pytest.mark.parametrize("text, name, secret", [
+    ("4111 1111 1111 1111 123", "card", "4111"),  # a CVV after the card
+    ("4111111111111111 737", "card", "4111"),
+    ("4111111111111111737", "card", "4111"),  # digits run on
+    ("exp 12/27 card 5500-0000-0000-0004-9 x", "card", "5500"),
+    ("sk-proj-ab\u200dcdefghijklmnopqrstuvwxyz12", "api_key", "proj"),  # a zero-width joiner inside
+    ("\uff53\uff4b\uff0d\uff50\uff52\uff4f\uff4a\uff0dabcdefghijklmnopqrstuvwxyz", "api_key", "abcdefghij"),  # full width
+    ("id \u0410KIAIOSFODNN7EXAMPLE", "aws_access_key", "IOSFODNN7"),  # a Cyrillic A
+    ("mail j\u0430ne@ex\u0430mple.org", "email", "mple"),  # Cyrillic a in an address
+    ("-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----", "private_key", "lQOYBF"),
+    ("at 4111111111111111 192.168.0.1 now", "card", "4111"),  # a card then an IPv4
+])
+def test_disguised_secrets_are_redacted(text, name, secret):
+    out, n = Redactor.from_settings(["default"]).apply(text)
+    assert f"[REDACTED:{name}]" in out and secret not in out, out
+
+
+def test_redaction_normalises_what_it_stores_and_leaves_lookalike_words_alone():
+    out, n = Redactor.from_settings(["default"]).apply("\u041f\u0440\u0438\u0432\u0435\u0442\u200b \uff21\uff22")
+    assert (out, n) == ("\u041f\u0440\u0438\u0432\u0435\u0442 AB", 0)  # NFKC, no zero-width space; Cyrillic kept
+
+
 def test_default_patterns_leave_ordinary_text_alone():
     text = ("on 2026-12-03 at 12:30 v1.2.3 costs 12345678 or 1000 2000 3000; pi=3.14159265358979; "
             "card-like 4111 1111 1111 1112; port 8080; a@b; x = [1, 2, 3]")

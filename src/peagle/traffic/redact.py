@@ -11,7 +11,9 @@ The default set (``redact: [default]``, the capture's default), applied in this 
 * ``aws_access_key`` -- AWS access key ids (``AKIA``/``ASIA``/``ABIA``/``ACCA`` + 16 upper-case letters or digits);
 * ``email`` -- e-mail addresses;
 * ``card`` -- payment card numbers: 13 to 19 digits, optionally grouped by spaces or dashes, that pass
-  the Luhn check (so most other long numbers stay);
+  the Luhn check (so most other long numbers stay). Every card-length candidate inside a longer run of
+  digits is tried (a card followed by its CVV, an expiry or an address is still found): candidates start
+  and end at the run's groups, or anywhere inside an ungrouped block of 13 or more digits;
 * ``ipv4`` -- dotted-quad IPv4 addresses (each part 0-255);
 * ``phone`` -- phone numbers written as such: international (``+`` country code, then 6 to 14 more
   digits in groups) or North American (``(415) 555-0100``, ``415-555-0100``, ``415.555.0100``);
@@ -19,6 +21,10 @@ The default set (``redact: [default]``, the capture's default), applied in this 
 
 Not covered by default: names, postal addresses, IPv6, national id numbers -- add ``re:<regex>``
 entries for what a deployment must hide. A ``re:`` pattern's replacement is ``[REDACTED:custom]``.
+Matching runs on the text after Unicode NFKC normalisation (full-width forms become ASCII) with format
+characters (category Cf: zero-width spaces and joiners, bidi marks, soft hyphens) removed; that
+normalised text is what is stored. Common Cyrillic and Greek look-alikes of Latin letters and digits
+match as the Latin character they imitate (the stored text keeps them where no secret matched).
 Redaction is best-effort pattern matching, not a guarantee; capture stays off unless turned on.
 This module imports only the standard library and :mod:`peagle.config`.
 """
@@ -26,13 +32,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from ..config import ConfigError
 
 DEFAULT_PATTERNS: dict[str, str] = {
-    "private_key": r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\Z)",
+    "private_key": r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+                   r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
     "jwt": r"\beyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]{8,}",
     "bearer": r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{16,}",
     "api_key": r"\b(?:[sprk]k-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}|xox[abprs]-[A-Za-z0-9-]{10,})",
@@ -44,6 +52,63 @@ DEFAULT_PATTERNS: dict[str, str] = {
              r"|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}|\d{3}([.-])\d{3}\1\d{4}|\d{3} \d{3} \d{4})(?!\w)",
 }
 CUSTOM = "custom"
+
+# Look-alikes of Latin letters and digits (Cyrillic and Greek), matched as the character they imitate.
+# One character for one, so that a match's span in the skeleton is its span in the text.
+_LOOKALIKES = str.maketrans(
+    "АВЕКМНОРСТУХЅІЈаеорсухѕіјԁһӏ"  # Cyrillic
+    "ΑΒΕΖΗΙΚΜΝΟΡΤΥΧαικνορτυχ",  # Greek
+    "ABEKMHOPCTYXSIJaeopcyxsijdhl"
+    "ABEZHIKMNOPTYXaikvoptux")
+_DIGIT_RUN = re.compile(r"\d(?:[ -]?\d)*")
+CARD_DIGITS = (13, 19)
+
+
+def normalize(text: str) -> str:
+    """NFKC with format characters (Unicode category Cf) removed: what redaction matches and stores."""
+    text = unicodedata.normalize("NFKC", text)
+    return "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+
+
+def skeleton(text: str) -> str:
+    """``text`` with look-alike letters replaced by the Latin ones they imitate (same length)."""
+    return text.translate(_LOOKALIKES)
+
+
+def card_spans(text: str) -> list[tuple[int, int]]:
+    """Spans of ``text`` holding a Luhn-valid 13-19 digit card number, tried at every candidate: runs
+    of digits (grouped by single spaces or dashes) are cut at their groups, and an ungrouped block of
+    13 or more digits at every digit; leftmost start first, the longest candidate there."""
+    spans = []
+    for run in _DIGIT_RUN.finditer(text):
+        pos = [run.start() + i for i, ch in enumerate(run.group(0)) if ch.isdigit()]
+        if len(pos) < CARD_DIGITS[0]:
+            continue
+        digits = "".join(text[i] for i in pos)
+        groups, start = [], 0  # (first, last+1) digit indices of each group
+        for k in range(1, len(pos) + 1):
+            if k == len(pos) or pos[k] != pos[k - 1] + 1:
+                groups.append((start, k))
+                start = k
+        starts, ends = set(), set()
+        for a, b in groups:
+            inner = range(a, b + 1) if b - a >= CARD_DIGITS[0] else (a, b)
+            starts.update(i for i in inner if i < b)
+            ends.update(i for i in inner if i > a)
+        i = 0
+        while i < len(pos):
+            found = None
+            if i in starts:
+                for n in range(CARD_DIGITS[1], CARD_DIGITS[0] - 1, -1):
+                    if i + n in ends and i + n <= len(pos) and luhn_ok(digits[i:i + n]):
+                        found = n
+                        break
+            if found is None:
+                i += 1
+                continue
+            spans.append((pos[i], pos[i + found - 1] + 1))
+            i += found
+    return spans
 
 
 def luhn_ok(digits: str) -> bool:
@@ -101,21 +166,23 @@ class Redactor:
         return cls(tuple(compiled))
 
     def apply(self, text: str) -> tuple[str, int]:
-        """``text`` with every match replaced by ``[REDACTED:<name>]``, and the number of replacements."""
+        """``text`` normalised (:func:`normalize`) with every match replaced by ``[REDACTED:<name>]``, and
+        the number of replacements. Patterns match the :func:`skeleton` of the text."""
+        if not self.patterns:
+            return text, 0
+        text = normalize(text)
         total = 0
         for name, pattern in self.patterns:
             check = _CHECKS.get(name)
-            count = 0
-
-            def replace(m: re.Match[str], name: str = name, check=check) -> str:
-                nonlocal count
-                if m.group(0) == "" or (check is not None and not check(m.group(0))):
-                    return m.group(0)
-                count += 1
-                return f"[REDACTED:{name}]"
-
-            text = pattern.sub(replace, text)
-            total += count
+            shape = skeleton(text)
+            if name == "card":
+                spans = card_spans(shape)
+            else:
+                spans = [m.span() for m in pattern.finditer(shape)
+                         if m.group(0) != "" and (check is None or check(m.group(0)))]
+            for a, b in reversed(spans):
+                text = f"{text[:a]}[REDACTED:{name}]{text[b:]}"
+            total += len(spans)
         return text, total
 
     def apply_record(self, record: Any) -> Any:
