@@ -206,6 +206,9 @@ def test_an_old_backend_is_refused_before_anything_is_created(capsys, refresh_pa
     ("? * * * *", "minute field cannot be '?'"),
     ("0 3 * *", "takes 5 fields"),
     ("0 0 3 * * *", "has 6"),
+    ("0 0 31 2 *", "day-of-month field '31' names no day of the month field's months '2'"),
+    ("0 0 30,31 FEB *", "never run"),
+    ("0 0 31 4,6,9,11 *", "never run"),
 ])
 def test_a_bad_cron_exits_2_naming_the_field(capsys, cron, named):
     code, out, err = schedule(capsys, f"http://127.0.0.1:{_closed_port()}", "--cron", cron)
@@ -215,7 +218,9 @@ def test_a_bad_cron_exits_2_naming_the_field(capsys, cron, named):
 
 @pytest.mark.parametrize("every,named", [("30s", "is 30s; the interval must be at least 60s"),
                                          ("0m", "is 0s"), ("6w", "expected a whole number and a unit"),
-                                         ("h", "expected"), ("1.5h", "expected")])
+                                         ("h", "expected"), ("1.5h", "expected"),
+                                         ("99999999d", "the interval must be at most 366d"),
+                                         ("367d", "at most 366d")])
 def test_a_bad_interval_exits_2_naming_the_flag(capsys, every, named):
     code, out, err = schedule(capsys, f"http://127.0.0.1:{_closed_port()}", "--every", every)
     assert code == 2 and f"--every '{every}'" in err and named in err
@@ -242,7 +247,8 @@ def test_parameters_are_validated_as_submit_validates_them(capsys, refresh_packa
 
 
 @pytest.mark.parametrize("cron", ["*/15 * * * *", "0 9 * * mon-fri", "0 0 1,15 * ?", "5 4 * jan-mar/2 0",
-                                  "0 22 * * 1-5", "0-30/10 0 * * *", "59 23 31 12 6"])
+                                  "0 22 * * 1-5", "0-30/10 0 * * *", "59 23 31 12 6", "0 0 29 2 *",
+                                  "0 0 31 2 MON", "0 0 30/2 * *", "0 0 31 1-2 *"])
 def test_valid_crons_get_kfps_seconds_field(cron):
     assert kfp_cron(cron) == "0 " + " ".join(cron.split())
 

@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--cron", metavar='"M H DOM MON DOW"',
                       help="five-field cron (minute hour day-of-month month day-of-week, e.g. '30 2 * * *'); "
                       "KFP's seconds field is set to 0")
-    when.add_argument("--every", metavar="INTERVAL", help="an interval: 90m, 6h, 1d, 3600s (at least 60s)")
+    when.add_argument("--every", metavar="INTERVAL", help="an interval: 90m, 6h, 1d, 3600s (at least 60s, at most 366d)")
     r.add_argument("--experiment", help="experiment name, found or created (default: Default)")
     r.add_argument("--name", help="display name of the recurring run (default: peagle-<pipeline>)")
     r.add_argument("--start-paused", action="store_true", help="create it disabled (enable it in the UI)")

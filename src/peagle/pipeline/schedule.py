@@ -27,6 +27,8 @@ from ..config import ConfigError, shorten
 from .submit import SubmitError, on_server, ui_link
 
 MIN_INTERVAL_S = 60  # KFP's scheduler works in whole minutes at best; a shorter period is a mistake
+MAX_INTERVAL_S = 366 * 86400  # a loop that refreshes less than once a year is a typo, not a schedule
+MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February's 29th does come
 INTERVAL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DEFAULT_EXPERIMENT = "Default"  # kfp.Client's own default, as `submit` uses
 
@@ -70,7 +72,34 @@ def kfp_cron(text: str) -> str:
     for field, part in zip(CRON_FIELDS, fields):
         for item in part.split(","):
             _check_item(field, item)
+    _check_some_day_exists(fields[2], fields[3], fields[4])
     return "0 " + " ".join(fields)
+
+
+def _values(field: CronField, part: str) -> set[int]:
+    """The values a checked field ``part`` selects."""
+    out: set[int] = set()
+    for item in part.split(","):
+        m = _ITEM.match(item)
+        span, step = m.group("range"), int(m.group("step") or 1)
+        if span in ("*", "?"):
+            low, high = field.low, field.high
+        else:
+            ends = [field.value(v) for v in span.split("-")]
+            low, high = ends[0], (ends[-1] if len(ends) == 2 else (field.high if m.group("step") else ends[0]))
+        out.update(range(low, high + 1, step))
+    return out
+
+
+def _check_some_day_exists(day_of_month: str, month: str, day_of_week: str) -> None:
+    """Refuse a day-of-month that no named month has (``31 2``: February 31st), which would never fire.
+    With a day-of-week set too, either day matches (robfig/cron, KFP's scheduler): nothing to refuse."""
+    if day_of_week not in ("*", "?") or day_of_month in ("*", "?"):
+        return
+    days, months = _values(CRON_FIELDS[2], day_of_month), _values(CRON_FIELDS[3], month)
+    if not any(d <= MONTH_DAYS[m - 1] for d in days for m in months):
+        raise ConfigError(f"--cron: the day-of-month field {day_of_month!r} names no day of the month field's "
+                          f"months {month!r}; this schedule would never run")
 
 
 def _check_item(field: CronField, item: str) -> None:
@@ -96,7 +125,8 @@ def _check_item(field: CronField, item: str) -> None:
 
 
 def interval_seconds(text: str) -> int:
-    """``90m``, ``6h``, ``1d``, ``3600s`` in seconds (at least :data:`MIN_INTERVAL_S`); ConfigError naming --every."""
+    """``90m``, ``6h``, ``1d``, ``3600s`` in seconds (at least :data:`MIN_INTERVAL_S`, at most
+    :data:`MAX_INTERVAL_S`); ConfigError naming --every."""
     m = re.fullmatch(r"(\d+)([smhd])", text.strip())
     if not m:
         raise ConfigError(f"--every {shorten(text, 20)!r}: expected a whole number and a unit s, m, h or d "
@@ -105,6 +135,9 @@ def interval_seconds(text: str) -> int:
     if seconds < MIN_INTERVAL_S:
         raise ConfigError(f"--every {shorten(text, 20)!r} is {seconds}s; the interval must be at least "
                           f"{MIN_INTERVAL_S}s")
+    if seconds > MAX_INTERVAL_S:
+        raise ConfigError(f"--every {shorten(text, 20)!r} is {seconds}s; the interval must be at most "
+                          f"{MAX_INTERVAL_S // 86400}d")
     return seconds
 
 
