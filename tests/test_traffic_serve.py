@@ -191,3 +191,15 @@ def test_kill_9_mid_traffic_keeps_complete_batches_and_loses_at_most_the_unflush
     stored = len(log.records()) - before
     assert stored == sum(b.records for b in batches) - before
     assert 0 <= answered - stored <= BATCH, (answered, stored)  # lost at most the unflushed batch
+
+
+def test_a_bad_redaction_pattern_stops_serve_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """Compiled where the settings are built: exit 2 in one line naming the setting, no server started."""
+    from peagle.traffic import serve
+
+    monkeypatch.setattr(serve.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    rc = serve.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "--capture",
+                     str(tmp_path / "log"), "--capture-redact", "re:("])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "capture.redact" in err[0] and "re:(" in err[0], err
+

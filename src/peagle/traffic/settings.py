@@ -4,15 +4,15 @@
 from vLLM: every field travels as one environment variable ``PEAGLE_CAPTURE_<FIELD>`` (lists and
 booleans as JSON). ``peagle serve`` and the Helm chart set exactly these variables, so the three cannot
 drift. ``RefreshSettings`` and ``GateSettings`` are the ``refresh`` and ``gate`` sections of the one
-run configuration (:mod:`peagle.run_config`). This module imports only pydantic and
-:mod:`peagle.config` (the middleware imports it inside the server).
+run configuration (:mod:`peagle.run_config`). This module imports only pydantic,
+:mod:`peagle.config` and :mod:`peagle.traffic.redact` (the middleware imports it inside the server).
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Literal, Mapping
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from ..config import ConfigError, StrictModel
 
@@ -40,6 +40,19 @@ class CaptureSettings(StrictModel):
     draft_dir: str = Field("", description="served draft directory (its fingerprint is recorded)")
     target_fingerprint: str = Field("", description="recorded target fingerprint (default: computed from target_dir)")
     draft_fingerprint: str = Field("", description="recorded draft fingerprint (default: computed from draft_dir)")
+
+    @field_validator("redact")
+    @classmethod
+    def _patterns_compile(cls, names: list[str]) -> list[str]:
+        # compiled here, where the settings are built (peagle serve's flags, the chart's variables), so a
+        # bad pattern stops the command at once, not inside the server after minutes of model loading
+        from .redact import Redactor
+
+        try:
+            Redactor.from_settings(names)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return names
 
     def to_env(self) -> dict[str, str]:
         """One ``PEAGLE_CAPTURE_<FIELD>`` variable per field (lists and booleans as JSON)."""
