@@ -203,3 +203,88 @@ def test_a_bad_redaction_pattern_stops_serve_before_anything_starts(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "capture.redact" in err[0] and "re:(" in err[0], err
 
+
+
+# -- the server's lifetime: a real process tree, a stand-in server (the subject is the supervision) ---------
+STAND_IN_SERVER = """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as vLLM's engine core
+with open(sys.argv[1] + ".tmp", "w") as fh:
+    fh.write(f"{os.getpid()} {child.pid}")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+SUPERVISOR = """
+import sys
+from peagle.traffic.serve import supervise
+sys.exit(supervise([sys.executable, "-c", sys.argv[1], sys.argv[2]], None, grace_s=5))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone
+    except FileNotFoundError:
+        return False
+
+
+def _server_pids(path, timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, "the stand-in server did not start"
+        time.sleep(0.05)
+    return [int(p) for p in path.read_text().split()]
+
+
+def _gone(pids: list[int], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_to_serve_stops_its_whole_server(tmp_path, sig):
+    import subprocess
+
+    pids_file = tmp_path / "pids"
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR, STAND_IN_SERVER, str(pids_file)])
+    try:
+        pids = _server_pids(pids_file)
+        sup.send_signal(sig)
+        assert sup.wait(timeout=30) == 128 + sig
+        assert _gone(pids), [p for p in pids if _alive(p)]
+    finally:
+        sup.kill()
+
+
+def test_serve_and_its_server_stop_when_its_parent_dies(tmp_path):
+    import subprocess
+
+    pids_file, sup_file = tmp_path / "pids", tmp_path / "sup"
+    shell = subprocess.Popen(["sh", "-c", f'"$0" -c "$1" "$2" "$3" & echo $! > {sup_file}; wait',
+                              sys.executable, SUPERVISOR, STAND_IN_SERVER, str(pids_file)])
+    try:
+        pids = _server_pids(pids_file)
+        supervisor = int(sup_file.read_text())
+        shell.kill()  # SIGKILL: nothing of the shell's runs; the kernel tells its child
+        shell.wait()
+        assert _gone([supervisor, *pids]), [p for p in [supervisor, *pids] if _alive(p)]
+    finally:
+        shell.kill()
+
+
+def test_the_server_stops_when_serve_is_killed(tmp_path):
+    import subprocess
+
+    pids_file = tmp_path / "pids"
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR, STAND_IN_SERVER, str(pids_file)])
+    pids = _server_pids(pids_file)
+    sup.kill()  # SIGKILL: no handler runs; the server gets SIGTERM from the kernel
+    sup.wait()
+    assert _gone(pids[:1])
+    try:  # the stand-in has no SIGTERM handler to stop its own child (vLLM's server does)
+        os.kill(pids[1], signal.SIGKILL)
+    except ProcessLookupError:
+        pass

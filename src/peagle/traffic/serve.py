@@ -12,11 +12,16 @@ loads :class:`peagle.traffic.middleware.CaptureMiddleware`, configured by exactl
 sets the same ones), and includes usage (and so the metrics) in the last chunk of every stream.
 
 :func:`server_command` builds the command; :class:`ServerProcess` runs it for tests and benches
-(own process group, wait for ``/health``, stop the whole group).
+(own process group, wait for ``/health``, stop the whole group). ``peagle serve`` runs it under
+:func:`supervise`: the server (vLLM's API server, engine core and workers) is stopped as one process group
+when ``peagle serve`` gets SIGTERM, SIGINT (Ctrl-C) or SIGHUP, or when its parent dies; a kill -9 of
+``peagle serve`` itself takes the server down too. It exits 128 + the signal's number then.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -33,6 +38,7 @@ from typing import Any
 from pydantic import Field
 
 from .. import config as C
+from ..engine.child import _start_guard, _stop_guard
 from ..engine.llm import KV_CACHE_ENV, engine_child_env, engine_kwargs
 from ..engine.settings import EngineSettings
 from ..errors import PeagleError, report
@@ -198,6 +204,134 @@ class ServerProcess:
         self.stop()
 
 
+# ---- the supervisor --------------------------------------------------------------------------------------
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _libc_prctl() -> Any | None:
+    """libc's ``prctl`` (Linux), loaded before any fork; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent dies (Linux ``PR_SET_PDEATHSIG``);
+    False where that is not available (the caller then watches ``os.getppid()``)."""
+    return _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    """``sig`` to process group ``pgid``; False when the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # only zombies (or a reused id) left: nothing of ours to stop
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a process that is not a zombie (one whose reaper is slow, or a
+    PID 1 that reaps nothing, holds no port and runs no code)."""
+    if not os.path.isdir("/proc/self"):
+        return _killpg(pgid, 0)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()  # after "(comm)", which may hold anything
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
+def _wait_group(proc: subprocess.Popen, timeout: float) -> bool:
+    """Reap ``proc`` and wait until its process group is empty, at most ``timeout`` s; True if it is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc.poll()
+        if proc.returncode is not None and not _group_alive(proc.pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def supervise(argv: list[str], env: dict[str, str] | None = None, *, stop_timeout_s: float = 20.0,
+              poll_s: float = 0.5) -> int:
+    """Run ``argv`` in its own session and process group until it exits, and never leave it behind.
+
+    SIGTERM, SIGINT or SIGHUP to this process, or the death of its parent (``PR_SET_PDEATHSIG`` on
+    Linux, delivered as SIGTERM; else a changed ``os.getppid()``, seen within ``poll_s``), stops the
+    child's whole group: SIGTERM, then SIGKILL to what is left after ``stop_timeout_s``; the return
+    value is then 128 + the signal. The child gets SIGKILL when this process dies (its own
+    ``PR_SET_PDEATHSIG``) and a guard process (:mod:`peagle.engine.child`) kills its group then, so a
+    kill -9 of the supervisor leaves nothing either. A child that exits by itself: its exit status
+    (128 + signal if a signal ended it), after anything it left in its group is killed.
+    Call it from the main thread (signal handlers).
+    """
+    received: list[int] = []
+
+    def on_signal(sig: int, frame: Any) -> None:
+        received.append(sig)
+
+    parent = os.getppid()
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent:  # died before the kernel was told
+        received.append(signal.SIGTERM)
+    me = os.getpid()
+
+    def in_child() -> None:  # between fork and exec: die with the supervisor (and not after it died)
+        set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != me:
+            os._exit(128 + signal.SIGKILL)
+
+    try:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=in_child)
+        guard = _start_guard(proc.pid)
+        try:
+            while not received:
+                try:
+                    rc = proc.wait(timeout=poll_s)
+                except subprocess.TimeoutExpired:
+                    if os.getppid() != parent:  # no PR_SET_PDEATHSIG here, or it was lost
+                        received.append(signal.SIGHUP)
+                    continue
+                _killpg(proc.pid, signal.SIGKILL)  # workers that outlived the server
+                _wait_group(proc, stop_timeout_s)
+                return 128 - rc if rc < 0 else rc
+            _killpg(proc.pid, signal.SIGTERM)  # vLLM shuts down, the capture flushes
+            if not _wait_group(proc, stop_timeout_s):
+                _killpg(proc.pid, signal.SIGKILL)
+                _wait_group(proc, stop_timeout_s)
+            return 128 + received[0]
+        except BaseException:
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        finally:
+            _stop_guard(guard)
+    finally:
+        set_parent_death_signal(0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 # ---- peagle serve ---------------------------------------------------------------------------------------
 
 
@@ -255,12 +389,77 @@ def main(argv: list[str] | None = None) -> int:
         return report(exc)
     where = f", capturing into {cfg.capture.uri}" if cfg.capture.enabled else ""
     print(f"peagle serve: http://{ns.host}:{ns.port}/v1{where}", file=sys.stderr, flush=True)
-    # the foreground: the server owns the terminal; Ctrl-C reaches it (same process group) and stops it
-    proc = subprocess.Popen(cmd, env=env)
+    return supervise(cmd, env)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_GRACE_S = 30.0  # vLLM drains and stops its engine processes on SIGTERM within seconds
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (best effort elsewhere)."""
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        return proc.wait()
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def supervise(cmd: list[str], env: dict[str, str] | None, *, grace_s: float = STOP_GRACE_S) -> int:
+    """Run the server ``cmd`` until it exits; returns its exit code.
+
+    The server runs in a process group of its own, which SIGTERM, SIGINT (Ctrl-C) and SIGHUP to this
+    process stop as a whole: SIGTERM to the group, SIGKILL after ``grace_s``; then 128 + the signal.
+    The server gets SIGTERM should this process die without stopping it (even by SIGKILL), and this
+    process gets SIGTERM when its own parent dies, so neither outlives whoever started it.
+    """
+    parent = os.getppid()
+    caught: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        caught.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        _die_with_parent()
+        if os.getppid() != parent:  # the parent died before the request took effect
+            return 128 + signal.SIGTERM
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        while proc.poll() is None and not caught:
+            if os.getppid() != parent:  # where prctl is unavailable: the parent died, we were re-parented
+                caught.append(signal.SIGTERM)
+                break
+            try:
+                proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        if not caught:
+            return proc.returncode
+        _stop_group(proc, grace_s)
+        return 128 + caught[0]
+    finally:
+        set_parent_death_signal(0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL to what is left of it after ``grace_s``."""
+    def signal_group(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    signal_group(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    signal_group(signal.SIGKILL)  # the server's own children too, should any outlive it
+    proc.wait()
 
 
 if __name__ == "__main__":
