@@ -257,3 +257,61 @@ def test_the_standin_refuses_bodies_the_api_schema_refuses(standin):
             urllib.request.urlopen(request, timeout=10)
         assert err.value.code == 400 and why in json.loads(err.value.read())["message"]
     assert standin.versions_of("m") == []
+
+
+class _Answer:
+    """A plain HTTP server on 127.0.0.1 that gives every request one canned answer and keeps the
+    Authorization headers it was sent (a hostile or misconfigured registry; the stand-in's API is not
+    the subject here)."""
+
+    def __init__(self, status: int, body: bytes = b"", headers: dict | None = None):
+        import http.server
+        import threading
+
+        seen = self.authorization = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                seen.append(self.headers.get("Authorization"))
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_token_echoed_deep_in_an_error_body_is_masked_before_the_message_is_cut():
+    body = json.dumps({"message": "x" * 280 + f" your token {TOKEN} and Bearer other-{TOKEN[::-1]}"}).encode()
+    server = _Answer(500, body, {"Content-Type": "application/json"})
+    try:
+        with pytest.raises(ModelRegistryError) as err:
+            ModelRegistryClient(server.url, TOKEN, timeout_s=5).registered_model("m")
+    finally:
+        server.close()
+    message = str(err.value)
+    assert "HTTP 500" in message and TOKEN[:4] not in message.replace("***", ""), message
+
+
+def test_a_redirect_to_another_origin_never_receives_the_token():
+    elsewhere = _Answer(200, b"{}", {"Content-Type": "application/json"})
+    registry = _Answer(302, b"", {"Location": elsewhere.url + "/api/model_registry/v1alpha3/registered_model"})
+    try:
+        with pytest.raises(ModelRegistryError, match="redirect .* not followed") as err:
+            ModelRegistryClient(registry.url, TOKEN, timeout_s=5).registered_model("m")
+    finally:
+        registry.close()
+        elsewhere.close()
+    assert registry.authorization == [f"Bearer {TOKEN}"] and elsewhere.authorization == []
+    assert TOKEN not in str(err.value)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import ssl
 import urllib.error
@@ -28,6 +29,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from ..config import shorten
 from ..errors import PeagleError
 from ..storage.settings import strip_userinfo
 from .settings import RegistrySettings
@@ -174,14 +176,23 @@ class ModelRegistryClient:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(self.url + endpoint, data=data, headers=headers, method=method)
+        # no redirect is followed: urllib's would carry the Authorization header to wherever it points
+        opener = urllib.request.build_opener(_RefuseRedirects, urllib.request.HTTPSHandler(context=self._context))
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._context) as response:
+            with opener.open(request, timeout=self.timeout_s) as response:
                 payload = response.read()
         except urllib.error.HTTPError as exc:
             if (exc.code == 404 and missing_ok) or (exc.code == 409 and conflict_ok):
                 return None
-            raise ModelRegistryError(self._redact(f"{shown}: HTTP {exc.code} {exc.reason}: "
-                                                  f"{_server_message(exc)}")) from None
+            if 300 <= exc.code < 400:
+                where = strip_userinfo(str(exc.headers.get("Location", "")))
+                raise ModelRegistryError(self._redact(
+                    f"{shown}: HTTP {exc.code}, a redirect to {shorten(where, 120)!r}, not followed (the token "
+                    "goes to the registry's own address only): set rollout.registry.url to the address "
+                    "that answers")) from None
+            # the token is masked in the whole body first: a cut could leave a prefix of it unmasked
+            message = self._redact(_server_message(exc))[:_MESSAGE_LIMIT]
+            raise ModelRegistryError(self._redact(f"{shown}: HTTP {exc.code} {exc.reason}: {message}")) from None
         except (urllib.error.URLError, OSError) as exc:  # refused, DNS, TLS, timeout
             reason = getattr(exc, "reason", exc)
             raise ModelRegistryError(self._redact(f"{shown}: cannot reach the registry ({reason})")) from None
@@ -191,7 +202,19 @@ class ModelRegistryClient:
             raise ModelRegistryError(f"{shown}: the answer is not JSON ({len(payload)} bytes)") from None
 
     def _redact(self, message: str) -> str:
-        return message.replace(self._token, "***") if self._token else message
+        if self._token:
+            message = message.replace(self._token, "***")
+        return _BEARER.sub("Bearer ***", message)
+
+
+_BEARER = re.compile(r"(?i)\bbearer\s+[^\s\"',;]+")
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow no redirect: urllib then raises the 3xx as an HTTPError."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+        return None
 
 
 def _unverified_tls() -> ssl.SSLContext:
@@ -219,4 +242,4 @@ def _server_message(exc: urllib.error.HTTPError) -> str:
         text = str(doc.get("message") or doc) if isinstance(doc, dict) else str(doc)
     except ValueError:
         text = raw.decode("utf-8", "replace")
-    return text.strip()[:_MESSAGE_LIMIT]
+    return text.strip()
