@@ -4,8 +4,10 @@ finite weights) and derives its context length from the target before vLLM start
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,9 +83,11 @@ def test_submit_to_a_server_that_never_answers_gives_up_within_its_deadline(caps
     host = f"http://127.0.0.1:{server.getsockname()[1]}"
     runner = threading.Thread(target=lambda: result.append(submit(capsys, package, host, "target=s3:///m")),
                               daemon=True)  # on a hang the test fails instead of hanging too
+    started = time.monotonic()
     try:
         runner.start()
         runner.join(60)
+        took = time.monotonic() - started
         assert not runner.is_alive(), "submit still waiting for a server that never answers"
     finally:
         stop.set()
@@ -93,6 +97,9 @@ def test_submit_to_a_server_that_never_answers_gives_up_within_its_deadline(caps
         server.close()
     code, err = result[0]
     assert code == 2 and "127.0.0.1" in err and "Traceback" not in err, err
+    # the message says how long it waited in all, not only the limit of one request (the client retries)
+    said = re.search(r"no answer within 0.5s per request, (\d+)s in all", err)
+    assert said and int(said.group(1)) <= took + 1, (err, took)
 
 
 # ---- 2. every parameter is validated before submitting ------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -130,9 +131,10 @@ def bounded_requests(timeout: float | None = None) -> Iterator[None]:
         rest.RESTClientObject.request = original
 
 
-def _server_error(exc: BaseException, where: str) -> SubmitError | None:
+def _server_error(exc: BaseException, where: str, elapsed_s: float | None = None) -> SubmitError | None:
     """``exc`` (raised while talking to the server) as a SubmitError naming ``where``; None if it is not
-    a network or HTTP error."""
+    a network or HTTP error. ``elapsed_s``: how long the talk lasted, retries included (said with a timeout,
+    which the client's retries multiply)."""
     from kfp_server_api.exceptions import ApiException
     from urllib3.exceptions import HTTPError, MaxRetryError
     from urllib3.exceptions import TimeoutError as Urllib3Timeout
@@ -143,7 +145,9 @@ def _server_error(exc: BaseException, where: str) -> SubmitError | None:
         return None
     reason = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
     if isinstance(reason, Urllib3Timeout):
-        why = f"no answer within {REQUEST_TIMEOUT_S:g}s"
+        why = f"no answer within {REQUEST_TIMEOUT_S:g}s per request"
+        if elapsed_s is not None:
+            why += f", {elapsed_s:.0f}s in all with the client's retries"
     else:
         why = shorten(f"{type(reason).__name__}: {reason}", 300)
     return SubmitError(f"the pipeline server {where} cannot be used: {why}")
@@ -176,6 +180,7 @@ def on_server(action: Callable[[Any], T], *, client: Any = None, host: str | Non
     server's version checked (:func:`refuse_an_old_server`), every request bounded (:func:`bounded_requests`);
     a network or HTTP error is a :class:`SubmitError` naming the server."""
     where = _where(host or getattr(client, "_uihost", None) or _first_env(HOST_ENV)[0])
+    started = time.monotonic()
     try:
         with bounded_requests():
             client = client or make_client(host, token, namespace, verify_ssl)
@@ -184,7 +189,7 @@ def on_server(action: Callable[[Any], T], *, client: Any = None, host: str | Non
     except SubmitError:
         raise
     except Exception as exc:  # noqa: BLE001 - only network and HTTP errors are converted
-        error = _server_error(exc, where)
+        error = _server_error(exc, where, time.monotonic() - started)
         if error is None:
             raise
         raise error from None
