@@ -239,8 +239,64 @@ def test_error_responses_and_oversized_requests_are_recorded_or_counted(capture)
     huge = {**CHAT, "messages": [{"role": "user", "content": "x" * 10_000}]}
     assert client.post("/v1/chat/completions", json=huge).status_code == 200
     (rec,) = closed_records(mw)
-    assert (rec.status, rec.response_text, rec.model) == (400, "", "broken")
+    # a refused request is counted by the refresh, never trained on: nothing the client sent is kept
+    assert (rec.status, rec.response_text, rec.model, rec.messages, rec.sampling) == (400, "", "", [], {})
     assert mw.writer.stats()["dropped_too_large"] == 1
+
+
+CANARY = "4111111111111111"  # a card number: redacted wherever a pattern runs
+
+
+def test_only_the_fields_the_refresh_uses_are_stored_and_every_one_is_redacted(capture, tmp_path):
+    client, mw = capture()
+    request = {**CHAT, "model": f"served {CANARY}",
+               "messages": [{"role": f"user {CANARY}", "content": "hi"}, {"role": "user", "content": "hello"}],
+               "user": int(CANARY), "metadata": {f"k{CANARY}": f"v{CANARY}"}, "seed": int(CANARY),
+               "logit_bias": {CANARY: 1}, "tools": [{"type": "function", "function": {
+                   "name": "f", "parameters": {"type": "object", "properties": {f"p{CANARY}": {"type": "string"}}}}}]}
+    assert client.post("/v1/chat/completions", json=request).status_code == 200
+    assert client.post("/v1/chat/completions", json={**request, "model": "broken"}).status_code == 400
+    ok, refused = sorted(closed_records(mw), key=lambda r: r.status)
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "log").rglob("*") if p.is_file())
+    assert CANARY.encode() not in raw and CANARY[:8].encode() not in raw
+    assert ok.messages[0]["role"] == "other" and ok.model == "served [REDACTED:card]"
+    assert ok.sampling == {"temperature": 0.0, "max_tokens": 3, "seed": None}  # numbers only; the card seed nulled
+    assert (refused.status, refused.messages, refused.model, refused.sampling) == (400, [], "", {})
+
+
+def test_a_response_that_never_finishes_is_counted_not_lost(capture):
+    """Driven at the ASGI level: the app sends the headers and one chunk, then the client goes away
+    (Starlette cancels the app: CancelledError) or the app fails."""
+    import asyncio
+
+    client, mw = capture()
+    body = json.dumps({**CHAT, "stream": True}).encode()
+
+    def app_that_stops(error: BaseException):
+        async def app(scope, receive, send):
+            await receive()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+            raise error
+        return app
+
+    async def call(error: BaseException):
+        mw.app = app_that_stops(error)
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message):
+            pass
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+        with pytest.raises(type(error)):
+            await mw(scope, receive, send)
+
+    for error in (asyncio.CancelledError(), RuntimeError("the app failed"), asyncio.CancelledError()):
+        asyncio.run(call(error))
+    assert mw.writer.stats()["dropped_incomplete"] == 3 and closed_records(mw) == []
 
 
 def test_redaction_reaches_the_stored_bytes_through_the_middleware(capture, tmp_path):

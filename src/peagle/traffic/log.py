@@ -46,7 +46,7 @@ RECORDS = "records.jsonl"
 RETENTION_EVERY_S = 3600.0
 # <YYYY-MM-DD>/<HH>/<YYYYmmddTHHMMSSffffff>Z-<8 hex>
 _BATCH_PREFIX = re.compile(r"(\d{4}-\d{2}-\d{2})/(\d{2})/((\d{8}T\d{12})Z-[0-9a-f]{8})")
-DROP_REASONS = ("queue_full", "too_large", "unsupported", "capture_error", "write_error", "closed")
+DROP_REASONS = ("queue_full", "too_large", "unsupported", "capture_error", "write_error", "closed", "incomplete")
 
 
 class TrafficLogError(PeagleError, ValueError):

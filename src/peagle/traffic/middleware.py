@@ -14,6 +14,12 @@ thread (:class:`~peagle.traffic.log.TrafficWriter`) parses the bytes into a
 A body larger than ``max_record_bytes`` stops being copied and the request is counted as too large.
 Nothing raised inside the capture reaches the server: errors are counted and logged.
 
+What is stored of a request: its messages (role and text) or prompt, the model name, the numeric sampling
+settings of :data:`SAMPLING_KEYS`, and the response's text, usage and spec-decode metrics; every string
+redacted. Nothing else a client sends is stored. A refused request (status other than 200) is stored
+without any of its text. A response that never finishes (the client disconnected, the app failed) is
+counted as ``dropped{reason="incomplete"}``.
+
 Prometheus counters (default registry, shown by vLLM's ``/metrics``; skipped without prometheus_client):
 ``peagle_capture_records_total``, ``peagle_capture_dropped_total{reason}``,
 ``peagle_capture_batches_total``, ``peagle_capture_write_errors_total``.
@@ -37,7 +43,12 @@ log = logging.getLogger("peagle.traffic")
 Scope = dict[str, Any]
 Message = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
-_NOT_SAMPLING = {"messages", "prompt", "stream", "stream_options", "model"}
+# What a record keeps of a request besides its text: the sampling settings the refresh reads or reports,
+# as numbers only. Everything else a client sends (user, metadata, tools and their parameter names,
+# logit_bias, response_format, ...) is never stored: no key nor value of it can carry a secret to disk.
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "max_completion_tokens", "n",
+                 "presence_penalty", "frequency_penalty", "repetition_penalty")
+ROLES = ("system", "developer", "user", "assistant", "tool")  # a message's role outside these is stored as "other"
 _SPEC_KEYS = ("acceptance_histogram", "num_spec_tokens", "num_draft_tokens", "mean_acceptance_length")
 
 
@@ -105,7 +116,12 @@ class CaptureMiddleware:
                 capture.submitted = True
                 capture.guard(capture.submit, writer)
 
-        await self.app(scope, receive_copy, send_copy)
+        try:
+            await self.app(scope, receive_copy, send_copy)
+        finally:
+            if not capture.submitted:  # the response never finished: the client went away, or the app failed
+                capture.submitted = True
+                writer.count("dropped_incomplete")
 
 
 class _Capture:
@@ -176,18 +192,28 @@ class _Capture:
         if not isinstance(request, dict):
             raise CaptureSkipped("unsupported", "request body is not a JSON object")
         chat = self.endpoint == CHAT_ENDPOINT
+        stream = bool(request.get("stream"))
+        timing = {"latency_s": self.latency_s, "first_byte_s": self.first_byte_s}
+        if self.status != 200:  # refused (400, 404, ...): counted by the refresh, never trained on; no text kept
+            return TrafficRecord.new(received_at=self.received_at, endpoint=self.endpoint, model="",
+                                     messages=[] if chat else None, prompt=None if chat else "", sampling={},
+                                     stream=stream, status=self.status, timing=timing)
         fields: dict[str, Any] = {"messages": _messages(request.get("messages"))} if chat else {
             "prompt": _prompt(request.get("prompt"))}
-        stream = bool(request.get("stream"))
-        if self.status == 200:
-            body = b"".join(self.response)
-            fields.update(_from_stream(body, chat) if "text/event-stream" in self.content_type or stream
-                          else _from_json(body, chat))
+        body = b"".join(self.response)
+        fields.update(_from_stream(body, chat) if "text/event-stream" in self.content_type or stream
+                      else _from_json(body, chat))
+        model = request.get("model")
         return TrafficRecord.new(
-            received_at=self.received_at, endpoint=self.endpoint, model=str(request.get("model") or ""),
-            sampling={k: v for k, v in request.items() if k not in _NOT_SAMPLING}, stream=stream,
-            status=fields.pop("status", self.status), timing={"latency_s": self.latency_s,
-                                                              "first_byte_s": self.first_byte_s}, **fields)
+            received_at=self.received_at, endpoint=self.endpoint, model=model if isinstance(model, str) else "",
+            sampling=_sampling(request), stream=stream, status=fields.pop("status", self.status), timing=timing,
+            **fields)
+
+
+def _sampling(request: dict[str, Any]) -> dict[str, Any]:
+    """The request's :data:`SAMPLING_KEYS` that hold numbers (or null)."""
+    return {k: request[k] for k in SAMPLING_KEYS if k in request and (
+        request[k] is None or (isinstance(request[k], (int, float)) and not isinstance(request[k], bool)))}
 
 
 def _text(content: Any) -> str:
@@ -204,7 +230,8 @@ def _text(content: Any) -> str:
 def _messages(messages: Any) -> list[dict[str, str]]:
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise CaptureSkipped("unsupported", "messages is not a list of objects")
-    return [{"role": str(m.get("role", "")), "content": _text(m.get("content"))} for m in messages]
+    return [{"role": m["role"] if m.get("role") in ROLES else "other", "content": _text(m.get("content"))}
+            for m in messages]
 
 
 def _prompt(prompt: Any) -> str:

@@ -186,8 +186,9 @@ class Redactor:
         return text, total
 
     def apply_record(self, record: Any) -> Any:
-        """A :class:`~peagle.traffic.record.TrafficRecord` with its message contents, prompt, response
-        text and string sampling values redacted; ``redacted`` grows by the replacements made."""
+        """A :class:`~peagle.traffic.record.TrafficRecord` with every string it stores redacted (message
+        contents, prompt, response text, model name, sampling values) and a sampling number that matches a
+        pattern (a card number given as a seed) replaced by null; ``redacted`` grows by the replacements."""
         n = 0
 
         def red(value: Any) -> Any:
@@ -195,6 +196,10 @@ class Redactor:
             if isinstance(value, str):
                 value, k = self.apply(value)
                 n += k
+            elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 6:
+                k = self.apply(str(value))[1]
+                n += k
+                value = None if k else value
             elif isinstance(value, list):
                 value = [red(v) for v in value]
             elif isinstance(value, dict):
@@ -205,4 +210,4 @@ class Redactor:
             {"role": m["role"], "content": red(m["content"])} for m in record.messages]
         return dataclasses.replace(
             record, messages=messages, prompt=red(record.prompt), response_text=red(record.response_text),
-            sampling=red(record.sampling), redacted=record.redacted + n)
+            model=red(record.model), sampling=red(record.sampling), redacted=record.redacted + n)
