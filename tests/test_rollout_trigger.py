@@ -107,6 +107,19 @@ def test_enough_new_records_go_and_the_window_starts_where_the_last_one_ended(lo
     assert window_from_trigger(RunConfig(), d)[1] is None
 
 
+def test_a_window_end_after_now_counts_from_when_that_refresh_was_recorded(loop):
+    """A history whose last window ended at a record dated 9999 (as an older peagle recorded it) must not
+    count "0 new usable records" forever: the new traffic is what came after that refresh was appended."""
+    write, log, _ = loop
+    history = LoopHistory(log.store.uri + "/_loop", clock=lambda: T0 + timedelta(seconds=60))
+    history.append("refresh", {"window": {"since": None, "until": "9999-12-31T00:00:00.000001Z"}, "verdict": None})
+    write([record(i) for i in range(160)])
+    d = decide_trigger(log, history, settings(), target_fingerprint=TARGET_FP, now=NOW)
+    assert d.go and d.new_records == 100 and d.since == format_time(T0 + timedelta(seconds=60))
+    assert "9999-12-31" in d.reasons[0]
+    assert window_from_trigger(RunConfig(), d)[0].refresh.since == d.since
+
+
 def test_a_fall_in_live_acceptance_goes_on_without_new_traffic(loop):
     write, log, history = loop
     refreshed_until(history, 1000)

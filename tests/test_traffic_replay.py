@@ -118,13 +118,14 @@ def test_replay_counts_failures_and_cli_exit_status(fake_server, tmp_path, capsy
     assert R.main(["--url", fake_server, "--prompts", "no-such-set"]) == 2
 
 
-@pytest.mark.parametrize("out", ["prompts", "dir", "under_a_file"])
+@pytest.mark.parametrize("out", ["prompts", "dir", "under_a_file", "ends_with_a_slash"])
 def test_a_bad_out_is_refused_before_any_request_and_the_prompts_stay(fake_server, tmp_path, capsys, out):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(3)))
     before = prompts.read_bytes()
     (tmp_path / "dir").mkdir()
-    where = {"prompts": prompts, "dir": tmp_path / "dir", "under_a_file": prompts / "rows.jsonl"}[out]
+    where = {"prompts": prompts, "dir": tmp_path / "dir", "under_a_file": prompts / "rows.jsonl",
+             "ends_with_a_slash": f"{tmp_path / 'new'}/"}[out]
     assert R.main(["--url", fake_server, "--prompts", str(prompts), "--out", str(where)]) == 2
     assert capsys.readouterr().err.startswith("peagle: error: --out: ")
     assert FakeVLLM.calls == 0  # refused before sending: nothing to lose

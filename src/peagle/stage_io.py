@@ -136,6 +136,8 @@ def check_writable(out: str | os.PathLike, *, directory: bool) -> Path:
         raise OutputError(f"{out}: this output is written locally; an object-store URI is not supported here")
     path = local_path(out)
     want, other = ("a directory", "a file") if directory else ("a file", "a directory")
+    if not directory and str(out).endswith(("/", os.sep)):  # Path() drops the slash: 'new/' would become a file
+        raise OutputError(f"{out} names a directory (it ends with '/'); this output is a file")
     if path.exists() and path.is_dir() != directory:
         raise OutputError(f"{out} is {other}; this output is {want}")
     probe = path

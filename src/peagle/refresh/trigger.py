@@ -5,7 +5,9 @@ and goes on when
 
 * at least ``trigger.min_new_records`` usable records (status 200, chat, this target: the records a refresh
   can train on, :mod:`.selection` steps 1-4) were received since the last refresh's window ended (the
-  ``window.until`` of the newest ``refresh`` history record; all of the log when there is none), or
+  ``window.until`` of the newest ``refresh`` history record; all of the log when there is none; a window end
+  later than now, which an older peagle recorded after a record dated in the future, counts from when that
+  record was appended instead), or
 * live acceptance fell: the pooled acceptance length (AL) of the newest ``trigger.recent_records`` records of
   the serving draft is at least ``trigger.acceptance_drop`` below the live AL measured for it when it was
   promoted (the newest ``promotion`` record's live candidate AL). The serving draft is the promoted one,
@@ -84,14 +86,18 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
                    target_fingerprint: str, now: datetime | None = None) -> TriggerDecision:
     """Whether the refresh goes on (see the module docstring); reads the log's records received before ``now``."""
     now = now or datetime.now(timezone.utc)
-    last = history.latest("refresh")
-    since = None
-    if last is not None:
+    keys = history.keys("refresh")
+    since, late = None, None
+    if keys:
         try:
-            since = parse_time(last["window"]["until"])
+            since = parse_time(history.read(keys[-1])["window"]["until"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"loop history: the latest refresh record has no window.until timestamp ({exc!r})"
                               ) from None
+        if since > now:
+            # A window end after now (an older peagle ended the window at a record dated in the future) would
+            # count no new record ever again: that refresh covered nothing received after it was recorded.
+            late, since = since, min(now, history.appended_at(keys[-1]))
     records = log.records(until=now)
     usable = _clean(records, target_fingerprint, False, Counter())
     new = [r for r in usable if since is None or r.received_at_dt >= since]
@@ -103,6 +109,9 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
     recent_al = pooled_acceptance_length(recent) if len(recent) >= settings.min_recent_records else None
 
     where = f"since the last refresh's window ended ({format_time(since)})" if since else "(no refresh recorded yet)"
+    if late is not None:
+        where = (f"since the last refresh was recorded ({format_time(since)}; its window end {format_time(late)} "
+                 "is later than now)")
     enough_new = len(new) >= settings.min_new_records
     reasons = [f"{len(new)} new usable records {where}: "
                + ("at least" if enough_new else "fewer than") + f" trigger.min_new_records={settings.min_new_records}"]
