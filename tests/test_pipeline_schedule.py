@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from peagle.config import ConfigError
+from peagle.config import ConfigError, shorten
 from peagle.pipeline.__main__ import main as pipeline_main
 from peagle.pipeline.build import compiled_path
 from peagle.pipeline.schedule import interval_seconds, kfp_cron
@@ -209,6 +209,9 @@ def test_an_old_backend_is_refused_before_anything_is_created(capsys, refresh_pa
     ("0 0 31 2 *", "day-of-month field '31' names no day of the month field's months '2'"),
     ("0 0 30,31 FEB *", "never run"),
     ("0 0 31 4,6,9,11 *", "never run"),
+    ("*/\u00b2 * * * *", "minute field has the step '\u00b2'"),  # a digit to str.isdigit, not to int()
+    ("0 0 " + "9" * 5000 + " * *", "day-of-month field has '9+.*', out of its range 1-31"),
+    ("0 0 1 1 */" + "9" * 5000, "day-of-week field has the step '9+"),
 ])
 def test_a_bad_cron_exits_2_naming_the_field(capsys, cron, named):
     code, out, err = schedule(capsys, f"http://127.0.0.1:{_closed_port()}", "--cron", cron)
@@ -220,10 +223,11 @@ def test_a_bad_cron_exits_2_naming_the_field(capsys, cron, named):
                                          ("0m", "is 0s"), ("6w", "expected a whole number and a unit"),
                                          ("h", "expected"), ("1.5h", "expected"),
                                          ("99999999d", "the interval must be at most 366d"),
-                                         ("367d", "at most 366d")])
+                                         ("367d", "at most 366d"), ("\u0663d", "expected a whole number"),
+                                         ("9" * 5000 + "d", "the interval must be at most 366d")])
 def test_a_bad_interval_exits_2_naming_the_flag(capsys, every, named):
     code, out, err = schedule(capsys, f"http://127.0.0.1:{_closed_port()}", "--every", every)
-    assert code == 2 and f"--every '{every}'" in err and named in err
+    assert code == 2 and f"--every {shorten(every, 20)!r}" in err and named in err
 
 
 def test_exactly_one_trigger(capsys):
@@ -257,3 +261,57 @@ def test_intervals():
     assert [interval_seconds(t) for t in ("90m", "6h", "1d", "3600s", "60s")] == [5400, 21600, 86400, 3600, 60]
     with pytest.raises(ConfigError, match="--every"):
         interval_seconds("59s")
+
+
+# ---- a server that accepts connections and never answers --------------------------------------------
+
+
+@pytest.fixture
+def silent_server():
+    """``(url, connections)``: a TCP server on 127.0.0.1 that accepts and never says a word."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.1)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", held
+    stop.set()
+    t.join()
+    for c in held:
+        c.close()
+    server.close()
+
+
+@pytest.mark.parametrize("request_s, deadline_s", [(0.3, 60.0), (30.0, 0.5)])
+def test_a_server_that_never_answers_is_given_up_within_the_deadline_saying_what_was_tried(
+        capsys, monkeypatch, silent_server, request_s, deadline_s):
+    """A request that timed out is not sent again, no request outlives the deadline, and the message says
+    how many requests were sent in how long (not only the limit of one)."""
+    import time
+
+    import kfp  # noqa: F401 - imported before the clock starts (seconds on a busy machine)
+
+    from peagle.pipeline import submit as submit_mod
+
+    monkeypatch.setattr(submit_mod, "REQUEST_TIMEOUT_S", request_s)
+    monkeypatch.setattr(submit_mod, "DEADLINE_S", deadline_s, raising=False)
+    url, connections = silent_server
+    started = time.monotonic()
+    code, out, err = schedule(capsys, url, "--cron", "0 3 * * *")
+    took = time.monotonic() - started
+    assert code == 2 and url in err and "Traceback" not in err and TOKEN not in out + err, err
+    said = re.search(r"gave up after (\d+) requests? in ([\d.]+)s", err)
+    assert said and int(said.group(1)) == 1, err
+    assert float(said.group(2)) <= min(request_s, deadline_s) + 1 and float(said.group(2)) <= took < 15, (took, err)
+    assert len(connections) <= 2  # the reachability check and the one request

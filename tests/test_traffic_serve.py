@@ -106,6 +106,114 @@ def test_server_process_reports_the_log_tail(tmp_path):
     assert time.monotonic() - t0 < 30  # and the hanging process group was killed, not waited for
 
 
+# ---- unit: the supervisor, with a real process tree (a server stand-in and its listening worker) ------
+
+# The server stand-in: starts a worker that listens on a port (as vLLM's engine core holds its resources),
+# writes "its pid, the worker's pid, the port" to argv[1] once listening, then does END.
+SERVER = """
+import os, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", '''
+import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(120)
+'''], stdout=subprocess.PIPE, text=True)
+port = worker.stdout.readline().strip()
+with open(sys.argv[1] + ".tmp", "w") as fh:
+    fh.write(f"{os.getpid()} {worker.pid} {port}")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+END
+"""
+SUPERVISOR = "import sys; from peagle.traffic.serve import supervise; sys.exit(supervise(sys.argv[1:], grace_s=5))"
+PARENT = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(120)"  # the supervisor's
+
+
+def _server(end="time.sleep(120)"):
+    return SERVER.replace("END", end)
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie nobody reaped yet runs nothing
+    except FileNotFoundError:
+        return True
+
+
+def _port_free(port):
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _tree(tmp_path, *, with_parent=False):
+    """The started top process (the supervisor, or its parent) and the pids and port below it, once listening."""
+    import subprocess
+
+    ready = tmp_path / "ready"
+    argv = [sys.executable, "-c", SUPERVISOR, sys.executable, "-c", _server(), str(ready)]
+    if with_parent:
+        argv = [sys.executable, "-c", PARENT] + argv
+    top = subprocess.Popen(argv, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert time.monotonic() < deadline and top.poll() is None, "the process tree did not start"
+        time.sleep(0.05)
+    server, worker, port = map(int, ready.read_text().split())
+    return top, [server, worker], port
+
+
+def _all_stopped(pids, port, timeout=10):
+    deadline = time.monotonic() + timeout
+    while not (all(map(_gone, pids)) and _port_free(port)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return all(map(_gone, pids)) and _port_free(port)
+
+
+def _kill_all(top, pids):
+    for pid in [top.pid] + pids:  # whatever a failing test left behind, with its group
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    top.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_to_serve_stops_the_server_and_its_workers(tmp_path, sig):
+    top, pids, port = _tree(tmp_path)
+    try:
+        assert not _port_free(port)
+        top.send_signal(sig)
+        assert top.wait(timeout=15) == 128 + sig
+        assert _all_stopped(pids, port)
+    finally:
+        _kill_all(top, pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("killed", ["the parent of serve", "serve"])
+def test_a_kill_9_of_serve_or_its_parent_stops_the_server_and_its_workers(tmp_path, killed):
+    top, pids, port = _tree(tmp_path, with_parent=killed == "the parent of serve")
+    try:
+        top.kill()  # SIGKILL: no handler runs in the killed process
+        top.wait()
+        assert _all_stopped(pids, port)
+    finally:
+        _kill_all(top, pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_server_that_exits_by_itself_gives_its_status_and_leaves_no_worker(tmp_path):
+    ready = tmp_path / "ready"
+    assert S.supervise([sys.executable, "-c", _server("raise SystemExit(3)"), str(ready)], grace_s=5) == 3
+    server, worker, port = map(int, ready.read_text().split())
+    assert _all_stopped([server, worker], port)
+
+
 # ---- vllm: the real server with capture ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -204,87 +312,16 @@ def test_a_bad_redaction_pattern_stops_serve_before_anything_starts(tmp_path, ca
     assert rc == 2 and len(err) == 1 and "capture.redact" in err[0] and "re:(" in err[0], err
 
 
-
-# -- the server's lifetime: a real process tree, a stand-in server (the subject is the supervision) ---------
-STAND_IN_SERVER = """
-import os, signal, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as vLLM's engine core
-with open(sys.argv[1] + ".tmp", "w") as fh:
-    fh.write(f"{os.getpid()} {child.pid}")
-os.rename(sys.argv[1] + ".tmp", sys.argv[1])
-time.sleep(600)
-"""
-SUPERVISOR = """
-import sys
-from peagle.traffic.serve import supervise
-sys.exit(supervise([sys.executable, "-c", sys.argv[1], sys.argv[2]], None, grace_s=5))
-"""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone
-    except FileNotFoundError:
-        return False
-
-
-def _server_pids(path, timeout: float = 30.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, "the stand-in server did not start"
-        time.sleep(0.05)
-    return [int(p) for p in path.read_text().split()]
-
-
-def _gone(pids: list[int], timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_stop_signal_to_serve_stops_its_whole_server(tmp_path, sig):
-    import subprocess
-
-    pids_file = tmp_path / "pids"
-    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR, STAND_IN_SERVER, str(pids_file)])
-    try:
-        pids = _server_pids(pids_file)
-        sup.send_signal(sig)
-        assert sup.wait(timeout=30) == 128 + sig
-        assert _gone(pids), [p for p in pids if _alive(p)]
-    finally:
-        sup.kill()
-
-
-def test_serve_and_its_server_stop_when_its_parent_dies(tmp_path):
-    import subprocess
-
-    pids_file, sup_file = tmp_path / "pids", tmp_path / "sup"
-    shell = subprocess.Popen(["sh", "-c", f'"$0" -c "$1" "$2" "$3" & echo $! > {sup_file}; wait',
-                              sys.executable, SUPERVISOR, STAND_IN_SERVER, str(pids_file)])
-    try:
-        pids = _server_pids(pids_file)
-        supervisor = int(sup_file.read_text())
-        shell.kill()  # SIGKILL: nothing of the shell's runs; the kernel tells its child
-        shell.wait()
-        assert _gone([supervisor, *pids]), [p for p in [supervisor, *pids] if _alive(p)]
-    finally:
-        shell.kill()
-
-
-def test_the_server_stops_when_serve_is_killed(tmp_path):
-    import subprocess
-
-    pids_file = tmp_path / "pids"
-    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR, STAND_IN_SERVER, str(pids_file)])
-    pids = _server_pids(pids_file)
-    sup.kill()  # SIGKILL: no handler runs; the server gets SIGTERM from the kernel
-    sup.wait()
-    assert _gone(pids[:1])
-    try:  # the stand-in has no SIGTERM handler to stop its own child (vLLM's server does)
-        os.kill(pids[1], signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+@pytest.mark.parametrize("flags, named", [
+    (["--port", "70000"], "--port"),
+    (["--port", "0"], "--port"),
+    (["--capture", "ftp://host/traffic"], "--capture"),
+    (["--capture", "FILE"], "--capture"),  # a local traffic log that is a file
+])
+def test_a_bad_serve_flag_stops_serve_before_anything_starts(tmp_path, capsys, monkeypatch, flags, named):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(S.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    flags = [str(tmp_path / "file") if f == "FILE" else f for f in flags]
+    rc = S.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"peagle: error: {named}: "), err

@@ -78,7 +78,7 @@ def _kill_group(pgid: int) -> None:
         pass  # the group is gone already
 
 
-def _start_guard(group: int) -> subprocess.Popen | None:
+def start_guard(group: int) -> subprocess.Popen | None:
     """A guard that kills process group ``group`` when this process dies (see :data:`GUARD`)."""
     try:
         return subprocess.Popen([sys.executable, "-I", "-S", "-c", GUARD, str(group)], stdin=subprocess.PIPE,
@@ -89,7 +89,7 @@ def _start_guard(group: int) -> subprocess.Popen | None:
         return None
 
 
-def _stop_guard(guard: subprocess.Popen | None) -> None:
+def stop_guard(guard: subprocess.Popen | None) -> None:
     if guard is not None:
         guard.kill()  # before it could see the end of its input: the parent is alive and reaps the group
         guard.wait()
@@ -109,7 +109,7 @@ def run_child(args: list[str], stdin_text: str = "", *, progress: progress_mod.P
         env[progress_mod.RELAY_ENV] = "1"
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)  # its own group: killpg reaches workers
-    guard = _start_guard(proc.pid)
+    guard = start_guard(proc.pid)
     out: list[str] = []
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
 
@@ -149,7 +149,7 @@ def run_child(args: list[str], stdin_text: str = "", *, progress: progress_mod.P
         proc.wait()
         raise
     finally:
-        _stop_guard(guard)
+        stop_guard(guard)
         _kill_group(proc.pid)  # reap workers that outlived the child (the group holds only its processes)
         for t in threads:
             t.join(timeout=10)

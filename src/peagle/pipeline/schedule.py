@@ -42,7 +42,10 @@ class CronField:
     blank: bool = False          # "?" allowed (robfig/cron: the day fields)
 
     def value(self, token: str) -> int:
-        if token.isdigit():
+        if token.isascii() and token.isdigit():
+            if len(token.lstrip("0")) > 4:  # far out of any field's range (and int() stops at 4300 digits)
+                raise ConfigError(f"--cron: the {self.name} field has {shorten(token, 20)!r}, out of its range "
+                                  f"{self.low}-{self.high}")
             return int(token)
         if token.upper() in self.names:
             return self.low + self.names.index(token.upper())
@@ -108,7 +111,7 @@ def _check_item(field: CronField, item: str) -> None:
         raise ConfigError(f"--cron: the {field.name} field has {shorten(item, 20)!r}: expected *, a value, "
                           "a range a-b, an optional /step, or a comma list of those")
     span, step = m.group("range"), m.group("step")
-    if step is not None and not (step.isdigit() and int(step) >= 1):
+    if step is not None and not (step.isascii() and step.isdigit() and len(step) <= 4 and int(step) >= 1):
         raise ConfigError(f"--cron: the {field.name} field has the step {shorten(step, 20)!r}; a step is a "
                           "whole number >= 1")
     if span == "?" and not field.blank:
@@ -127,10 +130,12 @@ def _check_item(field: CronField, item: str) -> None:
 def interval_seconds(text: str) -> int:
     """``90m``, ``6h``, ``1d``, ``3600s`` in seconds (at least :data:`MIN_INTERVAL_S`, at most
     :data:`MAX_INTERVAL_S`); ConfigError naming --every."""
-    m = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    m = re.fullmatch(r"([0-9]+)([smhd])", text.strip())  # ASCII digits only: not '٣d'
     if not m:
         raise ConfigError(f"--every {shorten(text, 20)!r}: expected a whole number and a unit s, m, h or d "
                           "(e.g. 90m, 6h, 1d, 3600s)")
+    if len(m.group(1).lstrip("0")) > 12:  # far over the maximum (and past int()'s digit limit at 4300)
+        raise ConfigError(f"--every {shorten(text, 20)!r}: the interval must be at most {MAX_INTERVAL_S // 86400}d")
     seconds = int(m.group(1)) * INTERVAL_UNITS[m.group(2)]
     if seconds < MIN_INTERVAL_S:
         raise ConfigError(f"--every {shorten(text, 20)!r} is {seconds}s; the interval must be at least "

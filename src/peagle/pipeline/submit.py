@@ -6,8 +6,10 @@ variable ``kfp.Client`` itself reads) or ``KFP_HOST``; ``KF_PIPELINES_TOKEN`` or
 
 The host must be an ``http://`` or ``https://`` URL; it is checked, and a TCP connection to it
 opened within :data:`REQUEST_TIMEOUT_S`, before the client is built. Every request to the server is
-limited to :data:`REQUEST_TIMEOUT_S` (the generated client waits forever unless told), and a server
-that cannot be reached or answers with an error is a :class:`SubmitError` naming the host.
+limited to :data:`REQUEST_TIMEOUT_S` (the generated client waits forever unless told) and not sent again
+once it timed out, all of them together to :data:`DEADLINE_S`; a server that cannot be reached, does not
+answer in time or answers with an error is a :class:`SubmitError` naming the host (and, for a timeout,
+how many requests were sent in how long).
 
 Before it creates anything, :func:`on_server` (what :func:`submit` and
 :func:`peagle.pipeline.schedule.schedule` go through) asks the server for its version
@@ -34,6 +36,7 @@ HOST_ENV = ("KF_PIPELINES_ENDPOINT", "KFP_HOST")
 TOKEN_ENV = ("KF_PIPELINES_TOKEN", "KFP_TOKEN")
 SCHEMES = ("http", "https")
 REQUEST_TIMEOUT_S = 30.0  # connect, and then read, limit of every request to the pipeline server
+DEADLINE_S = 120.0  # limit of all the requests of one on_server call together
 
 T = TypeVar("T")
 
@@ -111,30 +114,79 @@ def make_client(host: str | None = None, token: str | None = None, namespace: st
     return kfp.Client(host=host, existing_token=token, namespace=namespace, verify_ssl=verify_ssl)
 
 
+class _Budget:
+    """The requests of one :func:`bounded_requests` block: how many were sent, since when, until when."""
+
+    def __init__(self, limit: float, deadline_s: float):
+        self.limit, self.deadline_s = limit, deadline_s
+        self.started = time.monotonic()
+        self.requests = 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def next_timeout(self) -> float:
+        """The limit of the next request: the per-request one, or what is left of the deadline."""
+        left = self.deadline_s - self.elapsed()
+        if left <= 0:
+            raise DeadlinePassed(self)
+        self.requests += 1
+        return min(self.limit, left)
+
+    def said(self) -> str:
+        return (f"{self.requests} request{'s' * (self.requests != 1)} in {self.elapsed():.1f}s "
+                f"(at most {self.limit:g}s each, {self.deadline_s:g}s in all)")
+
+
+class DeadlinePassed(TimeoutError):
+    """The requests of a :func:`bounded_requests` block used up its deadline."""
+
+    def __init__(self, budget: _Budget):
+        super().__init__(f"gave up after {budget.said()}")
+        self.budget = budget
+
+
 @contextmanager
-def bounded_requests(timeout: float | None = None) -> Iterator[None]:
+def bounded_requests(timeout: float | None = None, deadline_s: float | None = None) -> Iterator[_Budget]:
     """Within the block, every request of the generated KFP REST client that sets no timeout of its own
     gets ``timeout`` (default :data:`REQUEST_TIMEOUT_S`) to connect and to read: kfp.Client's calls set
-    none and would wait forever for a server that accepts the connection but never answers."""
+    none and would wait forever for a server that accepts the connection but never answers. All requests
+    together get ``deadline_s`` (default :data:`DEADLINE_S`): none is sent past it, and each gets at most
+    what is left of it. A request that timed out is not sent again (urllib3 would, three times, each
+    waiting its whole limit): a server that did not answer within the limit is not used."""
+    import urllib3
     from kfp_server_api import rest
 
-    limit = REQUEST_TIMEOUT_S if timeout is None else timeout
+    budget = _Budget(REQUEST_TIMEOUT_S if timeout is None else timeout,
+                     DEADLINE_S if deadline_s is None else deadline_s)
     original = rest.RESTClientObject.request
 
     def request(self, *args, _request_timeout=None, **kwargs):
-        return original(self, *args, _request_timeout=_request_timeout or (limit, limit), **kwargs)
+        limit = budget.next_timeout()
+        if isinstance(_request_timeout, tuple):  # a caller's own limits: within the deadline too
+            _request_timeout = tuple(min(t, limit) for t in _request_timeout)
+        else:  # a float alone is ignored by the generated client
+            _request_timeout = (min(_request_timeout or limit, limit),) * 2
+        pool = self.pool_manager
+        pool_request = pool.request
+        # connection errors are still retried (as the client is configured); read timeouts are not
+        retries = urllib3.Retry(total=3, read=0, redirect=False, raise_on_redirect=False)
+        pool.request = lambda *a, **k: pool_request(*a, **{"retries": retries, **k})
+        try:
+            return original(self, *args, _request_timeout=_request_timeout, **kwargs)
+        finally:
+            del pool.request  # the instance attribute: the class's method again
 
     rest.RESTClientObject.request = request
     try:
-        yield
+        yield budget
     finally:
         rest.RESTClientObject.request = original
 
 
-def _server_error(exc: BaseException, where: str, elapsed_s: float | None = None) -> SubmitError | None:
+def _server_error(exc: BaseException, where: str, budget: _Budget | None = None) -> SubmitError | None:
     """``exc`` (raised while talking to the server) as a SubmitError naming ``where``; None if it is not
-    a network or HTTP error. ``elapsed_s``: how long the talk lasted, retries included (said with a timeout,
-    which the client's retries multiply)."""
+    a network or HTTP error. ``budget``: the requests sent (said with a timeout: how many, how long in all)."""
     from kfp_server_api.exceptions import ApiException
     from urllib3.exceptions import HTTPError, MaxRetryError
     from urllib3.exceptions import TimeoutError as Urllib3Timeout
@@ -144,10 +196,11 @@ def _server_error(exc: BaseException, where: str, elapsed_s: float | None = None
     if not isinstance(exc, (HTTPError, ConnectionError, TimeoutError, socket.gaierror)):
         return None
     reason = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
-    if isinstance(reason, Urllib3Timeout):
-        why = f"no answer within {REQUEST_TIMEOUT_S:g}s per request"
-        if elapsed_s is not None:
-            why += f", {elapsed_s:.0f}s in all with the client's retries"
+    if isinstance(reason, DeadlinePassed):
+        why = f"no complete answer in time: {reason}"
+    elif isinstance(reason, Urllib3Timeout):
+        limit = budget.limit if budget is not None else REQUEST_TIMEOUT_S
+        why = f"no answer within {limit:g}s" + (f"; gave up after {budget.said()}" if budget is not None else "")
     else:
         why = shorten(f"{type(reason).__name__}: {reason}", 300)
     return SubmitError(f"the pipeline server {where} cannot be used: {why}")
@@ -180,16 +233,16 @@ def on_server(action: Callable[[Any], T], *, client: Any = None, host: str | Non
     server's version checked (:func:`refuse_an_old_server`), every request bounded (:func:`bounded_requests`);
     a network or HTTP error is a :class:`SubmitError` naming the server."""
     where = _where(host or getattr(client, "_uihost", None) or _first_env(HOST_ENV)[0])
-    started = time.monotonic()
+    budget = None
     try:
-        with bounded_requests():
+        with bounded_requests() as budget:
             client = client or make_client(host, token, namespace, verify_ssl)
             refuse_an_old_server(client)
             return action(client), client
     except SubmitError:
         raise
     except Exception as exc:  # noqa: BLE001 - only network and HTTP errors are converted
-        error = _server_error(exc, where, time.monotonic() - started)
+        error = _server_error(exc, where, budget)
         if error is None:
             raise
         raise error from None

@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import Field
 
 from .. import config as C
-from ..engine.child import _start_guard, _stop_guard
+from ..engine.child import start_guard, stop_guard
 from ..engine.llm import KV_CACHE_ENV, engine_child_env, engine_kwargs
 from ..engine.settings import EngineSettings
 from ..errors import PeagleError, report
@@ -207,6 +207,7 @@ class ServerProcess:
 # ---- the supervisor --------------------------------------------------------------------------------------
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_GRACE_S = 30.0  # vLLM drains and stops its engine processes on SIGTERM within seconds
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -270,13 +271,13 @@ def _wait_group(proc: subprocess.Popen, timeout: float) -> bool:
         time.sleep(0.05)
 
 
-def supervise(argv: list[str], env: dict[str, str] | None = None, *, stop_timeout_s: float = 20.0,
+def supervise(argv: list[str], env: dict[str, str] | None = None, *, grace_s: float = STOP_GRACE_S,
               poll_s: float = 0.5) -> int:
     """Run ``argv`` in its own session and process group until it exits, and never leave it behind.
 
     SIGTERM, SIGINT or SIGHUP to this process, or the death of its parent (``PR_SET_PDEATHSIG`` on
     Linux, delivered as SIGTERM; else a changed ``os.getppid()``, seen within ``poll_s``), stops the
-    child's whole group: SIGTERM, then SIGKILL to what is left after ``stop_timeout_s``; the return
+    child's whole group: SIGTERM, then SIGKILL to what is left after ``grace_s``; the return
     value is then 128 + the signal. The child gets SIGKILL when this process dies (its own
     ``PR_SET_PDEATHSIG``) and a guard process (:mod:`peagle.engine.child`) kills its group then, so a
     kill -9 of the supervisor leaves nothing either. A child that exits by itself: its exit status
@@ -303,7 +304,7 @@ def supervise(argv: list[str], env: dict[str, str] | None = None, *, stop_timeou
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=in_child)
-        guard = _start_guard(proc.pid)
+        guard = start_guard(proc.pid)
         try:
             while not received:
                 try:
@@ -313,19 +314,19 @@ def supervise(argv: list[str], env: dict[str, str] | None = None, *, stop_timeou
                         received.append(signal.SIGHUP)
                     continue
                 _killpg(proc.pid, signal.SIGKILL)  # workers that outlived the server
-                _wait_group(proc, stop_timeout_s)
+                _wait_group(proc, grace_s)
                 return 128 - rc if rc < 0 else rc
             _killpg(proc.pid, signal.SIGTERM)  # vLLM shuts down, the capture flushes
-            if not _wait_group(proc, stop_timeout_s):
+            if not _wait_group(proc, grace_s):
                 _killpg(proc.pid, signal.SIGKILL)
-                _wait_group(proc, stop_timeout_s)
+                _wait_group(proc, grace_s)
             return 128 + received[0]
         except BaseException:
             _killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
         finally:
-            _stop_guard(guard)
+            stop_guard(guard)
     finally:
         set_parent_death_signal(0)
         for sig, handler in previous.items():
@@ -377,11 +378,27 @@ def load_config(ns: argparse.Namespace) -> ServeConfig:
     return C.build_config(ServeConfig, ns.config, ns.overrides, values, own_sections_only=True)
 
 
+def check_settings(ns: argparse.Namespace, cfg: ServeConfig) -> None:
+    """What the server would only find after loading the model, checked before anything starts
+    (``--flag: why``, exit 2): the port, and the capture's traffic log URI (a local one not a file). The
+    redaction patterns are compiled where the capture settings are built."""
+    from ..storage import check_uri, parse_uri
+
+    if not 1 <= ns.port <= 65535:
+        raise C.ConfigError(f"--port: not a TCP port 1..65535 (got {ns.port})")
+    if cfg.capture.enabled:
+        check_uri(cfg.capture.uri, "--capture")
+        parsed = parse_uri(cfg.capture.uri)
+        if parsed.scheme in ("local", "file") and os.path.exists(parsed.path) and not os.path.isdir(parsed.path):
+            raise C.ConfigError(f"--capture: {parsed.path} is a file, not a traffic log directory")
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         cfg = load_config(ns)
+        check_settings(ns, cfg)
         cmd, env = server_command(ns.target, ns.draft, k=ns.num_speculative_tokens, host=ns.host, port=ns.port,
                                   served_model_name=ns.served_model_name, engine=cfg.engine,
                                   capture=cfg.capture, dtype=ns.dtype)
@@ -390,76 +407,6 @@ def main(argv: list[str] | None = None) -> int:
     where = f", capturing into {cfg.capture.uri}" if cfg.capture.enabled else ""
     print(f"peagle serve: http://{ns.host}:{ns.port}/v1{where}", file=sys.stderr, flush=True)
     return supervise(cmd, env)
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-STOP_GRACE_S = 30.0  # vLLM drains and stops its engine processes on SIGTERM within seconds
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (best effort elsewhere)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def supervise(cmd: list[str], env: dict[str, str] | None, *, grace_s: float = STOP_GRACE_S) -> int:
-    """Run the server ``cmd`` until it exits; returns its exit code.
-
-    The server runs in a process group of its own, which SIGTERM, SIGINT (Ctrl-C) and SIGHUP to this
-    process stop as a whole: SIGTERM to the group, SIGKILL after ``grace_s``; then 128 + the signal.
-    The server gets SIGTERM should this process die without stopping it (even by SIGKILL), and this
-    process gets SIGTERM when its own parent dies, so neither outlives whoever started it.
-    """
-    parent = os.getppid()
-    caught: list[int] = []
-
-    def stop(signum: int, frame: Any) -> None:
-        caught.append(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    try:
-        _die_with_parent()
-        if os.getppid() != parent:  # the parent died before the request took effect
-            return 128 + signal.SIGTERM
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-        while proc.poll() is None and not caught:
-            if os.getppid() != parent:  # where prctl is unavailable: the parent died, we were re-parented
-                caught.append(signal.SIGTERM)
-                break
-            try:
-                proc.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                pass
-        if not caught:
-            return proc.returncode
-        _stop_group(proc, grace_s)
-        return 128 + caught[0]
-    finally:
-        set_parent_death_signal(0)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM to ``proc``'s process group, SIGKILL to what is left of it after ``grace_s``."""
-    def signal_group(sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    signal_group(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    signal_group(signal.SIGKILL)  # the server's own children too, should any outlive it
-    proc.wait()
 
 
 if __name__ == "__main__":
