@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from peagle.rollout.controller import RolloutError, abort_rollout, run_rollout
+from peagle.rollout.decision import DecisionError
 from peagle.rollout.history import LoopHistory
 from peagle.rollout.objects import Candidate
 from peagle.rollout.settings import RolloutSettings
@@ -249,3 +250,18 @@ def test_abort_removes_the_canary_only(served):
     abort_rollout(served.backend, say=said.append)
     assert (served.backend.stable, served.backend.canary) == (STABLE, None)
     assert f"canary of draft {GOOD} removed" in said[-1]
+
+
+@pytest.mark.parametrize("gate, why", [
+    ({"passed": "false", "reasons": [], "report": None}, "'passed': bool"),  # an edited lineage or summary
+    ({"passed": 1, "reasons": [], "report": None}, "'passed': bool"),
+    ({"passed": False, "reasons": ["worse"], "report": None}, "the gate did not pass"),
+])
+def test_a_candidate_with_a_bad_or_failed_gate_summary_is_refused_before_anything_is_deployed(
+        served, tmp_path, gate, why):
+    history = LoopHistory(str(tmp_path / "loop"))
+    bad = Candidate(draft=f"s3://b/{GOOD}", fingerprint=GOOD, values={}, gate=gate)
+    with pytest.raises(DecisionError, match=f"candidate {GOOD}: gate .*{why}"):
+        rollout(served, bad, history)
+    assert served.backend.calls == [] and served.backend.canary is None
+    assert history.keys("decision") == [] and history.keys("promotion") == []

@@ -194,7 +194,16 @@ def test_record_round_trip():
     (lambda d: d["versions"]["stable"].pop("draft"), "versions", "target_fingerprint"),
     (lambda d: d.update(routing="istio"), "routing", "not one of"),
     (lambda d: d.update(canary_percent=True), "canary_percent", "0..100"),
-    (lambda d: d.update(gate=[]), "gate", "object or null"),
+    (lambda d: d.update(gate=[]), "gate", "or null"),
+    # a gate summary is typed: a "false" string is refused, never read as a passed gate further on
+    (lambda d: d.update(gate={"passed": "false", "reasons": [], "report": None}), "gate", "'passed': bool"),
+    (lambda d: d.update(gate={}), "gate", "'passed': bool"),
+    (lambda d: d.update(decision="promote", gate={"passed": False, "reasons": ["worse"], "report": None}), "gate",
+     "the gate did not pass the candidate, yet the decision promotes it"),
+    # the comparison as written, not coerced: a string count, a negative count
+    (lambda d: d["comparison"]["stable"].update(requests="64"), "comparison", "a value of another type"),
+    (lambda d: d["comparison"]["candidate"].update(requests=-5), "comparison", "a negative request"),
+    (lambda d: d["comparison"].update(extra=1), "comparison", "a key too many"),
     (lambda d: d.update(decided_at=5), "decided_at", "ISO 8601"),
 ])
 def test_strict_parse_names_where_and_the_field(change, field, why):
@@ -202,6 +211,14 @@ def test_strict_parse_names_where_and_the_field(change, field, why):
     change(doc)
     with pytest.raises(DecisionError, match=f"^history/decision/x.json: field '{field}': .*{why}"):
         Decision.from_dict(doc, "history/decision/x.json")
+
+
+def test_a_decision_with_a_bad_gate_summary_is_refused_when_made():
+    comparison_ = comparison(Estimate(0.3, (0.2, 0.4)))
+    for gate, why in (({"passed": "false", "reasons": [], "report": None}, "'passed': bool"),
+                      ({"passed": False, "reasons": ["worse"], "report": None}, "the gate did not pass")):
+        with pytest.raises(DecisionError, match=f"field 'gate': .*{why}"):
+            decide(comparison_, SETTINGS, window_over=False, gate=gate, now=T0)
 
 
 def test_not_an_object_and_not_json():

@@ -13,7 +13,7 @@ from peagle.rollout.decision import Decision, DecisionError, decide
 from peagle.rollout.history import (KINDS, LoopHistory, LoopHistoryError, history_uri)
 from peagle.rollout.live import LiveComparison, VersionFigures
 from peagle.rollout.objects import Candidate
-from peagle.rollout.promotion import PromotionRecord, record_promotion
+from peagle.rollout.promotion import PromotionError, PromotionRecord, record_promotion
 from peagle.rollout.settings import ROUTINGS, RegistrySettings, RolloutSettings
 from peagle.traffic.gate_report import Estimate, GateCheck, GateResult, write_gate
 from peagle.traffic.log import TrafficLog, TrafficWriter
@@ -140,7 +140,15 @@ def test_a_record_its_reader_would_refuse_is_refused_when_written(tmp_path):
         decide(live(0.2), RolloutSettings(min_requests=32), window_over=False, canary_percent=101)
     with pytest.raises(DecisionError, match="field 'decided_at'"):
         dataclasses.replace(decision, decided_at="yesterday")
+    with pytest.raises(DecisionError, match="field 'comparison'"):  # a count as a string: refused, not coerced
+        dataclasses.replace(decision, comparison={**decision.comparison,
+                                                  "stable": {**decision.comparison["stable"], "requests": "64"}})
     history = LoopHistory(tmp_path, clock=Clock())
+    for gate, why in (({"passed": "false", "reasons": [], "report": None}, "'passed': bool"),  # never read as true
+                      ({"passed": False, "reasons": ["worse"], "report": None}, "did not pass the promoted draft")):
+        gated = Candidate(draft="/drafts/c", fingerprint="c" * 12, values={}, gate=gate)
+        with pytest.raises(PromotionError, match=f"field 'gate': .*{why}"):
+            record_promotion(decision, gated, history=history, registry=RegistrySettings())
     for kind, doc in (("decision", {**decision.to_dict(), "decided_at": "yesterday"}),
                       ("promotion", {"format": "peagle.rollout.promotion/v1"})):
         with pytest.raises(TypeError, match=f"a {kind} is appended as its record object"):

@@ -93,7 +93,15 @@ def run_rollout(backend: Backend, candidate: "Candidate", *, traffic: "TrafficLo
     history the decision (and, on promotion, its record) is appended to; without it a rerun cannot find
     an earlier decision. ``on_decision`` is called with a new decision once it is on record, before it is
     applied (KFP metrics). ``out``: where the promotion record is published (manifest metadata).
-    ``clock`` (aware UTC datetimes) and ``sleep`` are injectable for tests."""
+    ``clock`` (aware UTC datetimes) and ``sleep`` are injectable for tests. A candidate whose gate summary is
+    not one (:func:`~.decision.gate_summary_problem`), or whose gate did not pass, is refused before anything
+    is deployed: its decision could not be recorded."""
+    from .decision import DecisionError, gate_summary_problem
+
+    problem = gate_summary_problem(candidate.gate)
+    if problem or (candidate.gate is not None and not candidate.gate["passed"]):
+        raise DecisionError(f"candidate {candidate.fingerprint}: gate {candidate.gate!r:.200}: "
+                            f"{problem or 'the gate did not pass the candidate'}: not rolled out")
     stable = backend.stable_fingerprint()
     if stable is None:
         raise RolloutError("no stable deployment to roll the candidate out beside: deploy it first (peagle deploy)")

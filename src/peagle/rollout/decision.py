@@ -19,7 +19,8 @@ Layout of a decision record (:meth:`Decision.to_dict`; every key is required, no
     versions        {target_fingerprint: str | null, stable: {fingerprint, draft}, candidate: {fingerprint, draft}}
     routing         how traffic was split: rollout.routing, or "local" (``peagle rollout local``'s router)
     canary_percent  the candidate's share of traffic
-    gate            the candidate's gate summary {passed, reasons, report} | null (not gated)
+    gate            the candidate's gate summary {passed (bool), reasons, report} | null (not gated);
+                    a promotion's gate passed
     settings        the rollout section used, without the registry
     decided_at      format_time of the decision
 """
@@ -36,7 +37,7 @@ from typing import Any, Literal
 from ..errors import PeagleError
 from ..traffic.gate_report import Estimate
 from ..traffic.record import format_time, parse_time, strict_fields, timestamp_problem
-from .live import CANDIDATE, ROLES, STABLE, LiveComparison
+from .live import CANDIDATE, ROLES, STABLE, LiveComparison, comparison_problem
 from .settings import ROUTINGS, RolloutSettings
 
 DECISION_FORMAT = "peagle.rollout.decision/v1"
@@ -70,8 +71,16 @@ class Decision:
     def __post_init__(self) -> None:
         # a record is checked when it is made, by the rules its reader applies: one that could not be read
         # back (a rerun looks at it) is refused before it is written anywhere
-        strict_fields(type(self), self.to_dict(), f"decision {self.id}", DECISION_FORMAT, _CHECKS, DecisionError,
-                      "a decision record")
+        self._check(self.to_dict(), f"decision {self.id}")
+
+    @staticmethod
+    def _check(d: Any, where: str) -> dict[str, Any]:
+        """The record's fields, checked field by field and together (:class:`DecisionError` naming ``where``)."""
+        parsed = strict_fields(Decision, d, where, DECISION_FORMAT, _CHECKS, DecisionError, "a decision record")
+        problem = _record_problem(parsed)
+        if problem:
+            raise DecisionError(f"{where}: field {problem[0]!r}: {problem[1]}")
+        return parsed
 
     @property
     def promoted(self) -> bool:
@@ -91,7 +100,7 @@ class Decision:
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "Decision":
         """Parse one record strictly; :class:`DecisionError` names ``where`` and the field."""
-        return cls(**strict_fields(cls, d, where, DECISION_FORMAT, _CHECKS, DecisionError, "a decision record"))
+        return cls(**cls._check(d, where))
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> "Decision":
@@ -102,11 +111,22 @@ class Decision:
         return cls.from_dict(doc, where)
 
 
-def _comparison(v: Any) -> str | None:
-    try:
-        LiveComparison.from_dict(v)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        return f"not a live comparison ({type(exc).__name__}: {exc})"
+def gate_summary_problem(v: Any) -> str | None:
+    """None when ``v`` is null (not gated) or a gate summary ``{passed: bool, reasons: [str], report: str | null}``
+    (:func:`peagle.rollout.local.gate_summary_of`), else the reason: a ``"passed": "false"`` is refused, never
+    read as true further on (the promotion record)."""
+    ok = v is None or (isinstance(v, dict) and set(v) == {"passed", "reasons", "report"}
+                       and isinstance(v["passed"], bool) and isinstance(v["reasons"], list)
+                       and all(isinstance(r, str) for r in v["reasons"])
+                       and (v["report"] is None or isinstance(v["report"], str)))
+    return None if ok else "not {'passed': bool, 'reasons': [str], 'report': str | null} or null"
+
+
+def _record_problem(d: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, why) when the fields of a record, each valid, contradict each other: a promotion of a candidate
+    whose gate did not pass."""
+    if d["decision"] == PROMOTE and d["gate"] is not None and not d["gate"]["passed"]:
+        return "gate", "the gate did not pass the candidate, yet the decision promotes it"
     return None
 
 
@@ -137,13 +157,13 @@ _CHECKS = {
     "decision": lambda v: None if v in DECISIONS else f"not one of {', '.join(DECISIONS)}",
     "reasons": lambda v: (None if isinstance(v, list) and all(isinstance(x, str) for x in v)
                           else "not a list of strings"),
-    "comparison": _comparison,
+    "comparison": comparison_problem,
     "window": _window,
     "versions": _versions,
     "routing": lambda v: None if v in DECISION_ROUTINGS else f"not one of {', '.join(DECISION_ROUTINGS)}",
     "canary_percent": lambda v: (None if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100
                                  else "not an integer 0..100"),
-    "gate": lambda v: None if v is None or isinstance(v, dict) else "not an object or null",
+    "gate": gate_summary_problem,
     "settings": lambda v: None if isinstance(v, dict) else "not an object",
     "decided_at": timestamp_problem,
 }

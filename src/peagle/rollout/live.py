@@ -84,6 +84,21 @@ class LiveComparison:
                    Estimate.from_dict(diff["first_position_acceptance"]))
 
 
+def comparison_problem(v: Any) -> str | None:
+    """None when ``v`` is a :meth:`LiveComparison.to_dict` exactly as it is written -- every key, no other, each
+    value of its type (a request count ``"64"`` or ``-5`` is refused, not coerced) -- else the reason. The one
+    rule of a recorded comparison (a decision's ``comparison``, a promotion's ``live``), made or read."""
+    try:
+        c = LiveComparison.from_dict(v)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        return f"not a live comparison ({type(exc).__name__}: {exc})"
+    if c.to_dict() != v:
+        return "not a live comparison as written (a key too many, or a value of another type)"
+    if min(c.stable.requests, c.candidate.requests, c.stable.steps, c.candidate.steps) < 0:
+        return "a negative request or step count"
+    return None
+
+
 def live_histogram(record: TrafficRecord) -> list[int] | None:
     """The record's acceptance histogram when it counts as a live request (answered, status 200), else None."""
     if record.status != 200 or record.spec_decode is None:

@@ -44,8 +44,9 @@ from ..stage_io import is_remote, join
 from ..storage import open_dataset, open_store, publish
 from ..traffic.gate_report import TRAFFIC, GateResult
 from ..traffic.record import format_time, parse_time, strict_fields, timestamp_problem
+from .decision import gate_summary_problem
 from .history import PROMOTION
-from .live import CANDIDATE, STABLE, LiveComparison
+from .live import CANDIDATE, STABLE, LiveComparison, comparison_problem
 from .registry import ModelRegistryClient, Property, Registration
 from .settings import RegistrySettings
 
@@ -216,7 +217,8 @@ def _gate_figures(gate: Mapping[str, Any]) -> dict[str, Any]:
                           "candidate": c.candidate.acceptance_length.as_dict(),
                           "difference": c.acceptance_length_difference.as_dict()}
                    for name, c in sorted(result.sets.items(), key=lambda kv: kv[0] != TRAFFIC)}
-    return {"passed": bool(gate["passed"]), "reasons": [str(r) for r in gate.get("reasons") or []],
+    # taken as it is, never coerced: a "passed": "false" is refused by the record's check, not read as true
+    return {"passed": gate.get("passed"), "reasons": gate.get("reasons"),
             "report": None if not report else str(report), "figures": figures}
 
 
@@ -271,20 +273,15 @@ def _fraction(v: Any) -> str | None:
 
 
 def _gate(v: Any) -> str | None:
+    # the decision's gate summary (one rule: decision.gate_summary_problem) plus its figures; a promoted draft's
+    # gate passed
     if v is None:
         return None
-    ok = (isinstance(v, dict) and set(v) == {"passed", "reasons", "report", "figures"} and isinstance(v["passed"], bool)
-          and isinstance(v["reasons"], list) and all(isinstance(r, str) for r in v["reasons"])
-          and _str_or_none(v["report"]) is None and (v["figures"] is None or isinstance(v["figures"], dict)))
+    ok = (isinstance(v, dict) and "figures" in v and (v["figures"] is None or isinstance(v["figures"], dict))
+          and gate_summary_problem({k: x for k, x in v.items() if k != "figures"}) is None)
+    if ok and not v["passed"]:
+        return "the gate did not pass the promoted draft"
     return None if ok else "not {'passed': bool, 'reasons': [str], 'report': str | null, 'figures': {...} | null}"
-
-
-def _live(v: Any) -> str | None:
-    try:
-        LiveComparison.from_dict(v)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        return f"not a live comparison ({type(exc).__name__}: {exc})"
-    return None
 
 
 def _registration(v: Any) -> str | None:
@@ -300,7 +297,7 @@ _CHECKS = {
     "traffic_window": _window,
     "replay_fraction": _fraction,
     "gate": _gate,
-    "live": _live,
+    "live": comparison_problem,
     "decision_id": lambda v: None if isinstance(v, str) and v else "not a non-empty string",
     "vllm_version": _str_or_none,
     "promoted_at": timestamp_problem,
