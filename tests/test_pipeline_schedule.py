@@ -263,12 +263,13 @@ def test_intervals():
         interval_seconds("59s")
 
 
-# ---- a server that accepts connections and never answers --------------------------------------------
+# ---- a server that accepts connections and never answers (in full) -----------------------------------
 
 
 @pytest.fixture
-def silent_server():
-    """``(url, connections)``: a TCP server on 127.0.0.1 that accepts and never says a word."""
+def silent_server(request):
+    """``(url, connections)``: a TCP server on 127.0.0.1 that accepts and never says a word, or (param
+    "dribbling") starts an answer and then sends one byte of a header line every 0.1 s, for ever."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
@@ -276,12 +277,23 @@ def silent_server():
     held: list[socket.socket] = []
     stop = threading.Event()
 
+    def dribble(c: socket.socket) -> None:
+        try:
+            c.recv(65536)
+            c.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            while not stop.wait(0.1):
+                c.sendall(b"a")
+        except OSError:
+            pass
+
     def accept() -> None:
         while not stop.is_set():
             try:
                 held.append(server.accept()[0])
             except OSError:
                 continue
+            if getattr(request, "param", "silent") == "dribbling":
+                threading.Thread(target=dribble, args=(held[-1],), daemon=True).start()
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
@@ -293,11 +305,14 @@ def silent_server():
     server.close()
 
 
-@pytest.mark.parametrize("request_s, deadline_s", [(0.3, 60.0), (30.0, 0.5)])
+@pytest.mark.parametrize("request_s, deadline_s, silent_server", [(0.3, 60.0, "silent"), (30.0, 0.5, "silent"),
+                                                                  (0.3, 1.0, "dribbling")],
+                         indirect=["silent_server"])
 def test_a_server_that_never_answers_is_given_up_within_the_deadline_saying_what_was_tried(
         capsys, monkeypatch, silent_server, request_s, deadline_s):
-    """A request that timed out is not sent again, no request outlives the deadline, and the message says
-    how many requests were sent in how long (not only the limit of one)."""
+    """A request that timed out is not sent again, no request outlives the deadline (not one whose answer
+    comes a byte at a time either), and the message says how many requests were sent in how long (not only
+    the limit of one)."""
     import time
 
     import kfp  # noqa: F401 - imported before the clock starts (seconds on a busy machine)
@@ -307,11 +322,35 @@ def test_a_server_that_never_answers_is_given_up_within_the_deadline_saying_what
     monkeypatch.setattr(submit_mod, "REQUEST_TIMEOUT_S", request_s)
     monkeypatch.setattr(submit_mod, "DEADLINE_S", deadline_s, raising=False)
     url, connections = silent_server
-    started = time.monotonic()
-    code, out, err = schedule(capsys, url, "--cron", "0 3 * * *")
+    started, result = time.monotonic(), []
+    worker = threading.Thread(target=lambda: result.append(schedule(capsys, url, "--cron", "0 3 * * *")), daemon=True)
+    worker.start()
+    worker.join(20)  # a schedule that outlives the deadline fails here rather than hang the suite
     took = time.monotonic() - started
+    assert result, f"still waiting for the server after {took:.0f}s"
+    code, out, err = result[0]
     assert code == 2 and url in err and "Traceback" not in err and TOKEN not in out + err, err
     said = re.search(r"gave up after (\d+) requests? in ([\d.]+)s", err)
     assert said and int(said.group(1)) == 1, err
     assert float(said.group(2)) <= min(request_s, deadline_s) + 1 and float(said.group(2)) <= took < 15, (took, err)
     assert len(connections) <= 2  # the reachability check and the one request
+
+
+@pytest.mark.parametrize("namespace", [None, "ns"])  # kfp.Client asks for the healthz (retrying), or only peagle
+def test_a_token_echoed_in_an_error_answer_is_never_shown_or_logged(capsys, caplog, monkeypatch, refresh_package,
+                                                                    namespace):
+    """A server that answers every request 500 quoting the Authorization header it got: exit 2 saying it
+    answered 500, and the token is in neither the output nor a log record (kfp logs its failed healthz)."""
+    import kfp
+
+    monkeypatch.setattr(kfp.Client.get_kfp_healthz, "__defaults__", (0,))  # kfp's 5 s between its retries
+    server = KfpStandIn()
+    monkeypatch.setattr(server, "handle", lambda *a: (500, {"error": f"no: {sorted(server.authorization)}"}))
+    try:
+        code, out, err = schedule(capsys, server.url, "--cron", "0 3 * * *", "--package", str(refresh_package),
+                                  *(["--namespace", namespace] if namespace else []))
+    finally:
+        server.close()
+    assert server.authorization == {f"Bearer {TOKEN}"}
+    assert code == 2 and "answered 500" in err, err
+    assert TOKEN not in out + err + caplog.text and "do-not" not in out + err + caplog.text

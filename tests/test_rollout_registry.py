@@ -285,7 +285,7 @@ class _Answer:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def close(self):
         self.server.shutdown()
@@ -315,3 +315,40 @@ def test_a_redirect_to_another_origin_never_receives_the_token():
         elsewhere.close()
     assert registry.authorization == [f"Bearer {TOKEN}"] and elsewhere.authorization == []
     assert TOKEN not in str(err.value)
+
+
+def test_an_endless_error_body_is_read_only_as_far_as_the_message_needs():
+    """A registry that answers 500 with a body of 64 MiB (as good as endless): the client reads its start,
+    not all of it (a body without end would fill the memory)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    sent = []
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+        n = 0
+        try:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 500 Oops\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+            while n < 64 << 20:
+                n += conn.send(b"z" * (1 << 16))
+        except OSError:  # the client closed the connection
+            pass
+        finally:
+            sent.append(n)
+            conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ModelRegistryError, match="HTTP 500 Oops: zzz"):
+            ModelRegistryClient(f"http://127.0.0.1:{server.getsockname()[1]}", TOKEN, timeout_s=5).registered_model("m")
+        thread.join(10)
+    finally:
+        server.close()
+    assert sent and sent[0] < 16 << 20, sent

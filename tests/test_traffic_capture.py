@@ -88,10 +88,48 @@ def test_default_patterns_replace_each_kind(name, text):
     ("mail j\u0430ne@ex\u0430mple.org", "email", "mple"),  # Cyrillic a in an address
     ("-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----", "private_key", "lQOYBF"),
     ("at 4111111111111111 192.168.0.1 now", "card", "4111"),  # a card then an IPv4
+    ("at 4111111111111111 192.168.0.1 now", "ipv4", "168.0"),  # ... and the address whole
+    ("994111 1111 1111 1111", "card", "1111 1111"),  # digits glued before a grouped card
+    ("4111 1111 1111 1111737", "card", "1111 1111"),  # a CVV glued to its last group
+    ("key 2AKIAIOSFODNN7EXAMPLE", "aws_access_key", "IOSFODNN7"),  # digits glued to an AWS key id
+    ("AWS_KEY_AKIAIOSFODNN7EXAMPLE123", "aws_access_key", "IOSFODNN7"),
+    ("1sk-proj-abcdefghijklmnopqrstuvwxyz", "api_key", "abcdefghij"),  # a digit before the key
+    ("OPENAI_sk-proj-abcdefghijklmnopqrstuvwxyz", "api_key", "abcdefghij"),
+    ("1Bearer abcDEF0123456789xyz", "bearer", "abcDEF0123"),
+    ("mail jane.doe@example.com123", "email", "jane.doe"),  # digits after the domain
+    ("call 1(415) 555-0100", "phone", "555-0100"), ("call 415-555-0100x12", "phone", "555-0100"),
+    ("ip ...192.168.0.1", "ipv4", "168.0"),
+    ("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "api_key", "4eC39Hq"),  # Stripe
+    ("github_pat_11ABCDEFG0123456789_abcdefghijklmnop", "api_key", "ABCDEFG"),
+    ("mail \u051dill@example.org", "email", "xample"),  # a Cyrillic w
+    ("t=_eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.dozjgNryP4J3jVmNHl0w5N", "jwt", "eyJzdWIi"),  # glued to '_'
+    ("call +49 30 92813755 1196 now", "phone", "92813755"),  # a number right after it
+    ("call ++49 30 23351714", "phone", "23351714"),
+    ("\u0664\u0661\u0661\u0661 \u0661\u0661\u0661\u0661 \u0661\u0661\u0661\u0661 \u0661\u0661\u0661\u0661",
+     "card", "\u0661\u0661\u0661\u0661"),  # Arabic-Indic digits
+    ("\u0967\u096f\u0968.\u0967\u096c\u096e.\u0966.\u0967", "ipv4", "\u096c\u096e"),  # Devanagari digits
+    ("seed \U0001d7d2\U0001d7cf\U0001d7cf\U0001d7cf\U0001d7cf\U0001d7cf\U0001d7cf\U0001d7cf"
+     "\U0001d7cf\U0001d7cf\U0001d7cf\U0001d7cf\U0001d7cf\U0001d7cf\U0001d7cf\U0001d7cf", "card", "1111"),  # bold digits
+    ("card 4111\u20131111\u20131111\u20131111", "card", "1111"),  # en dashes between the groups
+    ("\u2014\u2014\u2014\u2014\u2014BEGIN PRIVATE KEY\u2014\u2014\u2014\u2014\u2014\nMIIEvQ", "private_key", "MIIEvQ"),
+    ("-----begin rsa private key-----\nMIIEvQ\n-----end rsa private key-----", "private_key", "MIIEvQ"),
+    ("ip 192\u3002168\u30020\u30021", "ipv4", "168"),  # ideographic full stops
 ])
 def test_disguised_secrets_are_redacted(text, name, secret):
     out, n = Redactor.from_settings(["default"]).apply(text)
     assert f"[REDACTED:{name}]" in out and secret not in out, out
+
+
+@pytest.mark.parametrize("text", ["a." * 60_000, "x@" + "a." * 60_000 + "1", "eyJab.eyJab." * 12_000, "7" * 200_000])
+def test_redaction_takes_linear_time_on_hostile_text(text):
+    """The writer thread redacts every record: a pattern that backtracks quadratically on a long request
+    (an e-mail local part without '@', every card slice Luhn-checked from scratch) would stall the
+    capture for minutes; each of these took 10 s or more."""
+    import time
+
+    start = time.monotonic()
+    Redactor.from_settings(["default"]).apply(text)
+    assert time.monotonic() - start < 2.0
 
 
 def test_redaction_normalises_what_it_stores_and_leaves_lookalike_words_alone():
@@ -100,8 +138,11 @@ def test_redaction_normalises_what_it_stores_and_leaves_lookalike_words_alone():
 
 
 def test_default_patterns_leave_ordinary_text_alone():
+    # 4111 1111 1111 1113: no slice of 13 to 19 of its digits passes the Luhn check (a run of 13 or more
+    # digits that has one loses that slice: every card-length slice of a run is tried)
     text = ("on 2026-12-03 at 12:30 v1.2.3 costs 12345678 or 1000 2000 3000; pi=3.14159265358979; "
-            "card-like 4111 1111 1111 1112; port 8080; a@b; x = [1, 2, 3]")
+            "card-like 4111 1111 1111 1113; port 8080; a@b; x = [1, 2, 3]; task-management-and-scheduling; "
+            "ASIA PACIFIC 2026; call 555-0100 at 9")
     assert Redactor.from_settings(["default"]).apply(text) == (text, 0)
     assert luhn_ok("4111111111111111") and not luhn_ok("4111111111111112")
 
@@ -262,6 +303,33 @@ def test_only_the_fields_the_refresh_uses_are_stored_and_every_one_is_redacted(c
     assert ok.messages[0]["role"] == "other" and ok.model == "served [REDACTED:card]"
     assert ok.sampling == {"temperature": 0.0, "max_tokens": 3, "seed": None}  # numbers only; the card seed nulled
     assert (refused.status, refused.messages, refused.model, refused.sampling) == (400, [], "", {})
+
+
+def test_a_card_number_given_as_a_float_or_a_huge_number_is_not_stored(capture, tmp_path):
+    client, mw = capture()
+    for value in (float(CANARY), int(CANARY + "0000"), -int(CANARY)):
+        assert client.post("/v1/chat/completions", json={**CHAT, "seed": value, "top_k": value}).status_code == 200
+    records = closed_records(mw)
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "log").rglob("*") if p.is_file())
+    assert CANARY[:12].encode() not in raw and CANARY[:12].encode() not in raw.replace(b".", b"")
+    assert [r.sampling for r in records] == [{"temperature": 0.0, "max_tokens": 3, "seed": None, "top_k": None}] * 3
+
+
+def test_an_error_reported_in_the_stream_keeps_none_of_the_requests_text(tmp_path, monkeypatch):
+    """vLLM reports a failure after the headers as a data chunk ``{"error": ...}``: a refused request."""
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        error = {"error": {"message": f"bad input {CANARY}", "code": 400}}
+        await send({"type": "http.response.body", "body": f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()})
+
+    for key, value in CaptureSettings(enabled=True, uri=str(tmp_path / "log"), flush_interval_s=0.05).to_env().items():
+        monkeypatch.setenv(key, value)
+    mw = CaptureMiddleware(app)
+    body = {**CHAT, "stream": True, "messages": [{"role": "user", "content": "my card is 4111 1111 1111 1111"}]}
+    assert TestClient(mw).post("/v1/chat/completions", json=body).status_code == 200
+    (rec,) = closed_records(mw)
+    assert (rec.status, rec.messages, rec.model, rec.response_text, rec.sampling) == (400, [], "", "", {})
 
 
 def test_a_response_that_never_finishes_is_counted_not_lost(capture):

@@ -182,7 +182,7 @@ def _kill_all(top, pids):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_stop_signal_to_serve_stops_the_server_and_its_workers(tmp_path, sig):
     top, pids, port = _tree(tmp_path)
     try:
@@ -302,12 +302,13 @@ def test_kill_9_mid_traffic_keeps_complete_batches_and_loses_at_most_the_unflush
 
 
 def test_a_bad_redaction_pattern_stops_serve_before_anything_starts(tmp_path, capsys, monkeypatch):
-    """Compiled where the settings are built: exit 2 in one line naming the setting, no server started."""
+    """Compiled where the settings are built: exit 2 in one line naming the setting, no server started.
+    (``-k``: nothing else reads the draft before the server would start.)"""
     from peagle.traffic import serve
 
     monkeypatch.setattr(serve.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
     rc = serve.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "--capture",
-                     str(tmp_path / "log"), "--capture-redact", "re:("])
+                     str(tmp_path / "log"), "--capture-redact", "re:(", "-k", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "capture.redact" in err[0] and "re:(" in err[0], err
 
@@ -317,11 +318,18 @@ def test_a_bad_redaction_pattern_stops_serve_before_anything_starts(tmp_path, ca
     (["--port", "0"], "--port"),
     (["--capture", "ftp://host/traffic"], "--capture"),
     (["--capture", "FILE"], "--capture"),  # a local traffic log that is a file
+    (["--port", "BUSY"], "--port"),  # another server listens there
+    (["--host", "203.0.113.7"], "--host"),  # an address of no interface here (TEST-NET-3)
 ])
 def test_a_bad_serve_flag_stops_serve_before_anything_starts(tmp_path, capsys, monkeypatch, flags, named):
+    import socket
+
     (tmp_path / "file").write_text("x")
     monkeypatch.setattr(S.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
-    flags = [str(tmp_path / "file") if f == "FILE" else f for f in flags]
-    rc = S.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), *flags])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        flags = [{"FILE": str(tmp_path / "file"), "BUSY": str(busy.getsockname()[1])}.get(f, f) for f in flags]
+        rc = S.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "-k", "1", *flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"peagle: error: {named}: "), err

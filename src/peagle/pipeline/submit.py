@@ -7,9 +7,11 @@ variable ``kfp.Client`` itself reads) or ``KFP_HOST``; ``KF_PIPELINES_TOKEN`` or
 The host must be an ``http://`` or ``https://`` URL; it is checked, and a TCP connection to it
 opened within :data:`REQUEST_TIMEOUT_S`, before the client is built. Every request to the server is
 limited to :data:`REQUEST_TIMEOUT_S` (the generated client waits forever unless told) and not sent again
-once it timed out, all of them together to :data:`DEADLINE_S`; a server that cannot be reached, does not
-answer in time or answers with an error is a :class:`SubmitError` naming the host (and, for a timeout,
-how many requests were sent in how long).
+once it timed out, all of them together to :data:`DEADLINE_S` (a hard limit: a server that sends its answer
+a byte at a time does not outlast it); a server that cannot be reached, does not answer in time or answers
+with an error is a :class:`SubmitError` naming the host (and, for a timeout, how many requests were sent in
+how long). An error answer is never shown or logged with the token in it (a server may echo the request's
+``Authorization``): it is masked in the answer as soon as it arrives, before kfp logs it.
 
 Before it creates anything, :func:`on_server` (what :func:`submit` and
 :func:`peagle.pipeline.schedule.schedule` go through) asks the server for its version
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -115,12 +119,14 @@ def make_client(host: str | None = None, token: str | None = None, namespace: st
 
 
 class _Budget:
-    """The requests of one :func:`bounded_requests` block: how many were sent, since when, until when."""
+    """The requests of one :func:`bounded_requests` block: how many were sent, since when, until when, and
+    the last error answer (masked), if the last request got one."""
 
     def __init__(self, limit: float, deadline_s: float):
         self.limit, self.deadline_s = limit, deadline_s
         self.started = time.monotonic()
         self.requests = 0
+        self.error_answer: Any = None  # kfp_server_api.ApiException
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -132,6 +138,27 @@ class _Budget:
             raise DeadlinePassed(self)
         self.requests += 1
         return min(self.limit, left)
+
+    def within_deadline(self, send: Callable[[], T]) -> T:
+        """``send()``'s result, or DeadlinePassed once the deadline has passed. A socket's timeout bounds
+        each wait for data, not a request: a server sending a byte now and then would keep one open forever.
+        So ``send`` runs on a thread of its own, left behind (blocked on that server) past the deadline."""
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["value"] = send()
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=work, name="pipeline-server-request", daemon=True)
+        worker.start()
+        worker.join(max(0.0, self.deadline_s - self.elapsed()))
+        if worker.is_alive():
+            raise DeadlinePassed(self)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
     def said(self) -> str:
         return (f"{self.requests} request{'s' * (self.requests != 1)} in {self.elapsed():.1f}s "
@@ -156,6 +183,7 @@ def bounded_requests(timeout: float | None = None, deadline_s: float | None = No
     waiting its whole limit): a server that did not answer within the limit is not used."""
     import urllib3
     from kfp_server_api import rest
+    from kfp_server_api.exceptions import ApiException
 
     budget = _Budget(REQUEST_TIMEOUT_S if timeout is None else timeout,
                      DEADLINE_S if deadline_s is None else deadline_s)
@@ -163,6 +191,8 @@ def bounded_requests(timeout: float | None = None, deadline_s: float | None = No
 
     def request(self, *args, _request_timeout=None, **kwargs):
         limit = budget.next_timeout()
+        headers = kwargs.get("headers") if "headers" in kwargs else (args[2] if len(args) > 2 else None)
+        authorization = str((headers or {}).get("Authorization") or "")
         if isinstance(_request_timeout, tuple):  # a caller's own limits: within the deadline too
             _request_timeout = tuple(min(t, limit) for t in _request_timeout)
         else:  # a float alone is ignored by the generated client
@@ -172,8 +202,19 @@ def bounded_requests(timeout: float | None = None, deadline_s: float | None = No
         # connection errors are still retried (as the client is configured); read timeouts are not
         retries = urllib3.Retry(total=3, read=0, redirect=False, raise_on_redirect=False)
         pool.request = lambda *a, **k: pool_request(*a, **{"retries": retries, **k})
+
+        def send() -> Any:
+            try:
+                response = original(self, *args, _request_timeout=_request_timeout, **kwargs)
+                response.data  # noqa: B018 - the whole body, within the deadline (also when not preloaded)
+            except ApiException as exc:  # masked before anyone (kfp's logging.exception among them) sees it
+                budget.error_answer = _masked(exc, authorization.partition(" ")[2].strip())
+                raise
+            budget.error_answer = None
+            return response
+
         try:
-            return original(self, *args, _request_timeout=_request_timeout, **kwargs)
+            return budget.within_deadline(send)
         finally:
             del pool.request  # the instance attribute: the class's method again
 
@@ -182,6 +223,29 @@ def bounded_requests(timeout: float | None = None, deadline_s: float | None = No
         yield budget
     finally:
         rest.RESTClientObject.request = original
+
+
+_BEARER = re.compile(r"(?i)\bbearer\s+[^\s\"',;]+")
+
+
+def _mask(text: Any, secret: str) -> Any:
+    """``text`` (str or bytes) with ``secret`` and any ``Bearer <value>`` replaced by ``***``."""
+    if isinstance(text, bytes):
+        return _mask(text.decode("utf-8", "replace"), secret).encode()
+    if not isinstance(text, str):
+        return text
+    if len(secret) >= 4:  # a one-letter "token" would mask the whole text, and hides nothing
+        text = text.replace(secret, "***")
+    return _BEARER.sub("Bearer ***", text)
+
+
+def _masked(exc: Any, secret: str) -> Any:
+    """The ApiException ``exc`` with its reason, headers and body masked (:func:`_mask`), in place."""
+    exc.reason = _mask(exc.reason, secret)
+    exc.body = _mask(exc.body, secret)
+    if exc.headers:
+        exc.headers = {k: _mask(v, secret) for k, v in exc.headers.items()}
+    return exc
 
 
 def _server_error(exc: BaseException, where: str, budget: _Budget | None = None) -> SubmitError | None:
@@ -196,7 +260,11 @@ def _server_error(exc: BaseException, where: str, budget: _Budget | None = None)
     if not isinstance(exc, (HTTPError, ConnectionError, TimeoutError, socket.gaierror)):
         return None
     reason = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
-    if isinstance(reason, DeadlinePassed):
+    if isinstance(reason, TimeoutError) and budget is not None and budget.error_answer is not None:
+        # kfp.Client retries a failed healthz and then raises "TimeoutError": the server did answer
+        answer = budget.error_answer
+        why = f"it answered {answer.status} {shorten(str(answer.reason), 200)}; gave up after {budget.said()}"
+    elif isinstance(reason, DeadlinePassed):
         why = f"no complete answer in time: {reason}"
     elif isinstance(reason, Urllib3Timeout):
         limit = budget.limit if budget is not None else REQUEST_TIMEOUT_S

@@ -39,6 +39,7 @@ MODEL_FORMAT_NAME = "peagle-p-eagle-draft"  # what the artifact is: a vLLM-forma
 MODEL_ARTIFACT = "model-artifact"  # the API's artifactType discriminator
 _INT32_DIGITS = 9  # MetadataIntValue.int_value: "^-?([1-9][0-9]{0,8}|0)$"
 _MESSAGE_LIMIT = 300  # characters of a server's error body shown in an error
+_BODY_LIMIT = 1 << 20  # bytes of an error body read (one without end would fill the memory)
 
 Property = str | int | float | bool | None
 
@@ -234,7 +235,7 @@ def _id(value: str) -> str:
 def _server_message(exc: urllib.error.HTTPError) -> str:
     """The API's ``Error.message`` when the body is one, else the body's start."""
     try:
-        raw = exc.read()
+        raw = exc.read(_BODY_LIMIT)
     except OSError:
         return ""
     try:

@@ -16,9 +16,9 @@ Nothing raised inside the capture reaches the server: errors are counted and log
 
 What is stored of a request: its messages (role and text) or prompt, the model name, the numeric sampling
 settings of :data:`SAMPLING_KEYS`, and the response's text, usage and spec-decode metrics; every string
-redacted. Nothing else a client sends is stored. A refused request (status other than 200) is stored
-without any of its text. A response that never finishes (the client disconnected, the app failed) is
-counted as ``dropped{reason="incomplete"}``.
+redacted. Nothing else a client sends is stored. A refused request (status other than 200, or an error
+reported in the stream) is stored without any of its text. A response that never finishes (the client
+disconnected, the app failed) is counted as ``dropped{reason="incomplete"}``.
 
 Prometheus counters (default registry, shown by vLLM's ``/metrics``; skipped without prometheus_client):
 ``peagle_capture_records_total``, ``peagle_capture_dropped_total{reason}``,
@@ -194,20 +194,21 @@ class _Capture:
         chat = self.endpoint == CHAT_ENDPOINT
         stream = bool(request.get("stream"))
         timing = {"latency_s": self.latency_s, "first_byte_s": self.first_byte_s}
-        if self.status != 200:  # refused (400, 404, ...): counted by the refresh, never trained on; no text kept
+        body = b"".join(self.response)
+        served = self.status == 200 and ("text/event-stream" in self.content_type or stream)
+        fields: dict[str, Any] = _from_stream(body, chat) if served else (
+            _from_json(body, chat) if self.status == 200 else {})
+        status = fields.pop("status", self.status)
+        if status != 200:  # refused (400, 404, an error mid-stream): counted by the refresh, never trained on
             return TrafficRecord.new(received_at=self.received_at, endpoint=self.endpoint, model="",
                                      messages=[] if chat else None, prompt=None if chat else "", sampling={},
-                                     stream=stream, status=self.status, timing=timing)
-        fields: dict[str, Any] = {"messages": _messages(request.get("messages"))} if chat else {
-            "prompt": _prompt(request.get("prompt"))}
-        body = b"".join(self.response)
-        fields.update(_from_stream(body, chat) if "text/event-stream" in self.content_type or stream
-                      else _from_json(body, chat))
+                                     stream=stream, status=status, timing=timing)
+        fields.update({"messages": _messages(request.get("messages"))} if chat else {
+            "prompt": _prompt(request.get("prompt"))})
         model = request.get("model")
         return TrafficRecord.new(
             received_at=self.received_at, endpoint=self.endpoint, model=model if isinstance(model, str) else "",
-            sampling=_sampling(request), stream=stream, status=fields.pop("status", self.status), timing=timing,
-            **fields)
+            sampling=_sampling(request), stream=stream, status=status, timing=timing, **fields)
 
 
 def _sampling(request: dict[str, Any]) -> dict[str, Any]:

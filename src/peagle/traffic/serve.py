@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import errno
 import json
 import logging
 import os
@@ -380,12 +381,20 @@ def load_config(ns: argparse.Namespace) -> ServeConfig:
 
 def check_settings(ns: argparse.Namespace, cfg: ServeConfig) -> None:
     """What the server would only find after loading the model, checked before anything starts
-    (``--flag: why``, exit 2): the port, and the capture's traffic log URI (a local one not a file). The
-    redaction patterns are compiled where the capture settings are built."""
+    (``--flag: why``, exit 2): the port, that the server could listen on the host and port now (vLLM would
+    find it only after its imports, as a traceback), and the capture's traffic log URI (a local one not a
+    file). The redaction patterns are compiled where the capture settings are built."""
     from ..storage import check_uri, parse_uri
 
     if not 1 <= ns.port <= 65535:
         raise C.ConfigError(f"--port: not a TCP port 1..65535 (got {ns.port})")
+    try:  # as vLLM binds its socket (SO_REUSEADDR: a port left in TIME_WAIT is free)
+        with socket.socket(socket.AF_INET6 if ":" in ns.host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((ns.host, ns.port))
+    except OSError as exc:
+        flag = "--port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+        raise C.ConfigError(f"{flag}: cannot listen on {ns.host}:{ns.port} ({exc.strerror or exc})") from None
     if cfg.capture.enabled:
         check_uri(cfg.capture.uri, "--capture")
         parsed = parse_uri(cfg.capture.uri)
