@@ -14,6 +14,7 @@ catching those still do.
 """
 from __future__ import annotations
 
+import re
 import sys
 
 
@@ -27,3 +28,15 @@ def report(exc: PeagleError) -> int:
     """Print ``peagle: error: <exc>`` on stderr; returns the exit status to leave with."""
     print(f"peagle: error: {exc}", file=sys.stderr)
     return exc.exit_code
+
+
+_BEARER = re.compile(r"(?i)\bbearer\s+[^\s\"',;]+")
+
+
+def mask_token(text: str, token: str | None) -> str:
+    """``text`` with ``token`` and any ``Bearer <value>`` replaced by ``***``: for a message built from what
+    a server answered, which may echo the request's credentials. Mask before cutting a message short (a
+    cut could keep a prefix of the token)."""
+    if token:
+        text = text.replace(token, "***")
+    return _BEARER.sub("Bearer ***", text)

@@ -72,40 +72,26 @@ def kfp_cron(text: str) -> str:
     if len(fields) != len(CRON_FIELDS):
         raise ConfigError(f"--cron takes {len(CRON_FIELDS)} fields ({' '.join(f.name for f in CRON_FIELDS)}); "
                           f"{shorten(text, 60)!r} has {len(fields)} (KFP's leading seconds field is set to 0 here)")
-    for field, part in zip(CRON_FIELDS, fields):
-        for item in part.split(","):
-            _check_item(field, item)
-    _check_some_day_exists(fields[2], fields[3], fields[4])
+    selected = [set().union(*(_check_item(field, item) for item in part.split(",")))
+                for field, part in zip(CRON_FIELDS, fields)]
+    _check_some_day_exists(fields[2], fields[3], fields[4], selected[2], selected[3])
     return "0 " + " ".join(fields)
 
 
-def _values(field: CronField, part: str) -> set[int]:
-    """The values a checked field ``part`` selects."""
-    out: set[int] = set()
-    for item in part.split(","):
-        m = _ITEM.match(item)
-        span, step = m.group("range"), int(m.group("step") or 1)
-        if span in ("*", "?"):
-            low, high = field.low, field.high
-        else:
-            ends = [field.value(v) for v in span.split("-")]
-            low, high = ends[0], (ends[-1] if len(ends) == 2 else (field.high if m.group("step") else ends[0]))
-        out.update(range(low, high + 1, step))
-    return out
-
-
-def _check_some_day_exists(day_of_month: str, month: str, day_of_week: str) -> None:
+def _check_some_day_exists(day_of_month: str, month: str, day_of_week: str, days: set[int],
+                           months: set[int]) -> None:
     """Refuse a day-of-month that no named month has (``31 2``: February 31st), which would never fire.
-    With a day-of-week set too, either day matches (robfig/cron, KFP's scheduler): nothing to refuse."""
+    With a day-of-week set too, either day matches (robfig/cron, KFP's scheduler): nothing to refuse.
+    ``days``, ``months``: the values the two fields select."""
     if day_of_week not in ("*", "?") or day_of_month in ("*", "?"):
         return
-    days, months = _values(CRON_FIELDS[2], day_of_month), _values(CRON_FIELDS[3], month)
     if not any(d <= MONTH_DAYS[m - 1] for d in days for m in months):
         raise ConfigError(f"--cron: the day-of-month field {day_of_month!r} names no day of the month field's "
                           f"months {month!r}; this schedule would never run")
 
 
-def _check_item(field: CronField, item: str) -> None:
+def _check_item(field: CronField, item: str) -> set[int]:
+    """The values ``item`` (one of a field's comma list) selects; ConfigError naming the field if it is bad."""
     m = _ITEM.match(item)
     if not m:
         raise ConfigError(f"--cron: the {field.name} field has {shorten(item, 20)!r}: expected *, a value, "
@@ -116,8 +102,9 @@ def _check_item(field: CronField, item: str) -> None:
                           "whole number >= 1")
     if span == "?" and not field.blank:
         raise ConfigError(f"--cron: the {field.name} field cannot be '?' (only day-of-month and day-of-week)")
+    stride = int(step) if step is not None else 1
     if span in ("*", "?"):
-        return
+        return set(range(field.low, field.high + 1, stride))
     values = [field.value(v) for v in span.split("-")]
     for v in values:
         if not field.low <= v <= field.high:
@@ -125,6 +112,8 @@ def _check_item(field: CronField, item: str) -> None:
                               + (" (0 = Sunday)" if field.name == "day-of-week" else ""))
     if len(values) == 2 and values[0] > values[1]:
         raise ConfigError(f"--cron: the {field.name} field has the range {shorten(span, 20)!r}, which runs backwards")
+    high = values[-1] if len(values) == 2 else (field.high if step is not None else values[0])  # 'a/n': a to the end
+    return set(range(values[0], high + 1, stride))
 
 
 def interval_seconds(text: str) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -34,7 +33,7 @@ from typing import Any, TypeVar
 from urllib.parse import SplitResult, urlsplit
 
 from ..config import shorten
-from ..errors import PeagleError
+from ..errors import PeagleError, mask_token
 
 HOST_ENV = ("KF_PIPELINES_ENDPOINT", "KFP_HOST")
 TOKEN_ENV = ("KF_PIPELINES_TOKEN", "KFP_TOKEN")
@@ -225,18 +224,13 @@ def bounded_requests(timeout: float | None = None, deadline_s: float | None = No
         rest.RESTClientObject.request = original
 
 
-_BEARER = re.compile(r"(?i)\bbearer\s+[^\s\"',;]+")
-
-
 def _mask(text: Any, secret: str) -> Any:
-    """``text`` (str or bytes) with ``secret`` and any ``Bearer <value>`` replaced by ``***``."""
+    """``text`` (str or bytes) masked by :func:`peagle.errors.mask_token`; anything else as it is."""
     if isinstance(text, bytes):
         return _mask(text.decode("utf-8", "replace"), secret).encode()
     if not isinstance(text, str):
         return text
-    if len(secret) >= 4:  # a one-letter "token" would mask the whole text, and hides nothing
-        text = text.replace(secret, "***")
-    return _BEARER.sub("Bearer ***", text)
+    return mask_token(text, secret if len(secret) >= 4 else None)  # a 1-letter "token" would mask all text
 
 
 def _masked(exc: Any, secret: str) -> Any:

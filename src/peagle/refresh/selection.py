@@ -19,8 +19,9 @@
 What is left (``usable``) is sorted by ``received_at`` (then id). The held-out slice is the newest
 records holding ``heldout_fraction`` of its distinct prompts, and at least ``min_heldout`` of them: the
 gate's traffic prompts, never trained on. It is sized by distinct prompts, not records, so that one
-client repeating one prompt many times cannot fill it (and then take every training record with it). Records sharing the boundary timestamp join the held-out slice, so every
-training record is strictly older than every held-out one. The held-out slice keeps one record per prompt
+client repeating one prompt many times cannot fill it (and then take every training record with it).
+Records sharing the boundary timestamp join the held-out slice, so every training record is strictly
+older than every held-out one. The held-out slice keeps one record per prompt
 (``heldout_duplicate_prompts``), and training records whose prompt also is a held-out prompt are
 removed from training (``train_heldout_prompts``).
 

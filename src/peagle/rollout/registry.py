@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import os
 import ssl
 import urllib.error
@@ -30,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from ..config import shorten
-from ..errors import PeagleError
+from ..errors import PeagleError, mask_token
 from ..storage.settings import strip_userinfo
 from .settings import RegistrySettings
 
@@ -203,12 +202,7 @@ class ModelRegistryClient:
             raise ModelRegistryError(f"{shown}: the answer is not JSON ({len(payload)} bytes)") from None
 
     def _redact(self, message: str) -> str:
-        if self._token:
-            message = message.replace(self._token, "***")
-        return _BEARER.sub("Bearer ***", message)
-
-
-_BEARER = re.compile(r"(?i)\bbearer\s+[^\s\"',;]+")
+        return mask_token(message, self._token)
 
 
 class _RefuseRedirects(urllib.request.HTTPRedirectHandler):

@@ -72,7 +72,7 @@ DEFAULT_PATTERNS: dict[str, str] = {
     "email": r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![A-Za-z])",
     # Before card: a card's candidates may run on into the address's first part.
     "ipv4": r"(?<!\d)(?<!\d\.)(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?!\.?\d)",
-    "card": r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])",  # the shape; matched by card_spans (every slice)
+    "card": r"[0-9](?:[ -]?[0-9])*",  # a run of digits; card_spans tries every card-length slice of it
     "phone": r"(?:(?<!\d)\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?)(?:[ .-]?\d{2,4}){1,4}"
              r"|(?<![\d+])(?:\d{3}([.-])\d{3}\1\d{4}|\d{3} \d{3} \d{4})|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4})(?!\d)",
 }
@@ -89,7 +89,7 @@ _LOOKALIKES = str.maketrans(
     "ABEZHIKMNOPTYXJaikvoptuxj"
     "------.")
 _OTHER_DIGIT = re.compile(r"(?![0-9])\d")  # a decimal digit of another script (Arabic-Indic, Devanagari, ...)
-_DIGIT_RUN = re.compile(r"[0-9](?:[ -]?[0-9])*")
+_DIGIT_RUN = re.compile(DEFAULT_PATTERNS["card"])
 CARD_DIGITS = (13, 19)
 
 
