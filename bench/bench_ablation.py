@@ -23,7 +23,7 @@ Printed: variant | overrides | train s | steps | AL [95% CI] | first-position ac
 (the held-out set), and MT-Bench AL when measured. Intervals: bootstrap over prompts
 (``peagle.evaluate.confidence``).
 
-``--dry-run``: everything but vLLM, quickly (tests/test_bench_ablation.py): with ``--target`` alone
+``--dry-run``: everything but vLLM, quickly (tests/unit/bench/test_bench_ablation.py): with ``--target`` alone
 it builds a tiny hidden-state dataset from a few ShareGPT rows (transformers backend), trains each
 variant for ``--max-steps`` (default 2 in a dry run) steps in its own process, validates each
 evaluation configuration and loads its prompts; the table's measured columns read "dry run".

@@ -41,7 +41,7 @@ CUDA-only branches this script reaches (``grep -rn 'cuda\\|flex_attention\\|nccl
 * src/peagle/extract/hf_backend.py ``device="auto"`` -> CUDA (extraction).
 * src/peagle/extract/connector.py: the parent's CUDA stream / event / pinned-memory copy for a KV cache
   on the GPU (extraction); its dispatch (accelerator cache -> the parent's path) is also tested on
-  CPU in tests/test_connector_dispatch.py.
+  CPU in tests/unit/extract/test_connector_dispatch.py.
 * src/peagle/evaluate/vllm_job.py: eagle3 + ``parallel_drafting`` on CUDA, ``_device()`` naming the GPU (serving).
 
 Not reached: CUDA graphs in the evaluation stage (``evaluate.engine.enforce_eager`` defaults to

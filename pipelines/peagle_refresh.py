@@ -20,7 +20,7 @@ step's); train runs on one GPU of the pool.
   ``refresh_rollout`` runs only under ``dsl.If(passed)``: canary beside the stable deployment
   (``deploy_name``/``deploy_namespace``/``deploy_mode``), decision on live acceptance, promotion or rollback.
 * Retries of the tasks inside the conditions need a backend with kubeflow/pipelines #11908 (OpenShift AI
-  2.22's build carries it); an older 2.5 backend runs them once (tests/kfp_features.py: ``NESTED_RETRY``,
+  2.22's build carries it); an older 2.5 backend runs them once (tests/support/kfp_features.py: ``NESTED_RETRY``,
   reported, not required).
 * The parameters are defined once, in ``peagle.pipeline.refresh_params``.
 """

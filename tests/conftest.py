@@ -1,13 +1,9 @@
-"""Shared fixtures, and the test tiers (tests/README.md).
+"""Shared fixtures, and the test tiers (tests/README.md, tests/support/tiers.py).
 
-Every collected test gets exactly one tier marker, so ``-m unit`` (the fast tier), ``-m integration`` and
-``-m e2e`` partition the suite:
-
-* ``integration`` -- uses a real engine or server: the ``vllm`` marker (a real vLLM engine) or the
-  ``weed_binary`` fixture (under ``seaweed_server``: a real SeaweedFS S3 server) make a test ``integration``;
-  tests on kfp.local, the Helm SDK or real multi-process launches carry the marker explicitly;
-* ``e2e`` -- a whole pipeline run (explicit marker);
-* ``unit`` -- everything else (the default): in-process, tiny real models, seconds each.
+The directory is the tier: ``tests/unit/`` (in-process, tiny real models, seconds each),
+``tests/integration/{vllm,helm,s3,processes}/`` (a real engine, tool, server or process tree) and
+``tests/e2e/`` (a whole pipeline run). Every collected test gets its directory's marker, so ``-m unit``,
+``-m integration`` and ``-m e2e`` select exactly those three directories.
 """
 import os
 import sys
@@ -19,8 +15,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from seaweed import seaweed_server, weed_binary  # noqa: F401 - the fixtures, for every test module
-from tiny import build_target  # noqa: E402
+from support.seaweed import seaweed_server, weed_binary  # noqa: F401 - the fixtures, for every test module
+
+# Fixtures defined in support modules, for every test: the session-scoped ladder of tiny artefacts, the
+# stand-in Kubernetes API server of the TrainJob launcher tests.
+pytest_plugins = ["support.ladder", "support.trainjob_apiserver"]
+from support.tiers import SERIAL_GROUP, TierError, tier_of  # noqa: E402
+from support.tiny import build_target  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -41,36 +42,53 @@ def pytest_report_header(config):
     return describe()
 
 
-TIERS = ("unit", "integration", "e2e")
-# Markers and fixtures that bring up a real engine or server: a test using one is never a unit test.
-INTEGRATION_MARKERS = frozenset({"vllm"})
-INTEGRATION_FIXTURES = frozenset({"weed_binary"})  # under seaweed_server and any other SeaweedFS server
-TIERS_SEEN = pytest.StashKey[dict]()  # nodeid -> tiers, for every collected test (before -m deselects)
+TIER = pytest.StashKey[str]()  # the tier given to each collected test (before -m deselects)
+TESTS_ROOT = Path(__file__).parent
 
 
-def tiers_of(markers: set[str], fixtures: set[str]) -> list[str]:
-    """The tiers a test with these marker and fixture names belongs to (sorted; exactly one when consistent).
-
-    Explicit tier markers are kept; ``integration`` is added when the test uses a real engine or server,
-    unless it is already ``integration`` or ``e2e`` (an e2e run uses them all); ``unit`` when nothing else
-    applies. A test explicitly marked ``unit`` that starts a server therefore gets two tiers: an error.
-    """
-    tiers = {t for t in TIERS if t in markers}
-    real = bool(markers & INTEGRATION_MARKERS or fixtures & INTEGRATION_FIXTURES)
-    if real and not tiers & {"integration", "e2e"}:
-        tiers.add("integration")
-    return sorted(tiers or {"unit"})
-
-
-@pytest.hookimpl(tryfirst=True)  # before the mark plugin deselects by -m
+@pytest.hookimpl(tryfirst=True)  # before the mark plugin deselects by -m, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    seen = config.stash.setdefault(TIERS_SEEN, {})
+    errors = []
     for item in items:
-        markers = {m.name for m in item.iter_markers()}
-        tiers = tiers_of(markers, set(item.fixturenames))
-        for tier in set(tiers) - markers:
-            item.add_marker(tier)
-        seen[item.nodeid] = tiers
+        try:
+            tier = tier_of(item.path, TESTS_ROOT, {m.name for m in item.iter_markers()}, set(item.fixturenames))
+        except TierError as e:
+            errors.append(f"{item.nodeid}: {e}")
+            continue
+        item.stash[TIER] = tier
+        item.add_marker(tier)
+        # Under pytest-xdist (--dist loadgroup) the unit tier is spread over the workers module by module
+        # (a module's fixtures are built once); every engine, server and pipeline run stays in one group,
+        # one after another on one worker, as in a plain run.
+        item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP if tier != "unit" else item.nodeid.split("::")[0]))
+    if errors:
+        raise pytest.UsageError("tests in the wrong tier:\n" + "\n".join(errors))
+
+
+@pytest.fixture(autouse=True)
+def _tier_guard(request, monkeypatch):
+    """A unit test runs in-process on tiny models: reaching the Helm SDK fails it (the chart's renders are
+    tests/integration/helm's), and under pytest-xdist it gets one torch thread (the workers share the cores)."""
+    if request.node.stash.get(TIER, None) != "unit":
+        yield
+        return
+
+    class _NoHelm:
+        def __getattr__(self, name):
+            if name.startswith("__"):  # module introspection (hypothesis reads every module's __file__)
+                raise AttributeError(name)
+            raise AssertionError("a unit test reached the Helm SDK (helm_python): move it to tests/integration/helm/")
+
+    monkeypatch.setitem(sys.modules, "helm_python", _NoHelm())
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        yield
+        torch.set_num_threads(threads)
+    else:
+        yield
 
 
 @pytest.fixture(autouse=True)

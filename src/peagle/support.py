@@ -3,8 +3,8 @@
 The README's table is rendered from :data:`MATRIX` (``python -m peagle.support``). Each minimum is
 backed by a test or an upstream fact named in ``source``. :data:`MIN_KFP_BACKEND` is held two ways:
 
-* ``tests/kfp_features.py`` lists the Kubeflow Pipelines features a compiled pipeline uses with the
-  backend version each needs; ``tests/test_support.py`` fails when the committed pipeline needs more;
+* ``tests/support/kfp_features.py`` lists the Kubeflow Pipelines features a compiled pipeline uses with the
+  backend version each needs; ``tests/unit/test_support.py`` fails when the committed pipeline needs more;
 * :func:`check_backend_version` is what ``peagle pipeline submit`` runs against the server's
   ``/apis/v2beta1/healthz`` before it creates a run.
 """
@@ -32,15 +32,15 @@ MATRIX: tuple[Requirement, ...] = (
                 "secret names from a pipeline parameter (data_connection) and the run-id placeholder are "
                 "resolved from 2.5.0; nothing newer is used (train fans in through the object store, optional "
                 "Secret keys come from a mounted Secret)",
-                "tests/test_support.py (IR features); kubeflow/pipelines #11770, #11599; OpenShift AI's "
+                "tests/unit/test_support.py (IR features); kubeflow/pipelines #11770, #11599; OpenShift AI's "
                 "data-science-pipelines VERSION per rhoai-X.Y branch"),
     Requirement("Kubeflow Trainer (train_mode=trainjob)", "upstream v2.0-v2.3; OpenShift AI 3.2-3.5",
                 "the TrainJob uses only fields every one of them has (runtimeRef, trainer.*, labels); the GPU "
                 "pool, volumes and deadline live in the ClusterTrainingRuntime and the launcher",
-                "tests/test_trainjob.py validates strictly against Trainer v2.3.0 and OpenShift AI 3.5 CRDs"),
+                "tests/unit/pipeline/test_trainjob.py validates strictly against Trainer v2.3.0 and OpenShift AI 3.5 CRDs"),
     Requirement("JobSet", "any (its webhook limits pod names to 63 characters)",
                 "TrainJob names are at most 43 characters: room for 256 nodes and 9 retries",
-                "tests/test_trainjob.py; kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go"),
+                "tests/unit/pipeline/test_trainjob.py; kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go"),
     Requirement("KServe", "v1beta1 InferenceService; >= 0.16 only for storage.type=uris; a data connection on "
                 "OpenShift AI (default) or, with kserve.openshiftAI=false, on upstream KServe",
                 "predictor.storageUris (separate target and draft locations) arrived in 0.16; on OpenShift AI the "
@@ -48,10 +48,10 @@ MATRIX: tuple[Requirement, ...] = (
                 "odh-model-controller creates; upstream the chart renders `storageUri: s3://<bucket>/<path>` and a "
                 "ServiceAccount whose secret is the connection (KServe's S3 credential convention; the bucket must "
                 "be given)",
-                "kserve/kserve #4702, pkg/credentials (v0.15); tests/test_chart.py and "
-                "tests/test_issue25_cluster.py against the KServe CRD"),
+                "kserve/kserve #4702, pkg/credentials (v0.15); tests/integration/helm/test_chart.py and "
+                "tests/integration/helm/test_deploy_cluster_helm.py against the KServe CRD"),
     Requirement("vLLM", ">= 0.16.0 for P-EAGLE (pinned: 0.32.0)",
-                "`parallel_drafting` in the speculative config", "vllm-project/vllm #32887; tests/test_vllm_serving.py"),
+                "`parallel_drafting` in the speculative config", "vllm-project/vllm #32887; tests/integration/vllm/test_vllm_serving.py"),
     Requirement("NVIDIA driver", ">= 580.65.06 (CUDA 13.0: trainer image, cu130 torch)",
                 "the trainer image's torch is a CUDA 13.0 build; the vLLM image follows vllm/vllm-openai's CUDA",
                 "NVIDIA CUDA Toolkit release notes, driver table"),

@@ -167,7 +167,7 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
 Capture (peagle.traffic): the middleware's settings, one PEAGLE_CAPTURE_<FIELD> variable per field of
 peagle.traffic.settings.CaptureSettings (strings as they are, everything else as JSON: what
 CaptureSettings.to_env writes). target_dir/draft_dir are the served directories (the target's recorded
-fingerprint is computed from what answers); the draft is recorded under the pods' label. tests/test_traffic_chart.py keeps the names equal to the fields.
+fingerprint is computed from what answers); the draft is recorded under the pods' label. tests/integration/helm/test_traffic_chart.py keeps the names equal to the fields.
 */}}
 {{- define "peagle-serving.captureSettings" -}}
 {{- $c := .Values.capture -}}

@@ -5,7 +5,7 @@ Each rule is a regular expression plus a length limit, written once here in the 
 ``re`` and Go's RE2 (which Helm's JSON-schema validator uses) read the same way: no look-arounds, no
 ``\\d``/``\\w`` (Unicode-wide in Python), anchors ``^...$`` (``$`` ends the text in RE2 and, with
 :func:`re.fullmatch`, here too). ``charts/peagle-serving/values.schema.json`` carries the same rules
-under ``definitions`` -- ``tests/test_deploy_values.py`` checks that they are identical and runs the
+under ``definitions`` -- ``tests/integration/helm/test_deploy_values.py`` checks that they are identical and runs the
 same good and bad examples through both -- so ``helm install --set image.tag=...`` fails at render
 exactly where ``peagle deploy --image`` does.
 

@@ -19,7 +19,7 @@ the pipeline function's signature and parameter descriptions (:func:`pipeline_si
 :func:`pipeline_docstring`), the ``init_run`` component's source (:func:`init_run_component_source`,
 written by ``peagle pipeline compile``), the embedded run's arguments (validated as
 ``PipelineParams``), and both directions of the parameter <-> config-key mapping (:data:`COVERAGE`).
-``tests/test_pipeline_params.py`` fails if any of them drifts.
+``tests/unit/pipeline/test_pipeline_params.py`` fails if any of them drifts.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ connection Secret, mounted as files by name (a pipeline parameter; see :mod:`.co
 
 Every field the compiled IR carries for a step is one a Kubeflow Pipelines 2.5 backend knows: its
 compiler parses a step's Kubernetes config strictly to read pod labels and annotations, and drops them
-all on one field it does not know (``tests/test_issue25_pipeline.py`` checks against the 2.5 schema).
+all on one field it does not know (``tests/unit/pipeline/test_pipeline_compile.py`` checks against the 2.5 schema).
 """
 from __future__ import annotations
 

@@ -1,0 +1,243 @@
+"""The rollout on a cluster (peagle.rollout.cluster.ClusterBackend + run_rollout), interrupted at every write.
+
+No Kubernetes API server runs here: tests/support/fake_kube.FakeCluster stands in for it (and, with
+``reconcile=True``, for the controllers that roll Deployments out and make InferenceServices Ready). The
+objects are the real chart's renders (peagle.rollout.objects, Helm SDK in-process), rendered once per
+phase and reused across the interruption points; the traffic log, decision and history are real.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+
+import pytest
+
+from support.fake_kube import FakeCluster, Interrupted
+from support.rollout_fakes import BAD, GOOD, SETTINGS, STABLE, TARGET, Served
+from peagle.deploy import Apis, kube
+from peagle.rollout.cluster import ClusterBackend, phase_record_name
+from peagle.rollout.controller import run_rollout
+from peagle.rollout.history import LoopHistory
+from peagle.rollout.objects import Candidate, RolloutObjects, candidate_values
+from peagle.traffic.log import TrafficLog
+
+NAME, NS, HOST = "qwen3-peagle", "ml", "llm.apps.example.com"
+BASE = {"storage": {"type": "dataConnection", "dataConnection": {"name": "models", "path": "runs/stable/"}},
+        "speculative": {"draftFingerprint": STABLE}, "gpu": {"count": 0}}
+ROUTED = {"route": {"allowUnauthenticated": True},
+          "routing": {"host": HOST, "gateway": {"name": "public", "namespace": "gateways", "sectionName": "https"}}}
+# case -> (routing, chart mode, stable values beyond BASE)
+CASES = {"route": ("route", "deployment", ROUTED), "httproute": ("httproute", "kserve", ROUTED),
+         "kserve-canary-raw": ("kserve-canary", "kserve", {})}
+
+
+def merged(a: dict, b: dict) -> dict:
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+class RenderedOnce(RolloutObjects):
+    """The chart rendered once per phase (a render takes ~0.1 s; the test runs each phase dozens of times)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._renders: dict[tuple, list[dict]] = {}
+
+    def _once(self, key: tuple, render) -> list[dict]:
+        if key not in self._renders:
+            self._renders[key] = render()
+        return copy.deepcopy(self._renders[key])
+
+    @staticmethod
+    def _key(c: Candidate | None) -> tuple:
+        return (None,) if c is None else (c.fingerprint, json.dumps(c.values, sort_keys=True))
+
+    def stable(self, canary=None, weight=0):
+        return self._once(("stable", *self._key(canary), weight), lambda: super(RenderedOnce, self).stable(canary, weight))
+
+    def canary(self, candidate):
+        return self._once(("canary", *self._key(candidate)), lambda: super(RenderedOnce, self).canary(candidate))
+
+    def promoted(self, candidate, weight_to_canary=0):
+        return self._once(("promoted", *self._key(candidate), weight_to_canary),
+                          lambda: super(RenderedOnce, self).promoted(candidate, weight_to_canary))
+
+
+@functools.cache
+def objects_for(case: str) -> RenderedOnce:
+    routing, mode, extra = CASES[case]
+    return RenderedOnce(name=NAME, namespace=NS, routing=routing, mode=mode, stable_values=merged(BASE, extra))
+
+
+def candidate_for(case: str, fingerprint: str) -> Candidate:
+    return Candidate(draft="s3://models/runs/candidate/draft", fingerprint=fingerprint,
+                     values=candidate_values(objects_for(case)._values, path="runs/candidate/"))
+
+
+def serving_specs(cluster: FakeCluster) -> dict[str, dict]:
+    """What each serving Deployment runs, by name: a plain Deployment's pod template; a KServe predictor's
+    spec with the InferenceService's annotations (KServe copies both onto the predictor's pods)."""
+    specs = {name: copy.deepcopy(o["spec"]["template"]) for (kind, _, name), o in cluster.store.items()
+             if kind == "Deployment"}
+    for (kind, _, name), isvc in cluster.store.items():
+        if kind != "InferenceService":
+            continue
+        annotations = isvc["metadata"].get("annotations") or {}
+        spec = isvc["spec"]
+        for p in [spec["predictor"]] + [c["predictor"] for c in spec.get("canary") or []]:
+            dep = f"{name}-{p['name']}-predictor" if p.get("name") else f"{name}-predictor"
+            specs[dep] = copy.deepcopy({"annotations": annotations, "predictor": p})
+    return specs
+
+
+def endpoint_weights(cluster: FakeCluster, routing: str) -> dict[str, int]:
+    """The stable endpoint object's backends (Service or predictor Deployment -> percent of the requests)."""
+    if routing == "kserve-canary":
+        isvc = cluster.store.get(("InferenceService", NS, NAME))
+        assert isvc is not None, "the stable InferenceService is gone"
+        spec = isvc["spec"]
+        pred = spec["predictor"].get("name")
+        canaries = spec.get("canary") or []
+        weights = {f"{NAME}-{pred}-predictor" if pred else f"{NAME}-predictor":
+                   100 - sum(c["trafficPercent"] for c in canaries)}
+        weights.update({f"{NAME}-{c['predictor']['name']}-predictor": c["trafficPercent"] for c in canaries})
+        return weights
+    kind = "Route" if routing == "route" else "HTTPRoute"
+    obj = cluster.store.get((kind, NS, NAME))
+    assert obj is not None, f"the stable {kind} is gone"
+    if kind == "Route":
+        assert obj["spec"]["host"] == HOST
+        refs = [obj["spec"]["to"]] + (obj["spec"].get("alternateBackends") or [])
+    else:
+        assert obj["spec"]["hostnames"] == [HOST]
+        refs = obj["spec"]["rules"][0]["backendRefs"]
+    return {r["name"]: r.get("weight", 100) for r in refs}
+
+
+class EndpointWatch:
+    """Checked after every write to the stand-in: each backend of the stable endpoint with traffic exists,
+    is ready, and was not changed (restarted) by that write."""
+
+    def __init__(self, cluster: FakeCluster, routing: str):
+        self.cluster, self.routing = cluster, routing
+        self.before = serving_specs(cluster)
+
+    def __call__(self, call) -> None:
+        c = self.cluster
+        after = serving_specs(c)
+        predictors = c.predictor_deployments(NS)
+        for backend, weight in endpoint_weights(c, self.routing).items():
+            if weight == 0:
+                continue
+            dep = predictors.get(backend) or c.store.get(("Deployment", NS, backend))
+            assert dep is not None, f"after {call}: {backend} has {weight}% of the requests and nothing serves it"
+            ready = c.read_namespaced_deployment(backend, NS) if backend in predictors else c._read("Deployment", NS, backend)
+            assert kube.deployment_state(ready)[0], f"after {call}: {backend} has {weight}% and is not ready"
+            assert after[backend] == self.before.get(backend, after[backend]), \
+                f"{call} restarted {backend} while it had {weight}% of the requests"
+        if self.routing == "kserve-canary":
+            assert kube.isvc_state(c._read("InferenceService", NS, NAME))[0]
+        self.before = after
+
+
+def setup(tmp_path, case: str, tag: str):
+    """The stable release deployed on a fresh stand-in, its traffic, loop history and watch."""
+    objects = objects_for(case)
+    cluster = FakeCluster(reconcile=True)
+    apis = Apis(core=cluster, apps=cluster, custom=cluster)
+    kube.apply(apis, objects.stable())
+    served = Served(tmp_path / f"traffic-{tag}")
+    cluster.on_write = EndpointWatch(cluster, objects.routing)
+    return cluster, apis, served, LoopHistory(str(tmp_path / f"loop-{tag}"))
+
+
+def backend_on(apis, case: str, served: Served) -> ClusterBackend:
+    """A backend as a fresh process builds it. The stand-in reconciles at once: what is not ready on the
+    first read never will be (ready_timeout_s=0)."""
+    backend = ClusterBackend(apis, objects_for(case), ready_timeout_s=0, interval=0, now=served.clock,
+                             say=lambda _: None)
+    served.backend = ClusterTraffic(backend)
+    return backend
+
+
+class ClusterTraffic:
+    """What :class:`Served` needs to split the requests, read from the cluster: the stable's and the
+    canary's drafts and the canary's share."""
+
+    def __init__(self, backend: ClusterBackend):
+        self.b = backend
+        self.weight = SETTINGS.canary_percent
+
+    @property
+    def stable(self):
+        return self.b.stable_fingerprint()
+
+    @property
+    def canary(self):
+        return self.b.canary_fingerprint()
+
+
+def rollout(backend, served, history, candidate):
+    return run_rollout(backend, candidate, traffic=TrafficLog(served.log_dir), settings=SETTINGS, history=history,
+                       target_fingerprint=TARGET, clock=served.clock, sleep=served.sleep, say=lambda _: None)
+
+
+def stable_serving(cluster: FakeCluster, case: str) -> tuple:
+    """The stable's serving objects as stored (what restarts it when changed) and its draft."""
+    routing, mode, _ = CASES[case]
+    if mode == "kserve":
+        isvc = cluster.store[("InferenceService", NS, NAME)]
+        return copy.deepcopy(isvc["spec"]["predictor"]), copy.deepcopy(isvc["metadata"].get("annotations"))
+    return (copy.deepcopy(cluster.store[("Deployment", NS, NAME)]["spec"]),)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("verdict", ["promote", "rollback"])
+def test_an_interrupted_rollout_leaves_the_stable_serving_and_a_rerun_converges(tmp_path, case, verdict):
+    """Kill the rollout right after each write to the API server in turn (phase recorded, canary applied,
+    weights set, mid-promotion, during removal): the stable serving objects are untouched unless the
+    promotion had begun, every backend with traffic is ready after every write, and a rerun in a fresh
+    process converges on the one decision taken."""
+    fingerprint = GOOD if verdict == "promote" else BAD
+    routing = CASES[case][0]
+    cand = candidate_for(case, fingerprint)
+    for kill_at in range(1, 40):
+        cluster, apis, served, history = setup(tmp_path, case, f"{kill_at}")
+        before = stable_serving(cluster, case)
+        cluster.interrupt_at = cluster.writes + kill_at
+        try:
+            rollout(backend_on(apis, case, served), served, history, cand)
+        except Interrupted:
+            pass
+        else:
+            assert kill_at > 1
+            break  # finished before the kill_at-th write: every write was covered
+        cluster.interrupt_at = None
+        decided = [d["decision"] for d in history.all("decision")]
+        promotion_begun = decided == ["promote"] and (
+            max(endpoint_weights(cluster, routing).values()) == 100 and cluster.store.get(
+                ("ConfigMap", NS, phase_record_name(NAME))) is not None or stable_serving(cluster, case) != before)
+        if not promotion_begun:
+            assert stable_serving(cluster, case) == before, f"write {kill_at} changed the stable"
+
+        backend = backend_on(apis, case, served)  # the rerun: a new process
+        decision = rollout(backend, served, history, cand)
+        assert decision.decision == verdict, f"killed after write {kill_at}"
+        assert [d["id"] for d in history.all("decision")] == [decision.id]
+        assert list(endpoint_weights(cluster, routing).values()) == [100]
+        assert backend.canary_fingerprint() is None
+        assert ("ConfigMap", NS, phase_record_name(NAME)) not in cluster.store
+        left = {k for k in cluster.store if fingerprint[:8] in k[2]}
+        if verdict == "rollback":
+            assert stable_serving(cluster, case) == before and backend.stable_fingerprint() == STABLE
+            assert not left, f"canary objects left after the rerun (killed after write {kill_at}): {left}"
+        else:
+            assert backend.stable_fingerprint() == fingerprint
+            # kserve-canary: the stable now runs on the canary's runtime (KServe retargeted to its pods)
+            kept = {("ServingRuntime", NS, objects_for(case).canary_name(cand))} if routing == "kserve-canary" else set()
+            assert left == kept, f"canary objects left after the rerun (killed after write {kill_at}): {left}"
+    else:
+        pytest.fail("the rollout never finished")

@@ -1,0 +1,246 @@
+"""Rendered rollout objects (peagle.rollout.objects + the chart's routing/kserve canary values): every phase
+of every routing option validates against its CRD or built-in schema, the splits add up, the stable
+endpoint keeps its name and host, and combinations that cannot split traffic are refused (Helm SDK renders;
+what needs no render: tests/unit/rollout/test_rollout_objects.py)."""
+from __future__ import annotations
+
+import pytest
+
+from support.k8s_schemas import validate
+from support.rollout_objects import (BASE, CANDIDATE_FP, CASES, CHART, HOST, NAME, NS, ROUTED, STABLE_FP,
+                                     candidate, merged, rollout)
+from peagle.deploy.render import RenderError, render
+from peagle.rollout.objects import Candidate, RolloutObjects, candidate_values, endpoint_object
+
+
+def phases(ro: RolloutObjects, c: Candidate) -> dict[str, list[dict]]:
+    """Every state a rollout passes through, in order (promotion = weight 100, stable updated, canary removed)."""
+    return {"stable": ro.stable(), "canary": ro.canary(c), "split": ro.stable(c, 10), "all-to-canary": ro.stable(c, 100),
+            "promoting": ro.promoted(c, 100), "promoted": ro.promoted(c), "rolled-back": ro.stable()}
+
+
+def by_kind(objs: list[dict]) -> dict[str, dict]:
+    return {o["kind"]: o for o in objs}
+
+
+def container(objs: list[dict]) -> dict:
+    k = by_kind(objs)
+    if "ServingRuntime" in k:
+        return k["ServingRuntime"]["spec"]["containers"][0]
+    return k["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def split(objs: list[dict]) -> dict[str, int]:
+    """Backend -> weight of the stable endpoint object (KServe: predictor/canary -> percent)."""
+    e = endpoint_object(objs)
+    if e["kind"] == "Route":
+        backends = [e["spec"]["to"], *e["spec"].get("alternateBackends", [])]
+        return {b["name"]: b["weight"] for b in backends}
+    if e["kind"] == "HTTPRoute":
+        (rule,) = e["spec"]["rules"]
+        return {b["name"]: b["weight"] for b in rule["backendRefs"]}
+    pred = e["spec"]["predictor"]
+    if "canaryTrafficPercent" in pred:
+        return {"previous": 100 - pred["canaryTrafficPercent"], pred["model"]["runtime"]: pred["canaryTrafficPercent"]}
+    canaries = {c["predictor"]["name"]: c["trafficPercent"] for c in e["spec"].get("canary", [])}
+    return {"predictor": 100 - sum(canaries.values()), **canaries}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_object_of_every_phase_validates(case):
+    ro = rollout(case)
+    for phase, objs in phases(ro, candidate()).items():
+        assert objs, phase
+        for o in objs:
+            how = validate(o)
+            assert how in ("crd", "builtin"), (phase, o["kind"], how)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_stable_endpoint_keeps_its_name_and_host(case):
+    ro = rollout(case)
+    endpoints = {p: endpoint_object(objs) for p, objs in phases(ro, candidate()).items() if p != "canary"}
+    for phase, e in endpoints.items():
+        assert (e["kind"], e["metadata"]["name"], e["metadata"]["namespace"]) == (
+            {"route": "Route", "httproute": "HTTPRoute"}.get(ro.routing, "InferenceService"), NAME, NS), phase
+        if e["kind"] == "Route":
+            assert e["spec"]["host"] == HOST
+        if e["kind"] == "HTTPRoute":
+            assert e["spec"]["hostnames"] == [HOST]
+            assert e["spec"]["parentRefs"] == [{"name": "public", "namespace": "gateways", "sectionName": "https"}]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("kserve")])
+@pytest.mark.parametrize("weight", [0, 10, 100])
+def test_routing_object_splits_between_stable_and_canary_services(case, weight):
+    ro, c = rollout(case), candidate()
+    stable_svc = NAME if ro.mode == "deployment" else f"{NAME}-predictor"
+    canary_svc = ro.canary_service(c)
+    assert (ro.stable_service, canary_svc) == (stable_svc, f"{NAME}-c{CANDIDATE_FP[:8]}" + stable_svc[len(NAME):])
+    assert split(ro.stable(c, weight)) == {stable_svc: 100 - weight, canary_svc: weight}
+    assert split(ro.stable()) == {stable_svc: 100}
+    assert split(ro.promoted(c, weight)) == ({stable_svc: 100 - weight, canary_svc: weight} if weight else {stable_svc: 100})
+    # The canary's Service exists in the canary release, on the port the routing object names.
+    canary_objs = ro.canary(c)
+    if ro.mode == "deployment":
+        svc = by_kind(canary_objs)["Service"]
+        assert svc["metadata"]["name"] == canary_svc
+        port = svc["spec"]["ports"][0]
+        e = endpoint_object(ro.stable(c, weight))
+        if e["kind"] == "Route":
+            assert e["spec"]["port"]["targetPort"] == port["name"]
+        else:
+            assert {b["port"] for b in e["spec"]["rules"][0]["backendRefs"]} == {port["port"]}
+    else:  # KServe names the predictor Service <isvc>-predictor and serves it on port 80
+        assert by_kind(canary_objs)["InferenceService"]["metadata"]["name"] + "-predictor" == canary_svc
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_canary_serves_the_candidate_under_the_stable_model_name(case):
+    ro, c = rollout(case), candidate()
+    stable_args, canary_args = container(ro.stable()), container(ro.canary(c))
+    i = canary_args["args"].index("--served-model-name")
+    assert canary_args["args"][i + 1:i + 3] == [NAME, f"{NAME}:draft-{CANDIDATE_FP}"]
+    assert f"{NAME}:draft-{STABLE_FP}" in stable_args["args"]
+    promoted = container([o for o in ro.promoted(c) if o["kind"] != "ServingRuntime" or
+                          o["metadata"]["name"] == endpoint_runtime(ro.promoted(c))])
+    assert f"{NAME}:draft-{CANDIDATE_FP}" in promoted["args"]
+
+
+def endpoint_runtime(objs: list[dict]) -> str | None:
+    isvc = by_kind(objs).get("InferenceService")
+    return isvc["spec"]["predictor"]["model"]["runtime"] if isvc else None
+
+
+def test_route_canary_release_is_apart_from_the_stable_one():
+    ro, c = rollout("route-deployment"), candidate()
+    stable, canary = by_kind(ro.stable()), by_kind(ro.canary(c))
+    cname = ro.canary_name(c)
+    assert {o["metadata"]["name"] for o in canary.values()} == {cname}
+    assert "Route" not in canary
+    # The stable Service must not select the canary's pods: the selectors differ.
+    stable_sel = stable["Service"]["spec"]["selector"]
+    canary_pod = canary["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert not all(canary_pod.get(k) == v for k, v in stable_sel.items())
+    assert canary_pod["peagle.io/draft-fingerprint"] == CANDIDATE_FP
+    fetch = canary["Deployment"]["spec"]["template"]["spec"]["initContainers"][0]
+    assert fetch["args"][0].endswith("/runs/candidate/")
+    assert ro.canary_refs(c) == [("v1", "Service", cname), ("apps/v1", "Deployment", cname)]
+
+
+def test_kserve_raw_canary_is_promoted_by_retargeting_the_predictor():
+    ro, c = rollout("kserve-canary-raw"), candidate()
+    cname = ro.canary_name(c)
+    isvc = by_kind(ro.stable(c, 10))["InferenceService"]
+    (canary,) = isvc["spec"]["canary"]
+    assert canary["trafficPercent"] == 10 and canary["predictor"]["name"] == cname
+    assert canary["predictor"]["model"]["runtime"] == cname
+    assert canary["predictor"]["model"]["storage"] == {"key": "models", "path": "runs/candidate/"}
+    assert canary["predictor"]["labels"] == {"peagle.io/draft-fingerprint": CANDIDATE_FP}
+    assert isvc["spec"]["predictor"]["model"]["storage"]["path"] == "runs/stable/"
+    assert [(o["kind"], o["metadata"]["name"]) for o in ro.canary(c)] == [("ServingRuntime", cname)]
+    promoted = by_kind(ro.promoted(c))
+    # Exactly the canary's predictor: KServe keeps the canary's Deployment (no restart).
+    assert promoted["InferenceService"]["spec"] == {"predictor": canary["predictor"]}
+    assert promoted["ServingRuntime"] == ro.canary(c)[0]
+    assert ro.canary_refs(c) == [("serving.kserve.io/v1alpha1", "ServingRuntime", cname)]
+    assert ro.canary_refs(c, promoted=True) == []  # the promoted stable runs on it
+    assert split(ro.stable(c, 10)) == {"predictor": 90, cname: 10}
+    assert "canary" not in by_kind(ro.stable())["InferenceService"]["spec"]
+
+
+def test_kserve_serverless_canary_is_the_candidate_predictor_with_a_traffic_percent():
+    ro, c = rollout("kserve-canary-serverless"), candidate()
+    cname = ro.canary_name(c)
+    pred = by_kind(ro.stable(c, 10))["InferenceService"]["spec"]["predictor"]
+    assert pred["canaryTrafficPercent"] == 10 and pred["model"]["runtime"] == cname
+    assert pred["model"]["storage"]["path"] == "runs/candidate/"
+    assert split(ro.stable(c, 10)) == {"previous": 90, cname: 10}
+    promoted = by_kind(ro.promoted(c))["InferenceService"]["spec"]["predictor"]
+    assert "canaryTrafficPercent" not in promoted and promoted == {k: v for k, v in pred.items()
+                                                                   if k != "canaryTrafficPercent"}
+    rolled_back = by_kind(ro.stable())["InferenceService"]["spec"]["predictor"]
+    assert "canaryTrafficPercent" not in rolled_back and rolled_back["model"]["runtime"] == NAME
+
+
+def test_promoted_values_are_the_next_rollouts_stable_values():
+    ro, c = rollout("kserve-canary-raw"), candidate()
+    nxt = RolloutObjects(name=NAME, namespace=NS, routing="kserve-canary", mode="kserve",
+                         stable_values=ro.promoted_values(c), chart=str(CHART))
+    assert nxt.stable() == ro.promoted(c)
+
+
+def test_kserve_canary_with_storage_uris_replaces_only_the_draft():
+    stable = {"storage": {"type": "uris", "uris": {"target": "s3://m/target", "draft": "s3://m/draft-a"}},
+              "gpu": {"count": 0}}
+    ro = RolloutObjects(name=NAME, namespace=NS, routing="kserve-canary", mode="kserve", stable_values=stable,
+                        chart=str(CHART))
+    c = Candidate(draft="s3://m/draft-b", fingerprint=CANDIDATE_FP,
+                  values=candidate_values(stable, draft_uri="s3://m/draft-b"))
+    objs = ro.stable(c, 25)
+    for o in objs:
+        validate(o)
+    (canary,) = by_kind(objs)["InferenceService"]["spec"]["canary"]
+    assert [u["uri"] for u in canary["predictor"]["storageUris"]] == ["s3://m/target", "s3://m/draft-b"]
+
+
+CHART_VALUES = {"storage": {"type": "pvc", "pvc": {"claimName": "models"}}, "gpu": {"count": 0}}
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"kserve": {"deploymentMode": "Serverless", "canary": {"enabled": True, "name": "c"}}},
+     "kserve.canary needs kserve.deploymentMode RawDeployment or Standard"),
+    ({"kserve": {"canaryTrafficPercent": 10}}, "kserve.canaryTrafficPercent works only with kserve.deploymentMode "
+                                               "Serverless or Knative"),
+    ({"kserve": {"deploymentMode": "Serverless"}, "routing": {"kind": "route"}, "route": {"allowUnauthenticated": True}},
+     "routing.kind=route needs mode=deployment or kserve.deploymentMode RawDeployment/Standard"),
+    ({"kserve": {"deploymentMode": ""}, "routing": {"kind": "httproute", "gateway": {"name": "g"}},
+      "route": {"allowUnauthenticated": True}}, "routing.kind=httproute needs mode=deployment"),
+    ({"routing": {"kind": "httproute"}, "route": {"allowUnauthenticated": True}}, "routing.gateway.name is required"),
+    ({"routing": {"kind": "route"}}, "routing.kind=route sends requests straight to the serving port"),
+    ({"routing": {"kind": "route"}, "route": {"allowUnauthenticated": True},
+      "kserve": {"canary": {"enabled": True, "name": "c"}}}, "would split the traffic twice"),
+    ({"routing": {"kind": "route"}, "route": {"enabled": True, "allowUnauthenticated": True}},
+     "OpenShift AI would create a second Route"),
+    ({"routing": {"canary": {"weight": 10}}}, "routing.canary.weight=10 needs routing.canary.service"),
+    ({"routing": {"canary": {"service": "x"}}}, "routing.canary.service needs routing.kind"),
+    ({"kserve": {"canary": {"enabled": True}}}, "kserve.canary.name is required"),
+    ({"mode": "deployment", "kserve": {"canaryTrafficPercent": 5}}, "need mode=kserve"),
+    ({"routing": {"kind": "route", "canary": {"weight": 101}}}, "routing.canary.weight"),
+    ({"routing": {"kind": "route", "bogus": 1}}, "bogus"),
+])
+def test_chart_refuses_combinations_that_cannot_split_traffic(values, message):
+    with pytest.raises(RenderError, match=message):
+        render(merged(CHART_VALUES, values), NAME, NS, CHART)
+
+
+def test_rollout_objects_refuse_bad_routing_and_weights():
+    with pytest.raises(RenderError, match="kserve-canary needs mode=kserve"):
+        RolloutObjects(name=NAME, namespace=NS, routing="kserve-canary", mode="deployment", stable_values=BASE)
+    with pytest.raises(RenderError, match="deploymentMode set"):
+        RolloutObjects(name=NAME, namespace=NS, routing="kserve-canary", mode="kserve",
+                       stable_values=merged(BASE, {"kserve": {"deploymentMode": ""}}))
+    with pytest.raises(RenderError, match="routing 'istio'"):
+        RolloutObjects(name=NAME, namespace=NS, routing="istio", mode="kserve", stable_values=BASE)
+    with pytest.raises(RenderError, match="weight 120"):
+        rollout("route-deployment").stable(candidate(), 120)
+    with pytest.raises(RenderError, match="needs mode=deployment or kserve.deploymentMode"):
+        RolloutObjects(name=NAME, namespace=NS, routing="route", mode="kserve",
+                       stable_values=merged(BASE, ROUTED, {"kserve": {"deploymentMode": "Serverless"}})).stable()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lint_strict_clean_for_every_routing_option(case):
+    import helm_python as helm
+
+    routing, mode, extra = CASES[case]
+    c = candidate()
+    values = merged(BASE, extra, {"mode": mode})
+    if routing == "kserve-canary":
+        split_values = ({"kserve": {"canaryTrafficPercent": 10}} if "serverless" in case else
+                        {"kserve": {"canary": {"enabled": True, "name": "c1", "trafficPercent": 10, "values": c.values}}})
+    else:
+        split_values = {"routing": {"kind": routing, "canary": {"service": "canary", "weight": 10}}}
+    report = helm.lint(str(CHART), merged(values, split_values), strict=True, kube_version="v1.30.0")
+    assert report["errors"] == [], report
+    assert [m for m in report["messages"] if m["severity"] >= 2] == [], report

@@ -1,0 +1,28 @@
+"""The bench scripts (bench/*.py) as modules, for tests that call their functions.
+
+A bench imports its shared harness as ``harness`` (the script's own directory is on ``sys.path`` when it
+runs); here the harness is loaded from its file under that name first, then the bench."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "harness")
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_bench(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module (``harness`` for the harness itself); loaded once."""
+    if "harness" not in sys.modules:
+        _load("harness")
+    return sys.modules.get(name) or _load(name)
