@@ -46,7 +46,7 @@ TIER = pytest.StashKey[str]()  # the tier given to each collected test (before -
 TESTS_ROOT = Path(__file__).parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before the mark plugin deselects by -m, and before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before the mark plugin deselects by -m
 def pytest_collection_modifyitems(config, items):
     errors = []
     for item in items:
@@ -57,12 +57,25 @@ def pytest_collection_modifyitems(config, items):
             continue
         item.stash[TIER] = tier
         item.add_marker(tier)
-        # Under pytest-xdist (--dist loadgroup) the unit tier is spread over the workers module by module
-        # (a module's fixtures are built once); every engine, server and pipeline run stays in one group,
-        # one after another on one worker, as in a plain run.
-        item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP if tier != "unit" else item.nodeid.split("::")[0]))
     if errors:
         raise pytest.UsageError("tests in the wrong tier:\n" + "\n".join(errors))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (``-n``): the unit tier is spread over the workers module by module (a module's
+    fixtures are built once, each worker has one torch thread), while every integration and e2e test is
+    one unit of work: one worker runs them one after another, in file order, as a plain run would, so no
+    two engines, servers or pipeline runs compete for the cores. The largest unit of work goes first (xdist
+    orders them by size), so the engines start at once and the other workers take the unit tier."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            tier = nodeid.split("/", 2)[1] if nodeid.startswith("tests/") else ""
+            return SERIAL_GROUP if tier in ("integration", "e2e") else nodeid.split("::", 1)[0]
+
+    return TierScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)
