@@ -4,6 +4,7 @@ tiny training in the pod, vLLM-measured evaluation, the gate, and rendered servi
 rerun under the same run name reuses what is published and a failing gate skips deploy."""
 from __future__ import annotations
 
+import builtins
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,21 @@ def arguments(target: Path, source: Path, root: Path, **kw) -> dict:
 def first(qwen3_target, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kfp-local")
     source = conversations(tmp / "conv.jsonl", 12)
+    before = builtins.print
     result = run_pipeline_locally(arguments(qwen3_target, source, tmp / "runs"), tmp / "work")
+    PRINT_AFTER_THE_RUN["kept"] = builtins.print is before
+    builtins.print = before  # whatever the run left, not for the tests after this one
     assert result.ok, f"{result.error}\n{result.log_path.read_text()[-6000:]}"
     return qwen3_target, source, tmp, result
+
+
+PRINT_AFTER_THE_RUN: dict[str, bool] = {}
+
+
+def test_the_callers_print_is_the_same_after_the_run(first):
+    # kfp.local swaps builtins.print per task (to indent its output); ParallelFor's threads interleaved
+    # the swaps and left an indenting print behind: every later line of the caller began with spaces.
+    assert PRINT_AFTER_THE_RUN["kept"] is True
 
 
 def test_every_stage_ran_and_the_report_came_back(first):

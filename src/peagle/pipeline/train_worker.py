@@ -16,6 +16,7 @@ retried step or a replacement TrainJob continues instead of starting over.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -58,8 +59,11 @@ def run_training(run_uri: str, nproc_per_node: int | None = None, work_dir: str 
     check_data_connection(os.environ.get(DATA_CONNECTION_ENV, ""), {"the run": run_uri})
     run, layout = load_run(run_uri)
     nproc = nproc_per_node or int(os.environ.get("PET_NPROC_PER_NODE") or run.params.num_gpus)
+    # One scratch directory per run (the same for a retry of it): two kfp.local runs on one machine
+    # must not write each other's train.yaml.
+    run_key = hashlib.sha256(run_uri.encode()).hexdigest()[:12]
     work = Path(work_dir or os.environ.get("PEAGLE_TRAIN_WORK")
-                or Path(os.environ.get("TMPDIR", "/tmp")) / "peagle-train")
+                or Path(os.environ.get("TMPDIR", "/tmp")) / f"peagle-train-{run_key}")
     work.mkdir(parents=True, exist_ok=True)
     target = fetch(layout.target)
     cfg = training_config(run.config, layout, str(target), str(work))

@@ -83,6 +83,21 @@ def _task_for(tasks: list[dict[str, Any]], stage: dict[str, Any]) -> dict[str, A
     return min(inside, key=lambda t: t["end"] - t["start"]) if inside else None
 
 
+@contextlib.contextmanager
+def _builtin_print_kept() -> Iterator[None]:
+    """Put ``builtins.print`` back as it was when the run ends. kfp.local indents each task's output by
+    swapping ``builtins.print`` and restoring the function it found; ParallelFor iterations run on a
+    thread pool, so interleaved swaps can leave an indenting ``print`` installed for good: every later
+    ``print`` of this process (the caller's own) then starts with spaces."""
+    import builtins
+
+    kept = builtins.print
+    try:
+        yield
+    finally:
+        builtins.print = kept
+
+
 class _TaskClock:
     """Wraps kfp.local's per-task entry point to record each task's wall interval (thread-safe:
     ParallelFor iterations run on a thread pool)."""
@@ -263,8 +278,8 @@ def run_pipeline_locally(arguments: dict[str, Any], work_dir: str | os.PathLike,
         display.start()
         sink = _Tee(log, out) if verbose else log
         try:
-            with clock.installed(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), \
-                    warnings.catch_warnings():
+            with clock.installed(), _builtin_print_kept(), contextlib.redirect_stdout(sink), \
+                    contextlib.redirect_stderr(sink), warnings.catch_warnings():
                 # The pipeline carries its cluster settings (images, GPUs, display names) on purpose;
                 # kfp.local warns about each one it ignores.
                 warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
