@@ -8,6 +8,7 @@ the URL (without any userinfo); the bearer token is sent, never logged or put in
 from __future__ import annotations
 
 import functools
+import http.client
 import json
 import logging
 import random
@@ -98,6 +99,8 @@ class OpenAIClient:
             raise EndpointError(message) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             raise _Transient(f"{shown}: unreachable: {getattr(exc, 'reason', exc)}") from None
+        except http.client.HTTPException as exc:  # the server went away mid-answer (IncompleteRead, ...)
+            raise _Transient(f"{shown}: the answer was cut off: {type(exc).__name__}") from None
 
     def _json(self, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         raw = self._request(url, body)

@@ -15,6 +15,9 @@ from peagle.engine.client import EndpointError, OpenAIClient, safe_url
 METRICS = "# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total{model_name=\"m\"} 7.0\n"
 
 
+CUT = -1  # a scripted "status": the answer is cut off (a server killed while it writes)
+
+
 class Server(http.server.ThreadingHTTPServer):
     """Answers each path with the next status of its script (then 200); records what it was sent."""
 
@@ -36,6 +39,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.server.seen.append((self.command, self.path, body, self.headers.get("Authorization")))
         statuses = self.server.script.get(self.path, [])
         status = statuses.pop(0) if statuses else 200
+        if status == CUT:  # the server dies mid-answer: fewer bytes than its Content-Length, then closed
+            self.send_response(200)
+            self.send_header("Content-Length", "1090")
+            self.end_headers()
+            self.wfile.write(b'{"choices": [')
+            self.close_connection = True
+            return
         if status != 200:
             payload = f"status {status} for {self.path}".encode()
         elif self.path.endswith("/models"):
@@ -85,6 +95,17 @@ def test_5xx_and_429_are_retried_until_the_answer(serve):
     assert [p for _, p, _, _ in server.seen] == ["/v1/chat/completions"] * 4
     assert {auth for *_, auth in server.seen} == {"Bearer s3cret"}
     assert server.seen[-1][2] == {"model": "tiny", "messages": []}
+
+
+def test_an_answer_cut_off_mid_body_is_retried_then_reported(serve):
+    # A server killed while it writes an answer (kill -9 of `peagle serve` under replayed traffic): the
+    # client got http.client.IncompleteRead, which escaped as an exception no caller handles.
+    server = serve({"/v1/chat/completions": [CUT]})
+    reply = _client(server.url).chat({"model": "tiny", "messages": []})
+    assert reply["choices"][0]["message"]["content"] == "hello" and len(server.seen) == 2
+    server = serve({"/v1/chat/completions": [CUT] * 3})
+    with pytest.raises(EndpointError, match=r"/v1/chat/completions: the answer was cut off: IncompleteRead after 3 tries$"):
+        _client(server.url, retries=2).chat({"model": "tiny", "messages": []})
 
 
 def test_other_4xx_is_final_at_once_and_names_the_url(serve):
