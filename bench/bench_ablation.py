@@ -145,6 +145,7 @@ def eval_config(target: str, draft: str, out: Path, k: int, heldout: int, mtbenc
     sets = [f"sharegpt-heldout@{heldout}"] + ([f"mtbench@{mtbench}"] if mtbench else [])
     ev = {"draft": draft, "out": str(out), "prompt_sets": sets, "max_tokens": max_tokens, "temperatures": [0.0],
           "num_speculative_tokens": [k], "measure_baseline": False, "self_consistency": False,
+          "dead_draft_acceptance_length": None,
           "engine": {"max_model_len": 1024, "cpu_kv_cache_gib": 2, "in_process": True}}
     cfg = {"target": {"path": target}, "evaluate": ev, "work_dir": str(out)}
     from peagle.evaluate import EvaluateRunConfig

@@ -23,6 +23,7 @@ TINY = {
     "train": {"row_tokens": 256, "global_batch_rows": 2, "log_every": 1, "val_fraction": 0.0},
     "evaluate": {"prompt_sets": ["code"], "prompts_per_category": 2, "max_tokens": 8, "temperatures": [0.0],
                  "num_speculative_tokens": [2], "measure_baseline": False, "offline_max_samples": 8,
+                 "dead_draft_acceptance_length": None,  # two training steps: the gate is the subject, not the draft
                  "engine": {"in_process": True, "max_model_len": 1024, "cpu_kv_cache_gib": 1}},
 }
 

@@ -106,6 +106,25 @@ path lacks "eagle3", which crashes at warm-up.
 {{- fail (printf "speculative.draftTensorParallelSize must be 1 or vllm.tensorParallelSize (%d), got %d" $tp $dtp) -}}
 {{- end -}}
 {{- $cfg := dict "method" $s.method "model" (include "peagle-serving.draftPath" .) "num_speculative_tokens" (int $s.numSpeculativeTokens) "parallel_drafting" $s.parallelDrafting "draft_tensor_parallel_size" $dtp -}}
+{{- with $s.numSpeculativeTokensPerBatchSize -}}
+{{- /* vLLM's rules (vllm/v1/spec_decode/dynamic/utils.py), checked here so a bad schedule fails at render, not at
+pod start: ranges sorted from 1 (ours also contiguous), lo <= hi, K <= num_speculative_tokens (vLLM would cap it) */ -}}
+{{- $next := 1 -}}
+{{- range $i, $r := . -}}
+{{- $lo := int (index $r 0) -}}{{- $hi := int (index $r 1) -}}{{- $k := int (index $r 2) -}}
+{{- if ne $lo $next -}}
+{{- fail (printf "speculative.numSpeculativeTokensPerBatchSize[%d] starts at %d: ranges must be sorted and contiguous from 1 (expected %d)" $i $lo $next) -}}
+{{- end -}}
+{{- if lt $hi $lo -}}
+{{- fail (printf "speculative.numSpeculativeTokensPerBatchSize[%d] ends at %d, before its start %d" $i $hi $lo) -}}
+{{- end -}}
+{{- if gt $k (int $s.numSpeculativeTokens) -}}
+{{- fail (printf "speculative.numSpeculativeTokensPerBatchSize[%d] has K=%d above speculative.numSpeculativeTokens (%d)" $i $k (int $s.numSpeculativeTokens)) -}}
+{{- end -}}
+{{- $next = add1 $hi -}}
+{{- end -}}
+{{- $_ := set $cfg "num_speculative_tokens_per_batch_size" . -}}
+{{- end -}}
 {{- toJson (merge $cfg $s.extraConfig) -}}
 {{- end -}}
 

@@ -65,7 +65,10 @@ def add_release_flags(p: argparse.ArgumentParser, *, chart_set_prefix: str = "")
     src.add_argument("--service-account", help="service account with the S3 credentials (--storage-uri/--target-uri)")
 
     srv = p.add_argument_group("serving")
-    srv.add_argument("--num-speculative-tokens", "-k", type=int, help="K (default: the chart's)")
+    srv.add_argument("--num-speculative-tokens", "-k", type=int, help="K (default: the chart's, or the schedule's)")
+    srv.add_argument("--schedule", metavar="PATH",
+                     help="the speculation schedule the evaluation chose: its schedule.json, or the evaluate output "
+                          "directory holding one (K per batch size; no draft where it measured none faster)")
     srv.add_argument("--draft-fingerprint", metavar="ID",
                      help="names the draft on the pods and as a served model name, e.g. the first 12 hex digits of "
                           "its manifest's sha256 (default: derived from the model source and K)")
@@ -128,7 +131,16 @@ def values_from_args(ns: argparse.Namespace) -> dict:
         num_speculative_tokens=ns.num_speculative_tokens, draft_fingerprint=ns.draft_fingerprint,
         gpus=ns.gpus, tensor_parallel_size=ns.tensor_parallel_size,
         draft_tensor_parallel_size=ns.draft_tensor_parallel_size, image=ns.image, max_model_len=ns.max_model_len,
-        capture_uri=ns.capture, capture_secret=ns.capture_secret, extra_args=ns.extra_args, extra_values=extra)
+        capture_uri=ns.capture, capture_secret=ns.capture_secret, extra_args=ns.extra_args, extra_values=extra,
+        schedule=_schedule(ns.schedule))
+
+
+def _schedule(path: str | None):
+    if not path:
+        return None
+    from ..speed import SpeculationSchedule
+
+    return SpeculationSchedule.read(path)
 
 
 def deploy(objs: list[dict], apis: Apis, *, timeout: float, smoke_test: bool = True,

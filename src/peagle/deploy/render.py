@@ -60,7 +60,7 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
                num_speculative_tokens: int | None = None, gpus: int | None = None,
                tensor_parallel_size: int | None = None, draft_tensor_parallel_size: int | None = None,
                image: str | None = None, max_model_len: int | None = None, draft_fingerprint: str | None = None,
-               capture_uri: str | None = None, capture_secret: str | None = None,
+               capture_uri: str | None = None, capture_secret: str | None = None, schedule: Any = None,
                extra_args: Iterable[str] = (), extra_values: Iterable[Mapping] = ()) -> dict:
     """Chart values for one deployment. Exactly one model source:
 
@@ -76,6 +76,10 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
     the Secret holding its S3 credentials, e.g. a data connection; or a path on ``capture.pvc``).
     ``image`` is a full reference ``registry[:port]/path:tag`` (or ``...@sha256:...``), checked by
     :func:`.values.parse_image`; every other string is checked by the chart's schema at :func:`render`.
+    ``schedule`` (a :class:`peagle.speed.SpeculationSchedule`, the evaluation's ``schedule.json``) sets K per
+    batch size: one K everywhere as ``speculative.numSpeculativeTokens``, several as the largest K plus
+    ``speculative.numSpeculativeTokensPerBatchSize``, K = 0 everywhere as ``speculative.enabled: false``
+    (the target alone was measured fastest); ``num_speculative_tokens`` must then be unset or agree.
     ``extra_values`` (parsed ``-f``/``--set`` maps) are merged last and win.
     """
     sources = {"dataConnection": data_connection, "uri": storage_uri, "uris": target_uri or draft_uri, "pvc": pvc}
@@ -98,7 +102,18 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
                                  "serviceAccountName": service_account or ""})
     else:
         _set(v, "storage.pvc", {"claimName": pvc, "path": path or ""})
-    if num_speculative_tokens is not None:
+    if schedule is not None:
+        k = schedule.num_speculative_tokens
+        if num_speculative_tokens is not None and int(num_speculative_tokens) != k:
+            raise RenderError(f"num_speculative_tokens {num_speculative_tokens} disagrees with the schedule "
+                              f"({schedule.describe()}: K up to {k}); give one of them")
+        if k == 0:
+            _set(v, "speculative.enabled", False)
+        else:
+            _set(v, "speculative.numSpeculativeTokens", k)
+            if schedule.single_k is None:
+                _set(v, "speculative.numSpeculativeTokensPerBatchSize", schedule.vllm_ranges())
+    elif num_speculative_tokens is not None:
         _set(v, "speculative.numSpeculativeTokens", int(num_speculative_tokens))
     if gpus is not None:
         _set(v, "gpu.count", int(gpus))

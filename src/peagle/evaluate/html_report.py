@@ -15,6 +15,8 @@ PLOT_TITLES = {
     "acceptance_length_vs_k": "Acceptance length vs K (one engine per K, same prompts)",
     "speedup_vs_k": "Throughput speedup vs K",
     "offline_agreement": "Offline agreement on held-out hidden states",
+    "speedup_vs_concurrency": "Speed per load: tokens/s over the target alone's against requests in flight, one "
+                              "line per K and the chosen schedule as served; bars: 95% bootstrap intervals",
 }
 
 CSS = """
@@ -131,6 +133,37 @@ def _identity_section(s: dict[str, Any]) -> list[str]:
     return out
 
 
+def _speed_section(report: dict[str, Any]) -> list[str]:
+    """Speed per load: the schedule chosen and, per configuration and concurrency, tokens/s, the ratio to
+    the target alone with its interval, TPOT and TTFT (p50 / p90)."""
+    speed = report.get("speed")
+    if not speed:
+        return []
+    table, sched = speed["table"], speed["schedule"]
+    head = (report["summary"].get("speed") or {})
+    out = ["<h2>Speed per load</h2>",
+           f"<p>Chosen schedule (batch size: K): <b>{html.escape(head.get('schedule', ''))}</b>"
+           + ("" if head.get("serves_draft", True) else " &mdash; the draft wins at no measured load: serve the "
+              "target alone") + f". Rule: {html.escape(sched['rule'])}.</p>"]
+
+    def ratio(r: dict[str, Any] | None) -> str:
+        return "–" if not r else f"{r['value']:.3f} [{r['low']:.3f}–{r['high']:.3f}]"
+
+    def q(d: dict[str, Any], scale: float = 1000.0) -> str:
+        return "–" if d.get("p50") is None else f"{d['p50'] * scale:.1f} / {d['p90'] * scale:.1f}"
+
+    out.append(_table(["configuration", "concurrency", "requests", "tokens/s", "× target alone [95%]",
+                       "TPOT ms p50 / p90", "TTFT ms p50 / p90", "latency s p50 / p90"],
+                      [[html.escape(p["config"]), _fmt(p["concurrency"]), _fmt(p["requests"]),
+                        _fmt(p["tokens_per_s"], 1), ratio(p["speedup"]), q(p["tpot_s"]), q(p["ttft_s"]),
+                        q(p["e2e_s"], 1.0)] for p in table["points"]]))
+    out.append(f"<p class='note'>{table['rounds']} round(s), configurations in alternating order; "
+               f"{table['prompts']} prompts, {table['max_tokens']} tokens each, greedy; requests kept c at a time "
+               "(closed loop). Throughput = c &times; output tokens / latency over the requests that ran with c "
+               "in flight; intervals resample those requests.</p>")
+    return out
+
+
 def render_html(report: dict[str, Any], plots: dict[str, bytes] | None = None) -> str:
     """The page for ``report`` (plots rendered here unless given)."""
     plots = render_plots(report) if plots is None else plots
@@ -194,6 +227,7 @@ def render_html(report: dict[str, Any], plots: dict[str, bytes] | None = None) -
                          for c, f in s["categories"].items()]))
 
     parts.extend(_identity_section(s))
+    parts.extend(_speed_section(report))
 
     parts.append("<h2>All runs</h2>")
     parts.append(_table(["K", "sampling", "acceptance length", "per-position acceptance (%)", "drafts", "speedup",

@@ -192,11 +192,47 @@ def offline_agreement_png(report: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
+def speedup_vs_concurrency_png(report: dict[str, Any]) -> bytes | None:
+    """Throughput over the target alone's against requests in flight: one line per K, and the chosen
+    schedule as served (bars: bootstrap intervals over requests); 1 = as fast as the target alone."""
+    speed = report.get("speed")
+    if not speed:
+        return None
+    table = speed["table"]
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    xs = table["concurrencies"]
+    drawn = False
+    for i, cfg in enumerate(c for c in table["configs"] if c != "target"):
+        pts = {p["concurrency"]: p["speedup"] for p in table["points"] if p["config"] == cfg and p["speedup"]}
+        if not pts:
+            continue
+        cx = [c for c in xs if c in pts]
+        vals = [pts[c]["value"] for c in cx]
+        schedule = cfg == "schedule"
+        color = "black" if schedule else f"C{i}"
+        ax.plot(cx, vals, marker="s" if schedule else "o", color=color, lw=2.5 if schedule else 1.5,
+                label="chosen schedule (served)" if schedule else cfg)
+        _error_bars(ax, cx, vals, [[pts[c]["low"], pts[c]["high"]] for c in cx], color, None)
+        drawn = True
+    if not drawn:
+        return None
+    ax.axhline(1.0, color="grey", ls="--", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(c) for c in xs])
+    ax.set_xlabel("concurrent requests (batch size)")
+    ax.set_ylabel("tokens/s over the target alone")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
 PLOTS = {
     "per_position_acceptance": per_position_acceptance_png,
     "acceptance_length_vs_k": acceptance_length_vs_k_png,
     "speedup_vs_k": speedup_vs_k_png,
     "offline_agreement": offline_agreement_png,
+    "speedup_vs_concurrency": speedup_vs_concurrency_png,
 }
 
 

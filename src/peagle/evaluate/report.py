@@ -22,7 +22,13 @@ Layout (``format`` = :data:`REPORT_FORMAT`)::
                         alone re-batched (null unless measured); lossless_float32 {dtype, num_speculative_tokens,
                         compared, identical, differing_prompts, accepted_tokens}: the float32 identity check
     offline             OfflineAgreement.as_dict() | null
-    gate                {min_acceptance_length, require_lossless, acceptance_length, passed, reasons}
+    speed               {table: peagle.speed.SpeedTable, schedule: peagle.speed.SpeculationSchedule} | null:
+                        speed per load (the target alone, target + draft at each K, the chosen schedule
+                        as served; ratios with bootstrap intervals) and the schedule chosen from it;
+                        summary.speed: {schedule, num_speculative_tokens, serves_draft,
+                        speedup_by_concurrency: {c: {k, value, low, high} | null}}
+    gate                {min_acceptance_length, require_lossless, speed_tolerance, dead_draft_acceptance_length,
+                        acceptance_length, passed, reasons}
 
 FIG = SpecDecodeCounts.figures() (acceptance_length, per_position_acceptance,
 conditional_acceptance, draft_acceptance_rate, counts) + confidence (bootstrap intervals over
@@ -179,8 +185,9 @@ def headline_k(ks: list[int], trained_depths: int | None, requested: int | None)
 def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload], samplings: list[Sampling],
                  prompt_sets: dict[str, Any], target: dict[str, Any], draft: dict[str, Any],
                  headline: int | None = None, offline: dict[str, Any] | None = None,
-                 settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Assemble report.json (without the gate; see :func:`apply_gate`)."""
+                 settings: dict[str, Any] | None = None, speed: Any = None) -> dict[str, Any]:
+    """Assemble report.json (without the gate; see :func:`apply_gate`); ``speed``: the speed sweep's
+    :class:`peagle.evaluate.speed_sweep.SpeedResult`, when it ran."""
     checks = runs
     runs = [r for r in runs if r.purpose == MEASURE]
     baseline = next((r for r in runs if r.num_speculative_tokens == BASELINE), None)
@@ -217,6 +224,7 @@ def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload],
     summary["lossless_float32"] = _lossless_float32(checks)
     if offline is not None:
         summary["offline_expected_acceptance_length"] = offline["expected_acceptance_length"].get(str(head_k))
+    summary["speed"] = speed_summary(speed.schedule) if speed is not None else None
     return {
         "format": REPORT_FORMAT,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -236,8 +244,24 @@ def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload],
         "engines": [{"num_speculative_tokens": r.num_speculative_tokens, "start_s": r.engine_start_s,
                      "speculative_config": r.speculative_config, "device": r.device} for r in runs],
         "settings": settings or {},
+        "speed": None if speed is None else {"table": speed.table.model_dump(mode="json"),
+                                             "schedule": speed.schedule.model_dump(mode="json")},
         "gate": None,
     }
+
+
+def speed_summary(schedule: Any) -> dict[str, Any]:
+    """The headline of the speed sweep: the schedule and, per measured concurrency, the ratio to the
+    target alone it gives as served (1 where it serves no draft; null where it was not measured)."""
+    ratios = {}
+    for m in schedule.measured:
+        r = m.served if m.served is not None else (m.chosen_from if schedule.single_k else None)
+        if schedule.num_speculative_tokens == 0:
+            ratios[str(m.concurrency)] = {"k": 0, "value": 1.0, "low": 1.0, "high": 1.0}
+        else:
+            ratios[str(m.concurrency)] = None if r is None else {"k": m.k, **r.model_dump(mode="json")}
+    return {"schedule": schedule.describe(), "num_speculative_tokens": schedule.num_speculative_tokens,
+            "serves_draft": schedule.num_speculative_tokens > 0, "speedup_by_concurrency": ratios}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -251,6 +275,8 @@ class GateResult:
     min_acceptance_length: float | None
     require_lossless: bool
     reasons: list[str] = field(default_factory=list)
+    speed_tolerance: float | None = None  # None: speed was not judged
+    dead_draft_acceptance_length: float | None = None
 
     def __post_init__(self) -> None:
         # the verdict is derived from the reasons (none: passed); an edited "passed" that disagrees is refused
@@ -265,15 +291,23 @@ class GateResult:
     def as_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "acceptance_length": self.acceptance_length,
                 "min_acceptance_length": self.min_acceptance_length, "require_lossless": self.require_lossless,
-                "reasons": self.reasons}
+                "speed_tolerance": self.speed_tolerance,
+                "dead_draft_acceptance_length": self.dead_draft_acceptance_length, "reasons": self.reasons}
 
 
 def apply_gate(report: dict[str, Any], min_acceptance_length: float | None = None,
-               require_lossless: bool = False) -> GateResult:
-    """Judge the report's headline: AL >= the bar, and (optionally) greedy outputs unchanged."""
+               require_lossless: bool = False, *, speed_tolerance: float | None = None,
+               dead_draft_acceptance_length: float | None = None) -> GateResult:
+    """Judge the report's headline: AL >= the bar, and (optionally) greedy outputs unchanged; a dead
+    draft (AL at most ``dead_draft_acceptance_length``) fails whatever else passes; with
+    ``speed_tolerance``, speed too (:func:`speed_reasons`)."""
     summary = report["summary"]
     al = summary.get("acceptance_length")
     reasons = []
+    if dead_draft_acceptance_length is not None and al is not None and al <= dead_draft_acceptance_length:
+        reasons.append(f"acceptance length {al:.3f} at K={summary['num_speculative_tokens']} is at most "
+                       f"{dead_draft_acceptance_length:.3f}: a dead draft (it almost never proposes an accepted "
+                       "token, so it only costs time)")
     if min_acceptance_length is not None:
         if al is None:
             reasons.append("no draft was verified (0 drafts): the acceptance length is unknown")
@@ -289,7 +323,42 @@ def apply_gate(report: dict[str, Any], min_acceptance_length: float | None = Non
             reasons.append(f"greedy outputs changed with the draft for {lossless['compared'] - lossless['identical']} "
                            f"of {lossless['compared']} prompts ({lossless.get('dtype', 'bf16/run dtype')}): "
                            f"{which[:5]}")
-    return GateResult(not reasons, al, min_acceptance_length, require_lossless, reasons)
+    if speed_tolerance is not None:
+        reasons += speed_reasons(report, speed_tolerance)
+    return GateResult(not reasons, al, min_acceptance_length, require_lossless, reasons, speed_tolerance,
+                      dead_draft_acceptance_length)
+
+
+def speed_reasons(report: dict[str, Any], tolerance: float) -> list[str]:
+    """The speed check: with the chosen schedule, target + draft is nowhere slower than the target alone
+    by more than ``tolerance`` (ratio below ``1 - tolerance`` at a measured concurrency), and the draft is
+    faster at some load (a schedule that serves no draft means it wins nowhere)."""
+    speed = report.get("speed")
+    if not speed:
+        return ["speed was not measured (evaluate.speed.enabled and the baseline are needed)"]
+    sched = speed["schedule"]
+    table = speed["table"]
+    if max(r["k"] for r in sched["ranges"]) == 0:
+        best = []
+        for c in table["concurrencies"]:
+            pts = [p for p in table["points"] if p["concurrency"] == c and p["speedup"]]
+            if pts:
+                top = max(pts, key=lambda p: p["speedup"]["value"])
+                r = top["speedup"]
+                best.append(f"c={c}: {top['config']} {r['value']:.2f}x [{r['low']:.2f}-{r['high']:.2f}]")
+        return ["the draft is faster than the target alone beyond noise at no measured concurrency "
+                f"(best per load: {'; '.join(best)}): the schedule serves no draft"]
+    reasons = []
+    for c, r in (report["summary"].get("speed") or {}).get("speedup_by_concurrency", {}).items():
+        if r is not None and r["value"] < 1.0 - tolerance:
+            reasons.append(f"with the schedule ({', '.join(f'{a}-{b}: K={k}' for a, b, k in _ranges(sched))}), "
+                           f"target + draft is {r['value']:.3f}x the target alone at concurrency {c} "
+                           f"[{r['low']:.3f}-{r['high']:.3f}]: slower beyond the {tolerance:.0%} tolerance")
+    return reasons
+
+
+def _ranges(sched: dict[str, Any]) -> list[tuple[int, int, int]]:
+    return [(r["lo"], r["hi"], r["k"]) for r in sched["ranges"]]
 
 
 def passes_gate(report: dict[str, Any], min_acceptance_length: float | None,
@@ -400,6 +469,27 @@ class Summary:
 
 
 @dataclass(frozen=True)
+class SpeedSection:
+    """Speed per load (``speed``): the table and the schedule chosen from it, typed (:mod:`peagle.speed`)."""
+
+    table: Any  # peagle.speed.SpeedTable
+    schedule: Any  # peagle.speed.SpeculationSchedule
+
+    @classmethod
+    def from_doc(cls, d: Any, where: str) -> "SpeedSection | None":
+        if d is None:
+            return None
+        from pydantic import ValidationError
+
+        from ..speed import SpeculationSchedule, SpeedTable
+
+        try:
+            return cls(SpeedTable.model_validate(d["table"]), SpeculationSchedule.model_validate(d["schedule"]))
+        except ValidationError as exc:
+            raise ReportError(f"{where}: field 'speed' is not a speed table and schedule: {exc}") from None
+
+
+@dataclass(frozen=True)
 class Report:
     """A verified ``report.json`` (see the module docstring for the layout), typed.
 
@@ -420,6 +510,7 @@ class Report:
     summary: Summary
     acceptance_length_vs_k: Mapping[str, Mapping[str, Mapping[int, float | None]]]
     gate: GateResult | None
+    speed: "SpeedSection | None"
     doc: Mapping[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -440,7 +531,10 @@ class Report:
                  for name, curves in doc["acceptance_length_vs_k"].items()},
                 None if gate is None else GateResult(gate["passed"], _number(gate["acceptance_length"]),
                                                      _number(gate["min_acceptance_length"]),
-                                                     bool(gate["require_lossless"]), gate["reasons"]),
+                                                     bool(gate["require_lossless"]), gate["reasons"],
+                                                     _number(gate.get("speed_tolerance")),
+                                                     _number(gate.get("dead_draft_acceptance_length"))),
+                SpeedSection.from_doc(doc.get("speed"), where),
                 doc)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise ReportError(f"{where}: not a complete report ({type(e).__name__}: {e})") from None

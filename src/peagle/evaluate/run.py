@@ -41,6 +41,7 @@ CONTEXT_MARGIN = 64
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 ENGINE_OUTPUTS = "engine_outputs.json"  # offline mode: every engine's raw outputs and counters per workload
+SPEED_TIMINGS = "speed_timings.json"  # offline mode: every request of the speed sweep, as timed
 
 
 class EvaluationError(PeagleError, RuntimeError):
@@ -193,7 +194,8 @@ def context_length(settings: EvaluateSettings, target_dir: str, workloads: list,
         raise ConfigError(f"{prompt[1]} has {prompt[0]} tokens, no fewer than the target's context length "
                           f"({limit[1]}); shorten the prompts (evaluate.system_prompt, prompt sets)")
     generated = max([w.max_tokens for w in workloads]
-                    + ([settings.lossless_check_max_tokens] if settings.lossless_check != "none" else []),
+                    + ([settings.lossless_check_max_tokens] if settings.lossless_check != "none" else [])
+                    + ([settings.speed.max_tokens] if settings.speed.enabled and settings.speed.max_tokens else []),
                     default=settings.max_tokens)
     need = prompt[0] + generated + CONTEXT_MARGIN if prompt is not None else DEFAULT_MAX_MODEL_LEN
     return min(need, limit[0]) if limit is not None else need
@@ -215,6 +217,15 @@ def sweep_ks(settings: EvaluateSettings, trained_depths: int | None) -> list[int
     limit = trained_depths if trained_depths is not None and not settings.allow_untrained_depths else None
     extra = [k for k in settings.sweep_k if limit is None or k <= limit]
     return sorted(set(ks) | set(extra))
+
+
+def check_speed_ks(settings: EvaluateSettings, trained_depths: int | None) -> None:
+    """Refuse speed K values beyond the draft's trained depths (unless allowed), before any engine starts."""
+    asked = settings.speed.num_speculative_tokens
+    if (asked and trained_depths is not None and max(asked) > trained_depths
+            and not settings.allow_untrained_depths):
+        raise ConfigError(f"evaluate.speed.num_speculative_tokens {asked} exceeds the draft's {trained_depths} "
+                          "trained depths (set evaluate.allow_untrained_depths to measure them anyway)")
 
 
 def _offline(settings: EvaluateSettings, target_dir: str, target_fingerprint: str, draft_dir: str, spec,
@@ -263,6 +274,9 @@ def evaluate(cfg: EvaluateRunConfig) -> EvaluationOutcome:
     ks = [] if s.endpoint else sweep_ks(s, draft["trained_depths"])
     if ks:
         headline_k(ks, draft["trained_depths"], s.headline_num_speculative_tokens)
+    measure_speed_too = bool(ks) and s.speed.enabled and s.measure_baseline
+    if measure_speed_too:
+        check_speed_ks(s, draft["trained_depths"])
     if not s.endpoint:  # vLLM refuses a context beyond the target's only after loading it
         fitted = context_length(s, target_dir, workloads, cfg.target.trust_remote_code)
         s = s.model_copy(update={"engine": s.engine.model_copy(update={"max_model_len": fitted})})
@@ -295,25 +309,47 @@ def evaluate(cfg: EvaluateRunConfig) -> EvaluationOutcome:
         except (RuntimeError, OSError) as exc:  # vLLM's own error text is in the message
             raise EvaluationError(f"the vLLM measurement failed: {exc}") from exc
 
+    speed = None
+    if measure_speed_too:
+        from .speed_sweep import measure_speed
+
+        greedy = [c for w in workloads if w.sampling.greedy for c in w.chats] or [c for w in workloads for c in w.chats]
+        try:
+            speed = measure_speed(s.speed, target_dir=target_dir, draft_dir=s.draft, draft_sha256=draft["sha256"],
+                                  trained_depths=draft["trained_depths"], engine=s.engine, dtype=s.dtype,
+                                  seed=s.seed, chats=greedy, max_tokens=s.max_tokens, raw_log=out / SPEED_TIMINGS)
+        except (RuntimeError, OSError) as exc:
+            raise EvaluationError(f"the vLLM speed measurement failed: {exc}") from exc
+
     report = build_report(mode=mode, runs=runs, workloads=workloads, samplings=samplings, prompt_sets=prompt_sets,
                           target=target, draft=draft, headline=s.headline_num_speculative_tokens, offline=offline,
-                          settings=json.loads(s.model_dump_json()))
-    gate = apply_gate(report, s.min_acceptance_length, s.require_lossless)
+                          settings=json.loads(s.model_dump_json()), speed=speed)
+    gate = apply_gate(report, s.min_acceptance_length, s.require_lossless,
+                      speed_tolerance=s.speed.tolerance if speed is not None else None,
+                      dead_draft_acceptance_length=s.dead_draft_acceptance_length)
     report["gate"] = gate.as_dict()
     paths = write_report(report, out)
     return EvaluationOutcome(report, gate.passed, *paths)
 
 
 def write_report(report: dict[str, Any], out: str | os.PathLike) -> tuple[Path, Path]:
-    """Write report.json and report.html into ``out`` (each atomically); returns both paths."""
+    """Write report.json and report.html into ``out`` (each atomically), and ``schedule.json`` when the
+    report chose a speculation schedule; returns the report's two paths."""
+    from ..speed import SCHEDULE_FILE, SpeculationSchedule
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, text in ((REPORT_JSON, json.dumps(report, indent=2) + "\n"), (REPORT_HTML, render_html(report))):
+    files = [(REPORT_JSON, json.dumps(report, indent=2) + "\n"), (REPORT_HTML, render_html(report))]
+    schedule = (report.get("speed") or {}).get("schedule")
+    if schedule is not None:  # the typed stage output serving reads (validated as it is written)
+        files.insert(0, (SCHEDULE_FILE, SpeculationSchedule.model_validate(schedule).to_json()))
+    for name, text in files:
         p = out / name
         with atomic_path(p, fsync=False) as tmp:
             tmp.write_text(text, encoding="utf-8")
-        paths.append(p)
+        if name != SCHEDULE_FILE:
+            paths.append(p)
     return paths[0], paths[1]
 
 

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..config import StrictModel, TargetSettings
 from ..engine.settings import engine_section
+from ..speed.settings import SpeedSettings
 from .prompts import BUILTIN_CATEGORIES
 
 # Each category is one batch; a larger KV cache on CPU (the baseline and every K in one child); a
@@ -80,6 +81,10 @@ class EvaluateSettings(StrictModel):
         default_factory=EvaluateEngineSettings, description="offline mode: the vLLM engines "
         "(peagle.engine.settings); engine.timeout_s limits all of them together")
 
+    # Speed per load (offline mode)
+    speed: SpeedSettings = Field(default_factory=SpeedSettings, description="speed per load: the load ladder, "
+                                 "the K values measured on it, the speculation schedule and the speed gate")
+
     # Endpoint mode
     endpoint: str = Field("", description="base URL of a served vLLM (OpenAI API + /metrics), e.g. a KServe URL")
     baseline_endpoint: str = Field("", description="base URL serving the target without a draft (speedup, losslessness)")
@@ -101,6 +106,9 @@ class EvaluateSettings(StrictModel):
     min_acceptance_length: float | None = Field(
         None, ge=1.0, description="fail (exit 1) if the headline acceptance length is below this"
     )
+    dead_draft_acceptance_length: float | None = Field(
+        1.02, ge=1.0, description="fail whatever else passes if the headline acceptance length is at most this "
+        "(a draft that almost never proposes an accepted token only costs time); null: no such floor")
     require_lossless: bool = Field(False, description="fail (exit 1) if greedy outputs differ with the draft "
                                    "(judged on the float32 check when it ran: bf16 differences can be numeric noise)")
 

@@ -19,6 +19,11 @@ Measurement jobs (the evaluation stage) also give
   histogram (``acceptance_histograms``; None without a draft), its outputs, token counts and wall
   time (with ``repeats`` > 1 the batch is run again for timing only and the fastest pass counts);
 * ``warmup``: run one short request first, so the first workload does not pay one-off costs;
+* ``ladder``: ``{"prompts", "concurrencies", "per_load", "min_requests", "max_tokens"}``: after the
+  workloads (or alone, with no ``workloads``), the load ladder of :mod:`peagle.speed.loads` (greedy;
+  requests kept c at a time); the result's ``ladder`` holds one timing record per request;
+* ``num_speculative_tokens_per_batch_size``: with ``draft``, vLLM's speculation schedule (ranges
+  ``[lo, hi, K]``; ``num_speculative_tokens`` is then the largest K);
 * ``engine``: the engine's :class:`~peagle.engine.settings.EngineSettings` (a dict; the evaluation
   stage sends its whole ``evaluate.engine``), over :data:`JOB_ENGINE` for keys it leaves out.
   ``{"in_process": true}``, for instance, runs vLLM's engine core and worker inside this interpreter:
@@ -60,8 +65,20 @@ def requests_of(job: dict[str, Any] | list[dict[str, Any]]) -> int:
     if isinstance(job, list):
         return sum(requests_of(j) for j in job)
     if "workloads" in job:
-        return sum(len(w["prompts"]) * int(w.get("repeats", 1)) for w in job["workloads"])
+        return (sum(len(w["prompts"]) * int(w.get("repeats", 1)) for w in job["workloads"])
+                + _ladder_requests(job))
+    if "ladder" in job:
+        return _ladder_requests(job)
     return len(job["prompts"])
+
+
+def _ladder_requests(job: dict[str, Any]) -> int:
+    from ..speed.loads import requests_at
+
+    lad = job.get("ladder")
+    if not lad:
+        return 0
+    return sum(requests_at(c, int(lad["per_load"]), int(lad["min_requests"])) for c in lad["concurrencies"])
 
 
 def job_engine(job: dict[str, Any]) -> EngineSettings:
@@ -83,11 +100,14 @@ def _run(job: dict[str, Any], reporter=None) -> dict[str, Any]:
             "num_speculative_tokens": int(job["num_speculative_tokens"]),
             "parallel_drafting": True,
         }
+        if job.get("num_speculative_tokens_per_batch_size"):
+            kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] = [
+                [int(x) for x in r] for r in job["num_speculative_tokens_per_batch_size"]]
     t0 = time.perf_counter()
     llm = engine.build_llm(kwargs, settings)
     if reporter is not None:
         reporter.ready()  # the first engine is up (later engines' start-up is part of the work left)
-    if "workloads" in job:
+    if "workloads" in job or "ladder" in job:
         try:
             return _run_workloads(llm, job, time.perf_counter() - t0, reporter)
         finally:
@@ -120,10 +140,12 @@ def _run_workloads(llm, job: dict[str, Any], engine_start_s: float, reporter=Non
     """Each workload as one batch on the warm engine, with its own counter difference and timing."""
     from vllm import SamplingParams
 
-    if job.get("warmup", True):
-        _generate(llm, [job["workloads"][0]["prompts"][0]], SamplingParams(max_tokens=4, temperature=0.0))
+    workloads = job.get("workloads") or []
+    first = workloads[0]["prompts"][0] if workloads else (job.get("ladder") or {}).get("prompts", [None])[0]
+    if job.get("warmup", True) and first is not None:
+        _generate(llm, [first], SamplingParams(max_tokens=4, temperature=0.0))
     results = []
-    for w in job["workloads"]:
+    for w in workloads:
         params = SamplingParams(
             max_tokens=int(w.get("max_tokens", 32)),
             temperature=float(w.get("temperature", 0.0)),
@@ -155,8 +177,16 @@ def _run_workloads(llm, job: dict[str, Any], engine_start_s: float, reporter=Non
             "spec_decode": counts.as_dict(),
             "acceptance_histograms": [_histogram(o) for o in outs],
         })
-    return {"workloads": results, "speculative_config": _spec_config_of(llm), "engine_start_s": engine_start_s,
-            "device": _device()}
+    out = {"workloads": results, "speculative_config": _spec_config_of(llm), "engine_start_s": engine_start_s,
+           "device": _device()}
+    lad = job.get("ladder")
+    if lad:
+        from ..speed.loads import prompt_token_ids, run_ladder
+
+        out["ladder"] = run_ladder(llm, prompt_token_ids(llm, lad["prompts"]), [int(c) for c in lad["concurrencies"]],
+                                   per_load=int(lad["per_load"]), min_requests=int(lad["min_requests"]),
+                                   max_tokens=int(lad["max_tokens"]), reporter=reporter)
+    return out
 
 
 def _histogram(output) -> list[int] | None:
@@ -188,8 +218,12 @@ def _spec_config_of(llm) -> dict[str, Any] | None:
     sc = llm.llm_engine.vllm_config.speculative_config
     if sc is None:
         return None
-    return {"method": sc.method, "num_speculative_tokens": sc.num_speculative_tokens,
-            "parallel_drafting": bool(getattr(sc, "parallel_drafting", False)), "model": sc.model}
+    out = {"method": sc.method, "num_speculative_tokens": sc.num_speculative_tokens,
+           "parallel_drafting": bool(getattr(sc, "parallel_drafting", False)), "model": sc.model}
+    per_batch = getattr(sc, "num_speculative_tokens_per_batch_size", None)
+    if per_batch:
+        out["num_speculative_tokens_per_batch_size"] = [list(r) for r in per_batch]
+    return out
 
 
 def run_in_subprocess(job: dict[str, Any] | list[dict[str, Any]], timeout: float | None = 1200,

@@ -60,17 +60,30 @@ def draft_fingerprint(layout: RunLayout) -> str:
     return Draft.open(layout.draft).manifest_sha256[:FINGERPRINT_DIGITS]
 
 
+def evaluated_schedule(layout: RunLayout):
+    """The speculation schedule the run's evaluation chose (its published report, checksum verified), or
+    None when it measured no speed (an evaluation without ``evaluate.speed``)."""
+    from ..evaluate import Report
+
+    speed = Report.read(layout.evaluate).speed
+    return speed.schedule if speed is not None else None
+
+
 def serving_objects(run_uri: str, name: str, mode: str, data_connection: str, num_speculative_tokens: int,
-                    settings: ServingSettings, namespace: str, draft_fingerprint: str | None = None
-                    ) -> list[dict[str, Any]]:
+                    settings: ServingSettings, namespace: str, draft_fingerprint: str | None = None,
+                    schedule: Any = None) -> list[dict[str, Any]]:
     """The objects that serve the run's target + draft (``mode`` kserve or deployment; render = kserve).
-    ``draft_fingerprint``: see :func:`draft_fingerprint` (None: the chart derives one from the settings)."""
+    ``draft_fingerprint``: see :func:`draft_fingerprint` (None: the chart derives one from the settings).
+    ``schedule``: the evaluation's speculation schedule; it decides K per batch size (``num_speculative_tokens``,
+    the trained depths, then only bounds it)."""
     from ..deploy import render, values_for
 
     bucket, path = model_location(RunLayout(run_uri))
     s = settings
     values = values_for(mode="kserve" if mode == "render" else mode, data_connection=data_connection,
-                        path=path, bucket=bucket, num_speculative_tokens=int(num_speculative_tokens),
+                        path=path, bucket=bucket,
+                        num_speculative_tokens=None if schedule is not None else int(num_speculative_tokens),
+                        schedule=schedule,
                         gpus=s.gpus, image=s.image or None, max_model_len=s.max_model_len,
                         draft_fingerprint=draft_fingerprint, extra_args=s.extra_args,
                         extra_values=[s.values] if s.values else [])
@@ -95,7 +108,15 @@ def deploy(run_uri: str, name: str, mode: str, data_connection: str, num_specula
         ns = namespace or current_namespace()
         fingerprint = draft_fingerprint(layout)
         info["draft_fingerprint"] = fingerprint
-        objs = serving_objects(run_uri, name, mode, data_connection, num_speculative_tokens, s, ns, fingerprint)
+        schedule = evaluated_schedule(layout)
+        if schedule is not None:
+            if schedule.num_speculative_tokens > int(num_speculative_tokens):
+                raise ValueError(f"the evaluation's schedule ({schedule.describe()}) drafts more than "
+                                 f"num_speculative_tokens={num_speculative_tokens}")
+            info["speculation_schedule"] = schedule.describe()
+            print(f"speculation schedule (batch size: K): {schedule.describe()}", flush=True)
+        objs = serving_objects(run_uri, name, mode, data_connection, num_speculative_tokens, s, ns, fingerprint,
+                               schedule)
         with staged(layout.deploy, kind="peagle-deploy") as out:
             write_manifests(objs, out)
         info["objects"] = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]

@@ -46,6 +46,12 @@ WORKLOAD = ["--prompt-sets", *CATEGORIES, "--prompts-per-category", "2", "--max-
             "--dtype", "float32", "--engine-max-model-len", "1024", "--engine-cpu-kv-cache-gib", "1", "--engine-in-process"]
 K = 4
 BAR = 1.3  # the gate used for both drafts
+# Speed per load, small: 1 and 2 requests in flight, K = 1 and 2, one round; a schedule given by hand that
+# drafts K = 2 alone and nothing beside another request, so vLLM serves num_speculative_tokens_per_batch_size
+# and the sweep measures it. On this tiny target the speed gate is not the subject: a wide tolerance.
+SPEED = ["--speed-concurrencies", "1", "2", "--speed-num-speculative-tokens", "1", "2", "--speed-rounds", "1",
+         "--speed-requests-per-load", "2", "--speed-min-requests", "3", "--speed-max-tokens", "16",
+         "--speed-tolerance", "0.9", "--set", "evaluate.speed.schedule=[[1,1,2],[2,2,0]]"]
 
 
 def evaluate_cli(*args: str):
@@ -78,7 +84,7 @@ def evaluated(qwen3_target, tmp_path_factory):
     t0 = time.perf_counter()
     r0 = evaluate_cli("--target", target, "--draft", str(untrained), "--out", str(work / "eval-untrained"),
                       "--num-speculative-tokens", str(K), "--temperatures", "0",
-                      "--min-acceptance-length", str(BAR), *WORKLOAD)
+                      "--min-acceptance-length", str(BAR), "--no-speed-enabled", *WORKLOAD)
     t_untrained = time.perf_counter() - t0
 
     # 2. Hidden states of those sequences (the extraction stage, transformers backend) and training.
@@ -109,7 +115,7 @@ def evaluated(qwen3_target, tmp_path_factory):
     r1 = evaluate_cli("--target", target, "--draft", str(trained), "--out", str(work / "eval-trained"),
                       "--num-speculative-tokens", "2", str(K), "--temperatures", "0", "0.7",
                       "--hidden-states", str(work / "hidden_states"), "--min-acceptance-length", str(BAR),
-                      "--lossless-check", "float32", "--require-lossless", *WORKLOAD)
+                      "--lossless-check", "float32", "--require-lossless", *WORKLOAD, *SPEED)
     t_trained = time.perf_counter() - t0
     print(f"\ntimings: untrained evaluation {t_untrained:.0f}s, training {t_train:.0f}s, "
           f"trained evaluation {t_trained:.0f}s")
@@ -197,10 +203,29 @@ def test_trained_draft_is_accepted_and_untrained_is_not(evaluated, qwen3_target)
     assert before["draft"]["sha256"] == draft_fingerprint(evaluated["untrained"]) != after["draft"]["sha256"]
     assert after["draft"]["trained_depths"] == K and after["num_speculative_tokens"] == [2, K]
 
+    # Speed per load: every configuration at every load, two rounds of none (one round), the schedule served.
+    speed = after["speed"]
+    table, sched = speed["table"], speed["schedule"]
+    assert table["concurrencies"] == [1, 2] and table["configs"] == ["target", "K=1", "K=2", "schedule"]
+    for p in table["points"]:
+        assert p["requests"] >= 2 and p["tokens_per_s"] > 0 and p["tpot_s"]["p50"] > 0 and p["ttft_s"]["p50"] > 0
+        assert p["speedup"] is None if p["config"] == "target" else p["speedup"]["low"] <= p["speedup"]["value"]
+    assert sched["ranges"] == [{"lo": 1, "hi": 1, "k": 2}, {"lo": 2, "hi": 64, "k": 0}]  # to max_num_seqs
+    assert [m["served"] is not None for m in sched["measured"]] == [True, True]
+    assert json.loads((evaluated["report1"].parent / "schedule.json").read_text()) == sched
+    timings = [json.loads(line) for line in (evaluated["report1"].parent / "speed_timings.json").open()]
+    assert {t["config"] for t in timings} == {"target", "K=1", "K=2", "schedule"}
+    assert after["summary"]["speed"]["schedule"] == "1-1: K=2, 2-64: off"
+    print("speed table:", [(p["config"], p["concurrency"], round(p["tokens_per_s"], 1),
+                            p["speedup"] and round(p["speedup"]["value"], 3)) for p in table["points"]])
+    served = [e for e in after["engines"] if e["num_speculative_tokens"]]  # the acceptance engines: plain K
+    assert all("num_speculative_tokens_per_batch_size" not in (e["speculative_config"] or {}) for e in served)
+
     # The page shows the measured plots.
     page = (evaluated["report1"].parent / "report.html").read_text()
     plots = dict(re.findall(r'<img id="plot-([a-z_]+)"[^>]*src="data:image/png;base64,([^"]+)"', page))
-    assert {"per_position_acceptance", "acceptance_length_vs_k", "speedup_vs_k", "offline_agreement"} <= set(plots)
+    assert {"per_position_acceptance", "acceptance_length_vs_k", "speedup_vs_k", "offline_agreement",
+            "speedup_vs_concurrency"} <= set(plots)
     assert all(base64.b64decode(v)[:4] == b"\x89PNG" for v in plots.values())
 
 

@@ -62,10 +62,13 @@ CONFIG: dict[str, Any] = {
     # 48 + 24 prompts x 128 tokens at K = 1, 2, 4 costs several times that: beyond the run's budget
     # (--set evaluate.max_tokens=128 evaluate.sweep_k=[1,2] for it).
     # lossless_check: the float32 identity check (bf16 greedy outputs differ by numeric noise alone).
+    # Speed per load: the target alone and K = 1, 2, 4 at 1, 4 and 16 requests in flight (16: the engine's
+    # max_num_seqs here), two rounds, then the chosen schedule served once beside the target.
     "evaluate": {"prompt_sets": ["sharegpt-heldout@48", "mtbench@2"], "max_tokens": 64, "sweep_k": [2],
                  "temperatures": [0.0], "measure_baseline": True,
-                 "engine": {"max_model_len": 1024, "cpu_kv_cache_gib": 2, "in_process": True},
-                 "lossless_check": "float32", "lossless_check_prompts": 6},
+                 "engine": {"max_model_len": 1024, "cpu_kv_cache_gib": 2, "in_process": True, "max_num_seqs": 16},
+                 "lossless_check": "float32", "lossless_check_prompts": 6,
+                 "speed": {"concurrencies": [1, 4, 16], "num_speculative_tokens": [1, 2, 4]}},
 }
 
 

@@ -322,6 +322,22 @@ def _read_report(layout: RunLayout, work: Path) -> tuple[dict[str, Any] | None, 
     return json.loads(path.read_text()), str(path)
 
 
+def speed_lines(speed: dict[str, Any] | None) -> list[str]:
+    """The speed headline: the chosen schedule, and the speedup over the target alone at the lowest and
+    the highest concurrency measured (with their intervals)."""
+    if not speed:
+        return ["speed per load: not measured"]
+    by_c = speed.get("speedup_by_concurrency") or {}
+    lines = [f"speculation schedule (batch size: K): {speed['schedule']}"
+             + ("" if speed.get("serves_draft") else " -- serve the target without the draft")]
+    loads = sorted(by_c, key=int)
+    for c in dict.fromkeys([loads[0], loads[-1]] if loads else []):
+        r = by_c[c]
+        text = "not measured" if r is None else f"{r['value']:.2f}x [{r['low']:.2f}-{r['high']:.2f}] (K={r['k']})"
+        lines.append(f"speedup over the target alone at concurrency {c}: {text}")
+    return lines
+
+
 def print_summary(result: LocalRunResult, out: TextIO | None = None) -> None:
     """Per-stage times, overhead, the report path and the vLLM-measured acceptance."""
     out = out or sys.stdout
@@ -340,6 +356,10 @@ def print_summary(result: LocalRunResult, out: TextIO | None = None) -> None:
         print(f"report: {result.report_path}", file=out)
         print(f"vLLM-measured acceptance length: {al_text} at K={s['num_speculative_tokens']} "
               f"({s['sampling']['name']}); per-position acceptance {pos or '-'}", file=out)
+        for line in speed_lines(s.get("speed")):
+            print(line, file=out)
         gate = result.report.get("gate") or {}
-        print(f"acceptance gate: {'passed' if gate.get('passed') else 'FAILED'}", file=out)
+        print(f"gate (acceptance and speed): {'passed' if gate.get('passed') else 'FAILED'}", file=out)
+        for reason in gate.get("reasons") or []:
+            print(f"  {reason}", file=out)
     out.flush()

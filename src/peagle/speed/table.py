@@ -1,0 +1,182 @@
+"""The speed table: per configuration and concurrency, throughput and latency, and ratios with intervals.
+
+Input: the request records of :mod:`peagle.speed.loads`, per configuration (the target alone,
+target + draft at a fixed K, target + draft with a schedule) and round. Rounds of one configuration
+are pooled; the measurement interleaves configurations round by round, so a change of load on the
+machine falls on all of them.
+
+Figures of one configuration at concurrency ``c``, over its *steady* requests (``c`` in flight
+throughout; the drain at the end of a load is left out):
+
+* ``tokens_per_s`` -- output tokens per second of the whole engine, by Little's law with ``c``
+  requests always in flight: ``c * sum(output tokens) / sum(end-to-end latency)``;
+* ``tpot_s`` -- time per output token of a request after its first, ``(e2e - ttft) / (tokens - 1)``
+  (p50, p90); ``ttft_s`` and ``e2e_s`` (p50, p90).
+
+A ratio to the target alone (``speedup``) is the quotient of the two throughputs; its interval is a
+percentile bootstrap resampling each side's requests with replacement (fixed seed), so it shows how
+much the figure moves with which requests happened to be measured.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from ..config import StrictModel
+
+TARGET = "target"  # the configuration label of the target alone
+SCHEDULE = "schedule"  # the configuration label of target + draft with the chosen schedule
+RESAMPLES = 1000
+LEVEL = 0.95
+
+
+def k_label(k: int) -> str:
+    return TARGET if k == 0 else f"K={k}"
+
+
+class RequestTiming(StrictModel):
+    """One request of the load ladder, as the client saw it."""
+
+    config: str
+    round: int = Field(ge=0)
+    concurrency: int = Field(ge=1)
+    index: int = Field(ge=0)
+    prompt_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    ttft_s: float = Field(ge=0)
+    e2e_s: float = Field(ge=0)
+    steady: bool
+
+    @property
+    def tpot_s(self) -> float | None:
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+class Quantiles(StrictModel):
+    p50: float | None
+    p90: float | None
+
+
+class Ratio(StrictModel):
+    """A ratio of two throughputs and its bootstrap interval (``level``)."""
+
+    value: float
+    low: float
+    high: float
+    level: float = LEVEL
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Ratio":
+        if not self.low <= self.value <= self.high:
+            raise ValueError(f"ratio {self.value} outside its interval [{self.low}, {self.high}]")
+        return self
+
+
+class LoadPoint(StrictModel):
+    """One configuration at one concurrency."""
+
+    config: str
+    concurrency: int = Field(ge=1)
+    requests: int = Field(ge=0, description="steady requests counted")
+    rounds: int = Field(ge=1)
+    output_tokens: int = Field(ge=0)
+    tokens_per_s: float | None
+    tpot_s: Quantiles
+    ttft_s: Quantiles
+    e2e_s: Quantiles
+    speedup: Ratio | None = Field(None, description="tokens_per_s over the target alone's, same concurrency")
+
+
+class SpeedTable(StrictModel):
+    """Every configuration at every measured concurrency (the evaluation's ``speed`` section)."""
+
+    concurrencies: list[int]
+    configs: list[str]
+    points: list[LoadPoint]
+    max_tokens: int = Field(ge=1)
+    prompts: int = Field(ge=1)
+    rounds: int = Field(ge=1)
+    device: str | None = None
+
+    def point(self, config: str, concurrency: int) -> LoadPoint | None:
+        return next((p for p in self.points if p.config == config and p.concurrency == concurrency), None)
+
+    def speedups(self, config: str) -> dict[int, Ratio | None]:
+        return {c: (p.speedup if (p := self.point(config, c)) else None) for c in self.concurrencies}
+
+
+def _quantiles(values: Sequence[float]) -> Quantiles:
+    if not values:
+        return Quantiles(p50=None, p90=None)
+    a = np.asarray(values, dtype=np.float64)
+    return Quantiles(p50=float(np.percentile(a, 50)), p90=float(np.percentile(a, 90)))
+
+
+def _throughput(c: int, tokens: np.ndarray, e2e: np.ndarray) -> np.ndarray:
+    """c * sum(tokens) / sum(e2e) along the last axis."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return c * tokens.sum(axis=-1) / e2e.sum(axis=-1)
+
+
+def ratio_interval(c: int, mine: Sequence[RequestTiming], base: Sequence[RequestTiming], *, seed: int = 0,
+                   resamples: int = RESAMPLES, level: float = LEVEL) -> Ratio | None:
+    """Throughput ratio ``mine / base`` at concurrency ``c`` with its percentile bootstrap interval."""
+    if not mine or not base:
+        return None
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for side in (mine, base):
+        tok = np.array([r.output_tokens for r in side], dtype=np.float64)
+        e2e = np.array([r.e2e_s for r in side], dtype=np.float64)
+        pick = rng.integers(0, len(side), size=(resamples, len(side)))
+        arrays.append((_throughput(c, tok, e2e), _throughput(c, tok[pick], e2e[pick])))
+    (point_m, boot_m), (point_b, boot_b) = arrays
+    if not point_b > 0:
+        return None
+    boot = boot_m / boot_b
+    boot = boot[np.isfinite(boot)]
+    value = float(point_m / point_b)
+    lo, hi = np.percentile(boot, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return Ratio(value=value, low=min(float(lo), value), high=max(float(hi), value), level=level)
+
+
+def build_table(timings: Iterable[RequestTiming], *, max_tokens: int, prompts: int,
+                device: str | None = None) -> SpeedTable:
+    """Pool the rounds of each configuration and concurrency; ratios against :data:`TARGET`."""
+    timings = list(timings)
+    if not timings:
+        raise ValueError("no request was timed")
+    configs = list(dict.fromkeys(t.config for t in timings))
+    configs.sort(key=lambda c: (c != TARGET, c == SCHEDULE, int(c[2:]) if c.startswith("K=") else 0))
+    concurrencies = sorted({t.concurrency for t in timings})
+    steady: dict[tuple[str, int], list[RequestTiming]] = {}
+    for t in timings:
+        if t.steady:
+            steady.setdefault((t.config, t.concurrency), []).append(t)
+    points = []
+    for cfg in configs:
+        for c in concurrencies:
+            rows = steady.get((cfg, c), [])
+            all_rows = [t for t in timings if t.config == cfg and t.concurrency == c]
+            if not all_rows:
+                continue
+            tok = np.array([r.output_tokens for r in rows], dtype=np.float64)
+            e2e = np.array([r.e2e_s for r in rows], dtype=np.float64)
+            tps = float(_throughput(c, tok, e2e)) if rows and e2e.sum() > 0 else None
+            base = steady.get((TARGET, c), [])
+            points.append(LoadPoint(
+                config=cfg, concurrency=c, requests=len(rows), rounds=len({r.round for r in all_rows}),
+                output_tokens=int(tok.sum()), tokens_per_s=tps,
+                tpot_s=_quantiles([r.tpot_s for r in rows if r.tpot_s is not None]),
+                ttft_s=_quantiles([r.ttft_s for r in rows]), e2e_s=_quantiles([r.e2e_s for r in rows]),
+                speedup=None if cfg == TARGET else ratio_interval(c, rows, base, seed=c)))
+    return SpeedTable(concurrencies=concurrencies, configs=configs, points=points, max_tokens=max_tokens,
+                      prompts=prompts, rounds=max(t.round for t in timings) + 1, device=device)
+
+
+def timings_of(config: str, round_: int, records: Iterable[dict[str, Any]]) -> list[RequestTiming]:
+    """The child's request records (:func:`peagle.speed.loads.run_ladder`) as typed timings."""
+    return [RequestTiming(config=config, round=round_, **r) for r in records]
