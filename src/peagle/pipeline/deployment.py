@@ -62,9 +62,13 @@ def draft_fingerprint(layout: RunLayout) -> str:
 
 def evaluated_schedule(layout: RunLayout):
     """The speculation schedule the run's evaluation chose (its published report, checksum verified), or
-    None when it measured no speed (an evaluation without ``evaluate.speed``)."""
+    None when it measured no speed (an evaluation without ``evaluate.speed``) or the run has no evaluation
+    (a deploy step run on its own: the ``num_speculative_tokens`` parameter decides K)."""
     from ..evaluate import Report
+    from .objects import is_published
 
+    if not is_published(layout.evaluate):
+        return None
     speed = Report.read(layout.evaluate).speed
     return speed.schedule if speed is not None else None
 

@@ -86,24 +86,38 @@ def _flags(kwargs: dict[str, Any]) -> list[str]:
 def server_command(target: str, draft: str, *, k: int | None = None, host: str = "127.0.0.1",
                    port: int = DEFAULT_PORT, served_model_name: str | None = None,
                    engine: EngineSettings | None = None, capture: CaptureSettings | None = None,
-                   dtype: str = "auto", seed: int = 0) -> tuple[list[str], dict[str, str]]:
+                   dtype: str = "auto", seed: int = 0, schedule: Any = None) -> tuple[list[str], dict[str, str]]:
     """The server's argv and environment: ``target`` with the P-EAGLE ``draft`` at ``k`` drafted tokens
     (default: the depths the draft was trained for); ``engine`` as for the offline stages
     (:func:`peagle.engine.llm.engine_kwargs`); with an enabled ``capture``, the capture middleware
-    and its ``PEAGLE_CAPTURE_*`` variables (target_dir/draft_dir default to ``target``/``draft``)."""
+    and its ``PEAGLE_CAPTURE_*`` variables (target_dir/draft_dir default to ``target``/``draft``).
+    ``schedule`` (:class:`peagle.speed.SpeculationSchedule`, the evaluation's ``schedule.json``): K per batch
+    size as vLLM's ``num_speculative_tokens_per_batch_size`` (``k`` must then be unset or its largest K);
+    one that drafts nowhere serves the target alone."""
     engine = engine or EngineSettings()
     if engine.in_process or engine.timeout_s is not None:
         raise C.ConfigError("engine.in_process and engine.timeout_s apply to the offline stages, not to a server")
-    k = trained_depths(draft) if k is None else int(k)
-    if k < 1:
-        raise C.ConfigError(f"num_speculative_tokens must be >= 1, got {k}")
-    kwargs = engine_kwargs(engine, str(target), seed=seed, dtype=dtype,
-                           speculative_config=speculative_config(draft, k))
+    spec: dict[str, Any] | None
+    if schedule is not None:
+        if k is not None and int(k) != schedule.num_speculative_tokens:
+            raise C.ConfigError(f"--num-speculative-tokens {k} disagrees with the schedule ({schedule.describe()}); "
+                                "give one of them")
+        if schedule.num_speculative_tokens > trained_depths(draft):
+            raise C.ConfigError(f"--schedule drafts K={schedule.num_speculative_tokens}, beyond the draft's "
+                                f"{trained_depths(draft)} trained depths")
+        spec = schedule.speculative_config(str(draft))
+    else:
+        k = trained_depths(draft) if k is None else int(k)
+        if k < 1:
+            raise C.ConfigError(f"num_speculative_tokens must be >= 1, got {k}")
+        spec = speculative_config(draft, k)
+    kwargs = engine_kwargs(engine, str(target), seed=seed, dtype=dtype, speculative_config=spec)
     argv = [sys.executable, "-m", SERVER_MODULE, "--host", host, "--port", str(port)]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     argv += _flags(kwargs)
-    argv += ["--per-request-spec-decode-metrics", "summary"]
+    if spec is not None:  # vLLM refuses it without a speculative config
+        argv += ["--per-request-spec-decode-metrics", "summary"]
     env = engine_child_env(engine, offline=True)
     env.setdefault(KV_CACHE_ENV, str(engine.cpu_kv_cache_gib))  # one set in the environment wins
     if capture is not None and capture.enabled:
@@ -356,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--served-model-name", help="model name of the API (default: the target path)")
     p.add_argument("--num-speculative-tokens", "-k", type=int, help="K (default: the draft's trained depths)")
+    p.add_argument("--schedule", metavar="PATH", help="the speculation schedule the evaluation chose (its "
+                   "schedule.json or the evaluate output): K per batch size; the target alone where it drafts nowhere")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     p.add_argument("--config", help="YAML with 'engine' and 'capture' sections")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -408,9 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(ns)
         check_settings(ns, cfg)
+        schedule = None
+        if ns.schedule:
+            from ..speed import SpeculationSchedule
+
+            schedule = SpeculationSchedule.read(ns.schedule)
         cmd, env = server_command(ns.target, ns.draft, k=ns.num_speculative_tokens, host=ns.host, port=ns.port,
                                   served_model_name=ns.served_model_name, engine=cfg.engine,
-                                  capture=cfg.capture, dtype=ns.dtype)
+                                  capture=cfg.capture, dtype=ns.dtype, schedule=schedule)
     except PeagleError as exc:
         return report(exc)
     where = f", capturing into {cfg.capture.uri}" if cfg.capture.enabled else ""

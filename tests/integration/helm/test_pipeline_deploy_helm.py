@@ -169,3 +169,57 @@ def test_render_accepts_the_bounds(capsys, tmp_path):
                           "--run-id", "0f1e2d3c-aaaa-bbbb-cccc-000000000000"]) == 0
     job = next((tmp_path / "a").glob("*trainjob*.yaml")).read_text()
     assert "numNodes: 256" in job and "numProcPerNode: 64" in job
+
+
+def _publish_evaluation(run: Path, report: dict) -> None:
+    """A published ``<run>/evaluate`` holding ``report`` (and its schedule.json), as the evaluate step leaves it."""
+    from peagle.evaluate import apply_gate
+    from peagle.evaluate.report import EVALUATION_KIND
+    from peagle.evaluate.run import write_report
+    from peagle.stage_io import staged
+
+    report["gate"] = apply_gate(report, speed_tolerance=0.03).as_dict()
+    with staged(str(run / "evaluate"), kind=EVALUATION_KIND) as out:
+        write_report(report, out)
+
+
+def _speculative_config(objs: dict[str, dict]) -> dict | None:
+    args = objs["ServingRuntime"]["spec"]["containers"][0]["args"]
+    found = [a.split("=", 1)[1] for a in args if a.startswith("--speculative-config=")]
+    return json.loads(found[0]) if found else None
+
+
+def test_the_deploy_step_serves_the_schedule_the_evaluation_chose(tmp_path):
+    from support.speed_reports import speed_report, speed_result
+
+    from peagle.pipeline.deployment import deploy
+
+    run = tmp_path / "runs" / "r1"
+    publish_draft(run)
+    # K=2 wins alone and beside 3 others, loses at 16: drafts up to 4 requests, then none
+    _publish_evaluation(run, speed_report(speed_result({1: 0.8, 4: 0.9, 16: 1.3}, {1: 0.8, 4: 0.9, 16: 1.0})))
+    deploy(str(run), "qwen3-peagle", "render", "aws-connection-peagle", 4, "", namespace="ml")
+    spec = _speculative_config(rendered(run))
+    assert spec["num_speculative_tokens"] == 2  # the schedule's largest K, not the trained depths (4)
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 2], [5, 16, 0]]
+    assert spec["method"] == "eagle3" and spec["parallel_drafting"] is True
+
+
+def test_a_schedule_that_drafts_nowhere_renders_the_target_alone_and_a_bad_one_fails_at_render(tmp_path):
+    from support.speed_reports import speed_result
+
+    from peagle.deploy import RenderError, render, values_for
+
+    nowhere = speed_result({1: 1.1, 16: 1.6}, None).schedule
+    objs = {o["kind"]: o for o in render(values_for(storage_uri="s3://b/r", schedule=nowhere), "m", "ml")}
+    assert _speculative_config(objs) is None
+    with pytest.raises(RenderError, match="disagrees with the schedule"):
+        values_for(storage_uri="s3://b/r", schedule=speed_result({1: 0.8, 16: 1.3}, None).schedule,
+                   num_speculative_tokens=4)
+    for bad, message in (([[2, 8, 1]], r"\[0\] starts at 2: ranges must be sorted and contiguous from 1"),
+                         ([[1, 2, 1], [4, 8, 0]], r"\[1\] starts at 4"),
+                         ([[1, 8, 6]], r"K=6 above speculative.numSpeculativeTokens \(4\)")):
+        values = values_for(storage_uri="s3://b/r", extra_values=[{"speculative": {
+            "numSpeculativeTokensPerBatchSize": bad}}])
+        with pytest.raises(RenderError, match=message):
+            render(values, "m", "ml")

@@ -56,6 +56,29 @@ def test_server_command_with_capture_sets_exactly_the_capture_settings(qwen3_tar
     assert back == capture.model_copy(update={"target_dir": str(qwen3_target), "draft_dir": str(ladder_init_draft)})
 
 
+def test_server_command_serves_the_evaluations_schedule(qwen3_target, ladder_init_draft, tmp_path):
+    from peagle.speed import ScheduleRange, SpeculationSchedule
+
+    def sched(*ranges):
+        return SpeculationSchedule(max_batch_size=8, ranges=[ScheduleRange(lo=a, hi=b, k=k) for a, b, k in ranges])
+
+    (tmp_path / "schedule.json").write_text(sched((1, 2, 2), (3, 8, 0)).to_json())
+    mixed = SpeculationSchedule.read(tmp_path)  # as `peagle serve --schedule` reads it
+    argv, _ = S.server_command(str(qwen3_target), str(ladder_init_draft), schedule=mixed)
+    spec = json.loads(_arg(argv, "--speculative-config"))
+    assert spec["num_speculative_tokens"] == 2 and spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 2], [3, 8, 0]]
+    assert _arg(argv, "--per-request-spec-decode-metrics") == "summary"
+    argv, _ = S.server_command(str(qwen3_target), str(ladder_init_draft), schedule=sched((1, 8, 1)))
+    assert json.loads(_arg(argv, "--speculative-config")) == {
+        "method": "eagle3", "model": str(ladder_init_draft), "num_speculative_tokens": 1, "parallel_drafting": True}
+    argv, _ = S.server_command(str(qwen3_target), str(ladder_init_draft), schedule=sched((1, 8, 0)))
+    assert "--speculative-config" not in argv and "--per-request-spec-decode-metrics" not in argv  # target alone
+    with pytest.raises(ConfigError, match="disagrees with the schedule"):
+        S.server_command(str(qwen3_target), str(ladder_init_draft), k=1, schedule=mixed)
+    with pytest.raises(ConfigError, match=f"beyond the draft's {K} trained depths"):
+        S.server_command(str(qwen3_target), str(ladder_init_draft), schedule=sched((1, 8, K + 1)))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"capture": CaptureSettings(enabled=True)}, "no uri"),
     ({"engine": EngineSettings(in_process=True)}, "not to a server"),
