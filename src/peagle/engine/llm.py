@@ -67,6 +67,23 @@ def enforce_eager(settings: EngineSettings) -> bool:
     return settings.enforce_eager if settings.enforce_eager is not None else cpu_only()
 
 
+def native_bf16() -> bool:
+    """The CPU computes in bfloat16 natively (AVX512-BF16 or AMX-BF16), as the trainer's autocast decides."""
+    from ..cpu_features import cpu_flags
+
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def engine_dtype(asked: str | None) -> str | None:
+    """The dtype an engine runs in: what was asked, except ``auto`` (or nothing) on a CPU without native
+    bfloat16, which runs in float32. vLLM's ``auto`` takes the target's bfloat16, which such a CPU emulates:
+    on a 2-core AVX2 EPYC the SmolLM2 target decoded 16 requests at 17.8 tok/s in bfloat16 and 75.4 tok/s in
+    float32, same engine and prompts (4.2x; TTFT 17.3 s against 3.0 s)."""
+    if asked not in (None, "auto") or not cpu_only() or native_bf16():
+        return asked
+    return "float32"
+
+
 # EngineSettings fields passed to vllm.LLM as they are, when set (None: vLLM's own default)
 _PASSED_WHEN_SET = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
                     "gpu_memory_utilization", "tensor_parallel_size")
@@ -77,9 +94,10 @@ def engine_kwargs(settings: EngineSettings, model: str, *, seed: int, log_stats:
     """The ``vllm.LLM`` keyword arguments of an engine built from ``settings``, updated with ``extra``
     (what the stage adds: ``dtype``, a speculative or KV-transfer config).
 
-    Every default is decided here: :func:`enforce_eager`, no remote code (targets are local directories
-    we checked), in-process engines on vLLM's single-process executor, and ``log_stats`` for a stage
-    whose progress meter reads vLLM's generated-token counter (:mod:`peagle.engine.metering`).
+    Every default is decided here: :func:`enforce_eager`, :func:`engine_dtype` (float32 for ``auto`` on a CPU
+    without native bfloat16), no remote code (targets are local directories we checked), in-process engines
+    on vLLM's single-process executor, and ``log_stats`` for a stage whose progress meter reads vLLM's
+    generated-token counter (:mod:`peagle.engine.metering`).
     """
     kwargs: dict[str, Any] = dict(model=model, max_model_len=settings.max_model_len,
                                   enforce_eager=enforce_eager(settings), seed=seed, trust_remote_code=False)
@@ -89,6 +107,9 @@ def engine_kwargs(settings: EngineSettings, model: str, *, seed: int, log_stats:
     if log_stats:
         kwargs["disable_log_stats"] = False
     kwargs.update(extra)
+    dtype = engine_dtype(kwargs.get("dtype"))
+    if dtype is not None:
+        kwargs["dtype"] = dtype
     return kwargs
 
 

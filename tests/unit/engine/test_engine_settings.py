@@ -3,7 +3,8 @@ extract and evaluate (issue 26, item 3).
 
 * The embedded run's engines get the very arguments they got before the settings moved
   (``tests/data/issue26_engine_kwargs.json``: computed with the code at the issue's start, on a CPU
-  and on a GPU machine as :func:`peagle.engine.llm.cpu_only` says);
+  and on a GPU machine as :func:`peagle.engine.llm.cpu_only` says; one change on purpose since: the
+  evaluate engines' ``max_num_seqs`` 16, the top of the embedded speed ladder, issue 37);
 * a stage's own engine defaults survive setting another engine key of that stage;
 * the old keys fail, naming themselves; "eager on CPU, compiled on GPU" is decided in one function;
 * one result and one error marker for every engine child.
@@ -45,6 +46,7 @@ def _resolved(monkeypatch, cpu: bool) -> dict[str, dict]:
 
     monkeypatch.setattr(engine, "build_llm", _capture)
     monkeypatch.setattr(engine, "cpu_only", lambda: cpu)
+    monkeypatch.setattr(engine, "native_bf16", lambda: True)  # the snapshot's CPU (AVX512-BF16)
     from peagle.data import regenerate
     monkeypatch.setattr(regenerate, "probe_template", lambda target, limit: None)  # '/t' has no tokenizer
     dev, config, out = "cpu" if cpu else "gpu", embedded.CONFIG, {}
@@ -113,6 +115,18 @@ def test_eager_on_cpu_compiled_on_gpu_is_decided_once(monkeypatch):
     assert kw == {"model": "/t", "max_model_len": None, "enforce_eager": False, "seed": 3, "trust_remote_code": False}
     assert engine.engine_kwargs(EngineSettings(in_process=True), "/t", seed=0, log_stats=True, dtype="float32") == {
         **kw, "seed": 0, "distributed_executor_backend": "uni", "disable_log_stats": False, "dtype": "float32"}
+
+
+@pytest.mark.parametrize("cpu, bf16, asked, runs", [
+    (True, False, None, "float32"), (True, False, "auto", "float32"),  # emulated bf16: 4x slower measured
+    (True, False, "bfloat16", "bfloat16"), (True, False, "float16", "float16"),  # asked for: as asked
+    (True, True, "auto", "auto"), (True, True, None, None), (False, False, "auto", "auto"), (False, False, None, None),
+])
+def test_auto_runs_in_float32_on_a_cpu_without_native_bfloat16(monkeypatch, cpu, bf16, asked, runs):
+    monkeypatch.setattr(engine, "cpu_only", lambda: cpu)
+    monkeypatch.setattr(engine, "native_bf16", lambda: bf16)
+    extra = {} if asked is None else {"dtype": asked}
+    assert engine.engine_kwargs(EngineSettings(), "/t", seed=0, **extra).get("dtype") == runs
 
 
 def test_one_engine_kwargs_and_one_pair_of_child_markers():
