@@ -15,6 +15,9 @@ extraction    vLLM CUDA extraction (peagle.extract.connector on a cache in GPU m
               transformers reference on the embedded SmolLM2 target: relative error per layer, tokens/s.
 serving       a short draft trained by peagle.train.train on those hidden states (K = 4), served by
               vLLM (long form); greedy outputs vs the target alone, spec-decode counters read back.
+speed         that draft's speed per load: the evaluation's sweep (target alone, K = 1, 2, 4 at 1..64
+              requests in flight; tokens/s ratio with intervals, TPOT, TTFT) and the schedule chosen from it,
+              served by vLLM with num_speculative_tokens_per_batch_size.
 throughput    trainer step on a draft shaped like a Llama-3.1-8B draft (hidden 4096, synthetic hidden
               states, 2048-token rows): tokens/s, step split (data/forward/backward/optimizer), model
               TFLOP/s, MFU (SpecForge trains such drafts at about 44 %), peak memory.
@@ -72,7 +75,7 @@ import torch
 
 from harness import format_table, machine_facts
 
-SECTIONS = ("environment", "flex", "distributed", "extraction", "serving", "throughput")
+SECTIONS = ("environment", "flex", "distributed", "extraction", "serving", "speed", "throughput")
 SKIP_CUDA = "skipped: needs CUDA"
 SPECFORGE_MFU = 0.44  # SpecForge's reported MFU for draft training: the anchor, not a pass mark
 
@@ -98,6 +101,7 @@ class Context:
     section: str = ""
     target: Path | None = None  # the prepared target: SmolLM2 unless --target (extraction, serving)
     dataset: Path | None = None  # hidden states of the target (extraction -> serving)
+    draft: Path | None = None  # the draft the serving section trained (serving -> speed)
 
     @property
     def cuda(self) -> bool:
@@ -519,6 +523,7 @@ def serving(ctx: Context) -> None:
     if ctx.cuda:
         ctx.expect("trainer metrics carry MFU on CUDA", "mfu" in m, f"keys: {sorted(k for k in m if 'flop' in k or k == 'mfu')}")
     draft = local_path(result.final_uri)
+    ctx.draft = Path(draft)
 
     workload = {"name": "greedy", "prompts": SERVE_PROMPTS, "max_tokens": 64, "temperature": 0.0, "ignore_eos": True}
     # float32: greedy identity is exact there; in bf16 a re-batched target may itself flip a near-tie.
@@ -630,6 +635,40 @@ def throughput(ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+
+
+def speed(ctx: Context) -> None:
+    """The evaluation's speed sweep on the GPU (peagle.evaluate.speed_sweep): the target alone and the serving
+    section's draft at K = 1, 2, 4 over 1..64 requests in flight, one round, the chosen schedule served."""
+    from peagle.engine.settings import EngineSettings
+    from peagle.evaluate.speed_sweep import ladder_of, measure_speed, speed_ks, sweep_jobs
+    from peagle.speed import SpeedSettings
+
+    if ctx.draft is None:
+        raise RuntimeError("no draft to measure (the serving section failed before training one)")
+    settings = SpeedSettings(concurrencies=[1, 4, 16, 64], num_speculative_tokens=[1, 2, 4], rounds=1,
+                             requests_per_load=2, min_requests=8, max_tokens=128)
+    # eager: a compiled engine per configuration would spend the check's minutes on CUDA-graph capture
+    engine = EngineSettings(max_model_len=1024, max_num_seqs=64, gpu_memory_utilization=0.3, enforce_eager=True)
+    chats = [[{"role": "user", "content": p}] for p in SERVE_PROMPTS]
+    if not ctx.cuda:
+        jobs = sweep_jobs({"model": str(ctx.target)}, str(ctx.draft), speed_ks(settings, 4),
+                          ladder_of(settings, chats, 128, 64), settings.rounds)
+        ctx.add("speed per load (K = 1, 2, 4; 1..64 in flight)", "SKIP", SKIP_CUDA + f"; {len(jobs)} engine jobs built")
+        return
+    t0 = time.perf_counter()
+    result = measure_speed(settings, target_dir=str(ctx.target or _prepare_target(ctx)), draft_dir=str(ctx.draft),
+                           draft_sha256=None, trained_depths=4, engine=engine, dtype="bfloat16", seed=0,
+                           chats=chats, max_tokens=128, raw_log=ctx.work / "speed_timings.json")
+    for p in result.table.points:
+        r = p.speedup
+        ratio = "" if r is None else f", x{r.value:.2f} [{r.low:.2f}-{r.high:.2f}]"
+        ctx.add(f"speed {p.config} at {p.concurrency}", "INFO",
+                f"{p.tokens_per_s:,.0f} tok/s{ratio}, TPOT p50 {p.tpot_s.p50 * 1000:.1f} ms, "
+                f"TTFT p50 {p.ttft_s.p50 * 1000:.0f} ms")
+    sched = result.schedule
+    ctx.expect("schedule chosen and served", all(m.served is not None for m in sched.measured)
+               or sched.single_k is not None, f"{sched.describe()} ({time.perf_counter() - t0:.0f} s)")
 
 
 def run(ctx: Context, names: list[str]) -> int:

@@ -20,10 +20,10 @@ def test_gpu_check_dry_run_passes_and_prints_one_table(qwen3_target, tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["section", "check", "status", "detail"]
     rows = [line.split(None, 1)[0] for line in lines[2:] if line.strip() and not line.startswith(tuple("0123456789"))]
-    assert set(rows) == {"environment", "flex", "distributed", "extraction", "serving", "throughput"}
+    assert set(rows) == {"environment", "flex", "distributed", "extraction", "serving", "speed", "throughput"}
     assert " FAIL " not in r.stdout
     for needle in ("mask_mod == dense mask", "flex forward (CPU, eager) vs SDPA", "gloo all_reduce",
-                   "peagle.train.train", "step split", "skipped: needs CUDA"):
+                   "peagle.train.train", "step split", "skipped: needs CUDA", "4 engine jobs built"):
         assert needle in r.stdout, needle
     assert "checks, 0 failed" in lines[-1]
     print(f"\ndry run wall {wall:.0f} s\n{r.stdout}")
