@@ -3,7 +3,9 @@
 Rule (:func:`decide`), with ``d`` = live AL(candidate) - AL(stable) and its unpaired bootstrap interval:
 
 * both versions answered at least ``rollout.min_requests`` requests: decide now --
-  **promote** iff ``d >= margin`` and the interval's low end ``>= -tolerance``; otherwise **roll back**
+  **promote** iff ``d >= margin``, the interval's low end ``>= -tolerance`` and the candidate does not decode
+  slower (time per output token over stable's above ``1 + rollout.speed_tolerance`` with its interval above 1;
+  :mod:`.live`); otherwise **roll back**
   (the reasons name each failed check with its figures; no interval -- a version with one request --
   fails the second check);
 * otherwise keep waiting (None), unless the canary window is over: **roll back**, not enough live traffic.
@@ -197,7 +199,24 @@ def _checks(comparison: LiveComparison, settings: RolloutSettings) -> tuple[bool
     else:
         failed.append(f"the low end of the live AL difference's {comparison.level:.0%} interval "
                       f"{d.interval[0]:+.3f} is below -tolerance {-tolerance:+.3f}")
+    speed = _speed_check(comparison, settings.speed_tolerance)
+    if speed is not None:
+        (passed if speed[0] else failed).append(speed[1])
     return not failed, failed or passed
+
+
+def _speed_check(c: LiveComparison, tolerance: float) -> tuple[bool, str] | None:
+    """(passed?, sentence) of time per output token, candidate against stable: failed when the candidate is
+    slower by more than ``tolerance`` and its interval lies above parity; None when it was not measured."""
+    r, s, k = c.seconds_per_token_ratio, c.stable.seconds_per_token.value, c.candidate.seconds_per_token.value
+    if r.value is None or s is None or k is None:
+        return None
+    iv = f" [{r.interval[0]:.3f}, {r.interval[1]:.3f}]" if r.interval else " (no interval)"
+    text = (f"time per output token: candidate {k * 1000:.2f} ms, stable {s * 1000:.2f} ms, ratio {r.value:.3f}{iv}")
+    slower = r.value > 1.0 + tolerance and (r.interval is None or r.interval[0] > 1.0)
+    if slower:
+        return False, f"{text}: the candidate decodes slower than the stable draft beyond the {tolerance:.0%} tolerance"
+    return True, f"{text}: not slower beyond the {tolerance:.0%} tolerance"
 
 
 def _figures_line(c: LiveComparison) -> str:

@@ -8,6 +8,11 @@ live figures pool the histograms of its records received in ``[since, until)`` t
 * acceptance length ``AL = 1 + accepted / steps`` (``h[j]``: steps with ``j`` drafts accepted);
 * first-position acceptance = steps whose first drafted token was accepted / steps.
 
+* time per output token = request latency / output tokens, pooled (sum of latencies over sum of tokens) over
+  the requests whose record has a usage; prefill is included, and both versions see the same mix of
+  requests through the router, so slower decoding shows as a larger figure. ``seconds_per_token_ratio`` =
+  candidate's over stable's.
+
 Unlike the gate, the two versions answered *different* requests (the router split them), so the interval
 of the difference comes from an unpaired percentile bootstrap: each version's requests are drawn with
 replacement on their own (one seeded generator, stable's draws first), and the difference is taken draw by
@@ -40,19 +45,25 @@ class VersionFigures:
     first_position: Estimate
     latency_p50_s: float | None  # median timing.latency_s of those requests
     steps: int = 0  # verification steps (drafts) summed over the requests
+    seconds_per_token: Estimate = Estimate(None)  # time per output token (the module docstring)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "fingerprint": self.fingerprint, "requests": self.requests, "steps": self.steps,
-                "acceptance_length": self.acceptance_length.as_dict(),
-                "first_position_acceptance": self.first_position.as_dict(), "latency_p50_s": self.latency_p50_s}
+        d = {"role": self.role, "fingerprint": self.fingerprint, "requests": self.requests, "steps": self.steps,
+             "acceptance_length": self.acceptance_length.as_dict(),
+             "first_position_acceptance": self.first_position.as_dict(), "latency_p50_s": self.latency_p50_s}
+        if self.seconds_per_token != Estimate(None):  # absent from records written before it was measured
+            d["seconds_per_token"] = self.seconds_per_token.as_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "VersionFigures":
         """The inverse of :meth:`to_dict` (KeyError/TypeError/ValueError on a malformed one)."""
         p50 = d["latency_p50_s"]
+        spt = d.get("seconds_per_token")
         return cls(str(d["role"]), str(d["fingerprint"]), int(d["requests"]),
                    Estimate.from_dict(d["acceptance_length"]), Estimate.from_dict(d["first_position_acceptance"]),
-                   None if p50 is None else float(p50), int(d["steps"]))
+                   None if p50 is None else float(p50), int(d["steps"]),
+                   Estimate(None) if spt is None else Estimate.from_dict(spt))
 
 
 @dataclass(frozen=True)
@@ -67,21 +78,27 @@ class LiveComparison:
     level: float
     resamples: int
     first_position_difference: Estimate = Estimate(None)
+    seconds_per_token_ratio: Estimate = Estimate(None)  # candidate's time per output token over stable's
 
     def to_dict(self) -> dict[str, Any]:
+        diff = {"acceptance_length": self.difference.as_dict(),
+                "first_position_acceptance": self.first_position_difference.as_dict()}
+        if self.seconds_per_token_ratio != Estimate(None):  # absent from records written before it was measured
+            diff["seconds_per_token_ratio"] = self.seconds_per_token_ratio.as_dict()
         return {"window": {"since": self.since, "until": self.until}, "level": self.level,
                 "resamples": self.resamples, "stable": self.stable.to_dict(), "candidate": self.candidate.to_dict(),
-                "difference": {"acceptance_length": self.difference.as_dict(),
-                               "first_position_acceptance": self.first_position_difference.as_dict()}}
+                "difference": diff}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LiveComparison":
         """The inverse of :meth:`to_dict` (KeyError/TypeError/ValueError on a malformed one)."""
         diff = d["difference"]
+        ratio = diff.get("seconds_per_token_ratio")
         return cls(VersionFigures.from_dict(d[STABLE]), VersionFigures.from_dict(d[CANDIDATE]),
                    Estimate.from_dict(diff["acceptance_length"]), str(d["window"]["since"]),
                    str(d["window"]["until"]), float(d["level"]), int(d["resamples"]),
-                   Estimate.from_dict(diff["first_position_acceptance"]))
+                   Estimate.from_dict(diff["first_position_acceptance"]),
+                   Estimate(None) if ratio is None else Estimate.from_dict(ratio))
 
 
 def comparison_problem(v: Any) -> str | None:
@@ -112,6 +129,7 @@ class _Group:
 
     rows: np.ndarray  # [requests, K+1]
     latencies: list[float]
+    timed: np.ndarray  # [requests with a usage, 2]: latency_s, output tokens
 
     @classmethod
     def of(cls, records: Sequence[TrafficRecord]) -> "_Group":
@@ -120,7 +138,20 @@ class _Group:
         rows = np.zeros((len(hists), width), dtype=np.int64)
         for i, h in enumerate(hists):
             rows[i, :len(h)] = h
-        return cls(rows, [float(r.timing["latency_s"]) for r in records])
+        timed = np.array([[float(r.timing["latency_s"]), float(r.usage["completion_tokens"])] for r in records
+                          if r.usage and r.usage.get("completion_tokens", 0) > 0], dtype=np.float64).reshape(-1, 2)
+        return cls(rows, [float(r.timing["latency_s"]) for r in records], timed)
+
+    def seconds_per_token(self) -> float:
+        return float(self.timed[:, 0].sum() / self.timed[:, 1].sum()) if len(self.timed) else float("nan")
+
+    def seconds_per_token_draws(self, rng: np.random.Generator, resamples: int) -> np.ndarray | None:
+        """Time per output token of ``resamples`` draws of the timed requests; None under two of them."""
+        if len(self.timed) < 2:
+            return None
+        picks = rng.integers(0, len(self.timed), size=(resamples, len(self.timed)))
+        drawn = self.timed[picks]  # [B, n, 2]
+        return drawn[:, :, 0].sum(axis=1) / drawn[:, :, 1].sum(axis=1)
 
     @property
     def requests(self) -> int:
@@ -177,6 +208,8 @@ def live_comparison(records: Iterable[TrafficRecord], *, stable_fingerprint: str
     groups = {role: _Group.of(rs) for role, rs in by_role.items()}
     rng = np.random.default_rng(seed)
     draws = {role: groups[role].draws(rng, resamples) for role in ROLES}  # stable's first: the order is the seed's
+    # drawn after the acceptance draws, from the same generator: the acceptance figures stay as they were
+    spt_draws = {role: groups[role].seconds_per_token_draws(rng, resamples) for role in ROLES}
 
     def figures(role: str, fingerprint: str) -> VersionFigures:
         g, d = groups[role], draws[role]
@@ -185,7 +218,8 @@ def live_comparison(records: Iterable[TrafficRecord], *, stable_fingerprint: str
             role, fingerprint, g.requests,
             Estimate(_value(al), _interval(None if d is None else d[0], level, resamples)),
             Estimate(_value(first), _interval(None if d is None else d[1], level, resamples)),
-            float(np.median(g.latencies)) if g.latencies else None, int(g.rows.sum()))
+            float(np.median(g.latencies)) if g.latencies else None, int(g.rows.sum()),
+            Estimate(_value(g.seconds_per_token()), _interval(spt_draws[role], level, resamples)))
 
     stable, candidate = figures(STABLE, stable_fingerprint), figures(CANDIDATE, candidate_fingerprint)
 
@@ -194,7 +228,11 @@ def live_comparison(records: Iterable[TrafficRecord], *, stable_fingerprint: str
         both = draws[STABLE] is not None and draws[CANDIDATE] is not None
         return Estimate(value, _interval(draws[CANDIDATE][i] - draws[STABLE][i], level, resamples) if both else None)
 
+    s_spt, c_spt = stable.seconds_per_token.value, candidate.seconds_per_token.value
+    ratio = Estimate(None if s_spt is None or c_spt is None or s_spt <= 0 else c_spt / s_spt,
+                     _interval(spt_draws[CANDIDATE] / spt_draws[STABLE], level, resamples)
+                     if spt_draws[STABLE] is not None and spt_draws[CANDIDATE] is not None else None)
     return LiveComparison(stable, candidate,
                           difference(0, stable.acceptance_length, candidate.acceptance_length),
                           format_time(since), format_time(until), level, resamples,
-                          difference(1, stable.first_position, candidate.first_position))
+                          difference(1, stable.first_position, candidate.first_position), ratio)

@@ -44,6 +44,9 @@ class RolloutSettings(StrictModel):
                           description="promote only if live AL(candidate) - AL(stable) is at least this")
     tolerance: float = Field(0.05, ge=0.0, le=10.0,
                              description="... and the low end of its interval is at least -tolerance")
+    speed_tolerance: float = Field(
+        0.03, ge=0.0, le=10.0, description="roll back a candidate whose time per output token is above the stable "
+        "draft's by more than this share (its interval above parity), whatever its acceptance")
     level: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the live intervals")
     resamples: int = Field(1000, ge=100, le=100_000, description="bootstrap resamples")
     seed: int = Field(0, description="seed of the bootstrap")

@@ -21,9 +21,11 @@ STABLE_FP, CANDIDATE_FP = "a" * 64, "b" * 64
 
 
 def record(fingerprint: str | None, histogram: list[int] | None, *, at: float = 0.0, status: int = 200,
-           latency: float = 1.0) -> TrafficRecord:
+           latency: float = 1.0, tokens: int | None = None) -> TrafficRecord:
+    usage = None if tokens is None else {"prompt_tokens": 20, "completion_tokens": tokens}
     return traffic_record(when=T0 + timedelta(seconds=at), model="m", status=status, spec_decode=spec_decode(histogram),
-                          draft_fingerprint=fingerprint, timing={"latency_s": latency, "first_byte_s": None})
+                          draft_fingerprint=fingerprint, timing={"latency_s": latency, "first_byte_s": None},
+                          usage=usage)
 
 
 def compare(records, **kw) -> LiveComparison:
@@ -163,6 +165,37 @@ def test_decision_on_records_end_to_end():
     d = decide(compare(records), RolloutSettings(min_requests=20), window_over=False)
     assert d.decision == "promote"
     assert d.live.candidate.acceptance_length.value == pytest.approx(2.25)
+
+
+def test_higher_acceptance_but_slower_decoding_rolls_back_citing_time_per_output_token():
+    # the candidate accepts more (AL 2.25 vs 1.75) but takes 1.3 s for 64 tokens where stable takes 1.0 s
+    records = ([record(STABLE_FP, [2, 1, 1], at=i, latency=1.0 + 0.01 * (i % 4), tokens=64) for i in range(20)]
+               + [record(CANDIDATE_FP, [1, 1, 2], at=i, latency=1.3 + 0.01 * (i % 4), tokens=64) for i in range(20)])
+    c = compare(records)
+    assert c.difference.value == pytest.approx(0.5)
+    assert c.stable.seconds_per_token.value == pytest.approx(1.015 / 64)
+    assert c.seconds_per_token_ratio.value == pytest.approx(1.315 / 1.015)
+    assert c.seconds_per_token_ratio.interval[0] > 1.25
+    d = decide(c, RolloutSettings(min_requests=20), window_over=False, now=T0)
+    assert d.decision == "rollback"
+    assert d.reasons[0].startswith("time per output token: candidate 20.55 ms, stable 15.86 ms, ratio 1.296 [")
+    assert "decodes slower than the stable draft beyond the 3% tolerance" in d.reasons[0]
+    assert Decision.from_json(d.to_json(), "here") == d  # recorded with the figures
+    assert d.to_dict()["comparison"]["difference"]["seconds_per_token_ratio"]["value"] == pytest.approx(1.2956, 1e-3)
+    # as fast: promoted, and the promotion cites the figure too
+    same = [r if r.draft_fingerprint == STABLE_FP else record(CANDIDATE_FP, [1, 1, 2], at=0, latency=1.0, tokens=64)
+            for r in records]
+    d = decide(compare(same), RolloutSettings(min_requests=20), window_over=False, now=T0)
+    assert d.decision == "promote" and any(r.startswith("time per output token:") and "not slower" in r
+                                           for r in d.reasons)
+
+
+def test_a_comparison_recorded_before_time_per_token_was_measured_still_reads():
+    records = ([record(STABLE_FP, [2, 1, 1], at=i) for i in range(20)]
+               + [record(CANDIDATE_FP, [1, 1, 2], at=i) for i in range(20)])  # no usage: no time per token
+    doc = compare(records).to_dict()
+    assert "seconds_per_token_ratio" not in doc["difference"] and "seconds_per_token" not in doc["stable"]
+    assert LiveComparison.from_dict(doc).to_dict() == doc
 
 
 # ---- the record -----------------------------------------------------------------------------------
