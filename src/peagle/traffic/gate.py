@@ -12,7 +12,10 @@ pooled acceptance length (and first-position acceptance) gets a percentile boots
 resamples prompts jointly for both drafts (:func:`paired_comparison`). The candidate passes only if
 every check holds (:func:`gate_checks`): enough traffic prompts, a traffic gain of at least
 ``gate.margin`` with the interval above zero, a general loss within ``gate.tolerance``, float32
-losslessness, and it loads in the pinned vLLM (its engine started and drafted). A candidate that cannot
+losslessness, speed (at ``gate.speed_concurrency`` requests in flight, the deployed load, the candidate's
+tokens/s is within ``gate.speed_tolerance`` of the serving draft's and of the target alone's: a third engine,
+the target alone, runs that load after both drafts), and it loads in the pinned vLLM (its engine started
+and drafted). A candidate that cannot
 be read or whose engine fails is rejected with the reason, not raised.
 
 Outputs (``--out``, a directory or URI, published as a ``peagle-gate``): ``gate.json``, ``gate.html``
@@ -127,11 +130,13 @@ def _diff_text(e: Estimate) -> str:
 
 
 def gate_checks(*, traffic_prompts: int, sets: dict[str, PairedComparison], lossless_float32: dict[str, Any] | None,
-                loads: tuple[bool, str], settings: GateSettings, not_measured: str = "") -> tuple[GateCheck, ...]:
-    """The five checks of the verdict, in order; the candidate passes when all pass.
+                loads: tuple[bool, str], settings: GateSettings, not_measured: str = "",
+                speed: GateCheck | None = None) -> tuple[GateCheck, ...]:
+    """The checks of the verdict, in order; the candidate passes when all pass.
 
     ``traffic_prompts``: held-out traffic prompts available (the measured ones when measured);
-    ``loads``: (the candidate's engine started and drafted, why); ``not_measured``: why vLLM did not run."""
+    ``loads``: (the candidate's engine started and drafted, why); ``not_measured``: why vLLM did not run;
+    ``speed``: the speed check (:func:`speed_check`; None: speed not checked, ``gate.speed_concurrency`` null)."""
     missing = f"not measured: {not_measured}" if not_measured else "not measured"
     checks = [GateCheck("enough_traffic", traffic_prompts >= settings.min_traffic_prompts, float(traffic_prompts),
                         float(settings.min_traffic_prompts), f"{traffic_prompts} held-out traffic prompts, at least "
@@ -161,6 +166,8 @@ def gate_checks(*, traffic_prompts: int, sets: dict[str, PairedComparison], loss
         checks.append(GateCheck("lossless_float32", n > 0 and same == n, float(same), float(n),
                                 f"{same}/{n} greedy float32 outputs identical with the candidate (target alone vs "
                                 f"target + candidate); {lossless_float32['accepted_tokens']} drafted tokens accepted"))
+    if speed is not None:
+        checks.append(speed)
     checks.append(GateCheck("loads", loads[0], float(loads[0]), 1.0, loads[1]))
     return tuple(checks)
 
@@ -240,6 +247,7 @@ def choose_k(settings: GateSettings, serving_depths: int, candidate_depths: int)
 # ---- the vLLM job -----------------------------------------------------------------------------------
 
 SERVING, CANDIDATE, FP32_TARGET, FP32_CANDIDATE = "serving", "candidate", "float32-target", "float32-candidate"
+TARGET_ALONE = "target"  # the speed measurement's reference engine (peagle.speed.table.TARGET)
 
 
 def _jobs(target_dir: str, serving_dir: str, candidate_dir: str, k: int, workloads: list[Workload],
@@ -250,8 +258,16 @@ def _jobs(target_dir: str, serving_dir: str, candidate_dir: str, k: int, workloa
 
     common = {"model": target_dir, "dtype": "auto", "seed": settings.seed, "engine": engine.model_dump(),
               "warmup": True, "workloads": [w.job() for w in workloads]}
-    jobs = [(SERVING, {**common, "draft": serving_dir, "num_speculative_tokens": k}),
-            (CANDIDATE, {**common, "draft": candidate_dir, "num_speculative_tokens": k})]
+    speed: dict[str, Any] = {}
+    if settings.speed_concurrency is not None and workloads:
+        c = settings.speed_concurrency
+        speed = {"ladder": {"prompts": workloads[0].chats, "concurrencies": [c],
+                            "per_load": settings.speed_requests_per_load, "min_requests": c,
+                            "max_tokens": settings.speed_max_tokens or settings.max_tokens}}
+    jobs = [(SERVING, {**common, **speed, "draft": serving_dir, "num_speculative_tokens": k}),
+            (CANDIDATE, {**common, **speed, "draft": candidate_dir, "num_speculative_tokens": k})]
+    if speed:  # the target alone at the same load, after both drafts
+        jobs.append((TARGET_ALONE, {**common, **speed, "workloads": []}))
     if fp32_check is not None:
         fp32 = {**common, "dtype": "float32", "warmup": False, "workloads": [{**fp32_check.job(), "name": FP32_CHECK}]}
         jobs += [(FP32_TARGET, fp32), (FP32_CANDIDATE, {**fp32, "draft": candidate_dir, "num_speculative_tokens": k})]
@@ -275,9 +291,9 @@ def _run_engines(jobs: list[tuple[str, dict[str, Any]]], engine: EngineSettings)
         failure = strip_userinfo(str(exc))
         if "killed after" in failure:
             raise GateError(f"the gate's vLLM job ran past evaluate.engine.timeout_s: {failure}") from None
-    short = [{**j, "warmup": False, "workloads": [{**w, "prompts": w["prompts"][:1], "max_tokens": 4, "repeats": 1}
-                                                for w in j["workloads"]]}
-             for role, j in jobs if role not in (CANDIDATE, FP32_CANDIDATE)]
+    short = [{**j, "warmup": False, "ladder": None,
+              "workloads": [{**w, "prompts": w["prompts"][:1], "max_tokens": 4, "repeats": 1} for w in j["workloads"]]}
+             for role, j in jobs if role not in (CANDIDATE, FP32_CANDIDATE, TARGET_ALONE)]
     try:
         _run(short, engine)
     except RuntimeError as exc:
@@ -306,6 +322,7 @@ class _Measured:
     lossless: dict[str, Any] | None = None
     device: str | None = None
     candidate_failure: str = ""  # why the candidate's engine did not serve ("" when it did)
+    speed: dict[str, Any] | None = None  # speed_figures() of the speed measurement
 
 
 def _measure(target_dir: str, serving_dir: str, candidate_dir: str, k: int, workloads: list[Workload],
@@ -332,7 +349,43 @@ def _measure(target_dir: str, serving_dir: str, candidate_dir: str, k: int, work
                                                resamples=settings.resamples, level=settings.level, seed=settings.seed)
     if fp32_check is not None:
         m.lossless = _lossless(raw[FP32_TARGET], raw[FP32_CANDIDATE], fp32_check.prompt_ids, k)
+    if TARGET_ALONE in raw and not m.candidate_failure:
+        m.speed = speed_figures({role: raw[role]["ladder"] for role in (TARGET_ALONE, SERVING, CANDIDATE)},
+                                settings.speed_concurrency, seed=settings.seed)
     return m
+
+
+def speed_figures(ladders: dict[str, list[dict[str, Any]]], concurrency: int, *, seed: int = 0) -> dict[str, Any]:
+    """tokens/s of the target alone, the serving draft and the candidate at ``concurrency`` (the request records
+    of :mod:`peagle.speed.loads`), and the candidate's ratios to the other two with bootstrap intervals."""
+    from ..speed.table import build_table, ratio_interval, timings_of
+
+    timings = [t for role, records in ladders.items() for t in timings_of(role, 0, records)]
+    table = build_table(timings, max_tokens=1, prompts=1)
+    steady = {role: [t for t in timings if t.config == role and t.steady] for role in ladders}
+    tps = {role: table.point(role, concurrency).tokens_per_s for role in ladders}
+    vs_serving = ratio_interval(concurrency, steady[CANDIDATE], steady[SERVING], seed=seed)
+    vs_target = ratio_interval(concurrency, steady[CANDIDATE], steady[TARGET_ALONE], seed=seed)
+    return {"concurrency": concurrency, "tokens_per_s": tps,
+            "candidate_vs_serving": None if vs_serving is None else vs_serving.model_dump(mode="json"),
+            "candidate_vs_target": None if vs_target is None else vs_target.model_dump(mode="json")}
+
+
+def speed_check(speed: dict[str, Any] | None, settings: GateSettings, missing: str) -> GateCheck:
+    """The candidate is not slower than the serving draft, nor than the target alone, by more than
+    ``gate.speed_tolerance`` in tokens/s at ``gate.speed_concurrency`` requests in flight."""
+    floor = 1.0 - settings.speed_tolerance
+    if speed is None or speed["candidate_vs_serving"] is None or speed["candidate_vs_target"] is None:
+        return GateCheck("speed", False, None, floor, missing)
+    vs_s, vs_t = speed["candidate_vs_serving"], speed["candidate_vs_target"]
+    worst = min(vs_s["value"], vs_t["value"])
+    tps = speed["tokens_per_s"]
+    return GateCheck("speed", worst >= floor, worst, floor,
+                     f"at {speed['concurrency']} requests in flight the candidate runs {vs_s['value']:.3f}x the "
+                     f"serving draft [{vs_s['low']:.3f}-{vs_s['high']:.3f}] and {vs_t['value']:.3f}x the target alone "
+                     f"[{vs_t['low']:.3f}-{vs_t['high']:.3f}] (tokens/s: candidate {tps[CANDIDATE]:.1f}, serving "
+                     f"{tps[SERVING]:.1f}, target {tps[TARGET_ALONE]:.1f}); may be at most "
+                     f"{settings.speed_tolerance:.0%} slower than either (gate.speed_tolerance)")
 
 
 def run_gate(*, target: str, serving_draft: str, candidate_draft: str, traffic_prompts: PromptSet | str | Path,
@@ -393,9 +446,13 @@ def run_gate(*, target: str, serving_draft: str, candidate_draft: str, traffic_p
             loads = (False, f"not measured: {not_measured}")
         else:
             loads = (True, f"the candidate's engine started in the pinned vLLM and drafted (K={k})")
+        speed = None
+        if settings.speed_concurrency is not None:
+            speed = speed_check(m.speed, settings, f"not measured: {not_measured}" if not_measured
+                                else "not measured")
         checks = gate_checks(traffic_prompts=m.sets[TRAFFIC].prompts if TRAFFIC in m.sets else len(traffic.prompts),
                              sets=m.sets, lossless_float32=m.lossless, loads=loads, settings=settings,
-                             not_measured=not_measured)
+                             not_measured=not_measured, speed=speed)
         total = time.perf_counter() - t0
         result = GateResult(
             passed=all(c.passed for c in checks), checks=checks,

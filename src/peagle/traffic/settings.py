@@ -129,3 +129,12 @@ class GateSettings(StrictModel):
     lossless_prompts: int = Field(4, ge=0, description="prompts of the float32 losslessness check (0: skip -> rejected)")
     lossless_max_tokens: int = Field(32, ge=1, le=8192, description="tokens per prompt in the float32 check")
     seed: int = Field(0, description="seed of the bootstrap")
+    speed_concurrency: int | None = Field(
+        8, ge=1, description="the deployed load: requests kept in flight while the candidate's speed is measured "
+        "against the serving draft and the target alone (one engine each, same K, the traffic prompts); null: "
+        "speed not checked")
+    speed_requests_per_load: int = Field(3, ge=1, description="requests sent at that load: this many times it")
+    speed_max_tokens: int | None = Field(None, ge=1, le=8192, description="tokens per request of the speed "
+                                         "measurement (default: gate.max_tokens)")
+    speed_tolerance: float = Field(0.03, ge=0.0, lt=1.0, description="the candidate may be at most this much slower "
+                                   "than the serving draft, and than the target alone, at that load (tokens/s)")

@@ -24,7 +24,8 @@ def test_identical_drafts_gain_nothing_but_load_and_stay_lossless(qwen3_target, 
     result = run_gate(target=str(qwen3_target), serving_draft=str(ladder_init_draft),
                       candidate_draft=str(ladder_init_draft), traffic_prompts=traffic, general=str(general),
                       settings=GateSettings(min_traffic_prompts=4, max_tokens=16, lossless_prompts=2,
-                                            lossless_max_tokens=8, resamples=200),
+                                            lossless_max_tokens=8, resamples=200, speed_concurrency=2,
+                                            speed_requests_per_load=3, speed_max_tokens=8),
                       engine=VLLM_ENGINE, out=str(tmp_path / "gate"))
     assert (tmp_path / "gate" / "gate.json").is_file() and GateResult.read(tmp_path / "gate") == result
     checks = {c.name: c for c in result.checks}
@@ -35,4 +36,9 @@ def test_identical_drafts_gain_nothing_but_load_and_stay_lossless(qwen3_target, 
     assert not checks["traffic_gain"].passed and not result.passed
     assert t.serving.steps > 0 and t.serving == t.candidate  # vLLM returned per-request histograms
     assert result.num_speculative_tokens == 2 and result.lossless_float32["compared"] == 2
+    # speed at the deployed load: the same draft twice, and the target alone, each an engine of its own
+    speed = checks["speed"]
+    assert speed.value is not None and speed.value > 0 and speed.threshold == 0.97
+    assert "at 2 requests in flight the candidate runs" in speed.detail and "the target alone" in speed.detail
+    assert [c.name for c in result.checks][-2:] == ["speed", "loads"]
     print("\n".join(summary_lines(result)), f"\ntiming: {result.timing}")

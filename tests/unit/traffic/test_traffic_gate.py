@@ -238,6 +238,31 @@ def test_traffic_keeps_the_newest_rows_in_file_order(tmp_path):
         traffic_prompt_set(bad, None)
 
 
+def _ladder(e2e: float, c: int = 4, n: int = 12) -> list[dict]:
+    """Request records of the load ladder at concurrency c, each taking about ``e2e`` s for 32 tokens."""
+    return [{"concurrency": c, "index": i, "prompt_tokens": 20, "output_tokens": 32, "ttft_s": 0.1,
+             "e2e_s": e2e * (1 + 0.01 * (i % 3)), "steady": i < n - (c - 1)} for i in range(n)]
+
+
+def test_the_speed_check_rejects_a_candidate_slower_than_the_serving_draft_or_the_target_alone():
+    from peagle.traffic.gate import speed_check, speed_figures
+
+    settings = GateSettings()  # 3% tolerance
+    fast = speed_figures({"target": _ladder(1.0), "serving": _ladder(0.9), "candidate": _ladder(0.85)}, 4)
+    assert fast["tokens_per_s"]["candidate"] == pytest.approx(4 * 32 / 0.85, rel=0.02)  # c x tokens / latency
+    check = speed_check(fast, settings, "not measured")
+    assert check.passed and check.threshold == pytest.approx(0.97)
+    assert check.value == pytest.approx(0.9 / 0.85, rel=0.01)  # the smaller ratio: to the serving draft
+    # better acceptance may still decode slower: 10% behind the serving draft is rejected, naming both ratios
+    slow = speed_figures({"target": _ladder(1.0), "serving": _ladder(0.9), "candidate": _ladder(1.0)}, 4)
+    check = speed_check(slow, settings, "not measured")
+    assert not check.passed and check.value == pytest.approx(0.9, rel=0.02)
+    assert re.search(r"at 4 requests in flight the candidate runs 0\.9\d\dx the serving draft \[", check.detail)
+    assert "1.000x the target alone" in check.detail and "gate.speed_tolerance" in check.detail
+    # speed not measured (the candidate did not run): a failed check saying so
+    assert speed_check(None, settings, "not measured: the candidate cannot load").detail.endswith("cannot load")
+
+
 def test_too_little_traffic_is_rejected_without_measuring(qwen3_target, ladder_drafts, tmp_path, capsys):
     traffic = _prompt_file(tmp_path / "heldout.jsonl", 3)
     general = _prompt_file(tmp_path / "general.jsonl", 2, "general")
@@ -251,6 +276,7 @@ def test_too_little_traffic_is_rejected_without_measuring(qwen3_target, ladder_d
     checks = {c.name: c for c in result.checks}
     assert not checks["enough_traffic"].passed and checks["enough_traffic"].value == 3.0
     assert "not measured: only 3 traffic prompts" in checks["traffic_gain"].detail
+    assert not checks["speed"].passed and checks["speed"].detail == "not measured: only 3 traffic prompts"
     assert result.candidate_draft["trained_depths"] == 2 and result.serving_draft["sha256"]
     assert (out / "gate.html").is_file()
     assert "gate REJECTED" in capsys.readouterr().out
