@@ -259,8 +259,9 @@ def decide(comparison: LiveComparison, settings: RolloutSettings, *, window_over
 # ---- KFP metrics ------------------------------------------------------------------------------------
 
 def decision_metrics(decision: Decision) -> dict[str, float]:
-    """Flat name -> number view of a decision (finite numbers only): both versions' live AL and
-    first-position acceptance with interval bounds, the difference, the request counts, promoted 1/0."""
+    """Flat name -> number view of a decision (finite numbers only): both versions' live AL,
+    first-position acceptance and time per output token with interval bounds, the AL difference and the
+    time-per-token ratio, the request counts, promoted 1/0."""
     c = decision.live
     out: dict[str, float] = {"promoted": float(decision.promoted), "canary_percent": float(decision.canary_percent)}
 
@@ -279,8 +280,10 @@ def decision_metrics(decision: Decision) -> dict[str, float]:
         put_est(f"live_al_{role}", f.acceptance_length)
         put_est(f"live_first_position_{role}", f.first_position)
         put(f"live_latency_p50_s_{role}", f.latency_p50_s)
+        put_est(f"live_seconds_per_token_{role}", f.seconds_per_token)
     put_est("live_al_difference", c.difference)
     put_est("live_first_position_difference", c.first_position_difference)
+    put_est("live_seconds_per_token_ratio", c.seconds_per_token_ratio)
     return out
 
 

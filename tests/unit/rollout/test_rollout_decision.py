@@ -182,6 +182,9 @@ def test_higher_acceptance_but_slower_decoding_rolls_back_citing_time_per_output
     assert "decodes slower than the stable draft beyond the 3% tolerance" in d.reasons[0]
     assert Decision.from_json(d.to_json(), "here") == d  # recorded with the figures
     assert d.to_dict()["comparison"]["difference"]["seconds_per_token_ratio"]["value"] == pytest.approx(1.2956, 1e-3)
+    metrics = decision_metrics(d)
+    assert metrics["live_seconds_per_token_ratio"] == pytest.approx(1.2956, 1e-3)
+    assert metrics["live_seconds_per_token_ratio_low"] > 1.25 and "live_seconds_per_token_stable" in metrics
     # as fast: promoted, and the promotion cites the figure too
     same = [r if r.draft_fingerprint == STABLE_FP else record(CANDIDATE_FP, [1, 1, 2], at=0, latency=1.0, tokens=64)
             for r in records]
