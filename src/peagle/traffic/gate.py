@@ -45,6 +45,7 @@ from ..evaluate.settings import EvaluateEngineSettings, EvaluateSettings
 from ..storage.settings import strip_userinfo
 from .gate_report import (GATE_HTML, GATE_JSON, GATE_KIND, GENERAL, TRAFFIC, DraftFigures, Estimate, GateCheck,
                           GateResult, PairedComparison, log_gate_metrics, summary_lines, write_gate)
+from ..speed.table import TARGET
 from .settings import GateSettings
 
 __all__ = ["GateError", "GateResult", "GateRunConfig", "choose_k", "gate_checks", "general_prompt_set",
@@ -247,7 +248,7 @@ def choose_k(settings: GateSettings, serving_depths: int, candidate_depths: int)
 # ---- the vLLM job -----------------------------------------------------------------------------------
 
 SERVING, CANDIDATE, FP32_TARGET, FP32_CANDIDATE = "serving", "candidate", "float32-target", "float32-candidate"
-TARGET_ALONE = "target"  # the speed measurement's reference engine (peagle.speed.table.TARGET)
+TARGET_ALONE = TARGET  # the speed measurement's reference engine: the speed table's own label for it
 
 
 def _jobs(target_dir: str, serving_dir: str, candidate_dir: str, k: int, workloads: list[Workload],
