@@ -9,7 +9,7 @@ from peagle.evaluate.counters import SpecDecodeCounts
 from peagle.evaluate.live import BASELINE, EngineRun, WorkloadResult, build_workloads, samplings_of
 from peagle.evaluate.speed_sweep import SpeedResult
 from peagle.speed import SCHEDULE, build_table, choose_schedule, with_served
-from peagle.speed.table import RequestTiming
+from peagle.speed.table import RequestTiming, StepSample
 
 
 def timed_requests(config: str, c: int, e2e: float, round_: int = 0) -> list[RequestTiming]:
@@ -20,17 +20,27 @@ def timed_requests(config: str, c: int, e2e: float, round_: int = 0) -> list[Req
 
 
 def speed_result(k_latency: dict[int, float], schedule_latency: dict[int, float] | None,
-                 max_batch_size: int = 16) -> SpeedResult:
-    """K=2 takes ``k_latency[c]`` per request; the served schedule ``schedule_latency[c]`` (None: not served)."""
-    rows = []
+                 max_batch_size: int = 16, clocked: bool = False) -> SpeedResult:
+    """K=2 takes ``k_latency[c]`` per request; the served schedule ``schedule_latency[c]`` (None: not served).
+    ``clocked``: every configuration's engine steps were clocked (the target alone 40 ms a step, K=2 spending
+    a fifth of its steps in the draft)."""
+    rows, steps = [], []
     for c, lat in k_latency.items():
         rows += timed_requests("target", c, 1.0) + timed_requests("K=2", c, lat)
-    table = build_table(rows, max_tokens=32, prompts=8, device="cpu")
+        if clocked:
+            steps += [StepSample(config="target", round=0, concurrency=c, steps=50, step_s=0.04, target_s=0.03,
+                                 sample_s=0.004, draft_s=0.0, other_s=0.006),
+                      StepSample(config="K=2", round=0, concurrency=c, steps=40, step_s=0.05, target_s=0.032,
+                                 sample_s=0.005, draft_s=0.01, other_s=0.003)]
+    table = build_table(rows, max_tokens=32, prompts=8, device="cpu", steps=steps)
     schedule = choose_schedule(table, max_batch_size, draft_sha256="cd" * 32)
     if schedule_latency:
         for c, lat in schedule_latency.items():
             rows += timed_requests(SCHEDULE, c, lat)
-        table = build_table(rows, max_tokens=32, prompts=8, device="cpu")
+            if clocked:  # the schedule's draft: 2 ms of a 40 ms step (its forward at K = 0 included)
+                steps.append(StepSample(config=SCHEDULE, round=0, concurrency=c, steps=50, step_s=0.04,
+                                        target_s=0.03, sample_s=0.004, draft_s=0.002, other_s=0.004))
+        table = build_table(rows, max_tokens=32, prompts=8, device="cpu", steps=steps)
         schedule = with_served(schedule, table)
     return SpeedResult(table, schedule)
 

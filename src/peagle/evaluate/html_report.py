@@ -157,6 +157,21 @@ def _speed_section(report: dict[str, Any]) -> list[str]:
                       [[html.escape(p["config"]), _fmt(p["concurrency"]), _fmt(p["requests"]),
                         _fmt(p["tokens_per_s"], 1), ratio(p["speedup"]), q(p["tpot_s"]), q(p["ttft_s"]),
                         q(p["e2e_s"], 1.0)] for p in table["points"]]))
+    clocked = [p for p in table["points"] if p.get("step")]
+    if clocked:
+        def ms(x: float) -> str:
+            return f"{x * 1000:.1f}"
+
+        out.append("<h3>Where an engine step's time goes</h3>")
+        out.append(_table(["configuration", "concurrency", "step ms", "target forward ms", "sampling + verification ms",
+                           "draft ms", "other ms", "tokens / step"],
+                          [[html.escape(p["config"]), _fmt(p["concurrency"]), ms(p["step"]["step_s"]),
+                            ms(p["step"]["target_s"]), ms(p["step"]["sample_s"]), ms(p["step"]["draft_s"]),
+                            ms(p["step"]["other_s"]), _fmt(p["step"]["tokens_per_step"], 2)] for p in clocked]))
+        out.append("<p class='note'>Mean per engine step, clocked inside the in-process engine. Target forward: "
+                   "with a draft, the verification of each request's drafted tokens. Draft: its forward at every "
+                   "step, K = 0 included (vLLM keeps the draft's cache in step). Other: scheduling, input "
+                   "preparation, output processing.</p>")
     out.append(f"<p class='note'>{table['rounds']} round(s), configurations in alternating order; "
                f"{table['prompts']} prompts, {table['max_tokens']} tokens each, greedy; requests kept c at a time "
                "(closed loop). Throughput = c &times; output tokens / latency over the requests that ran with c "

@@ -26,7 +26,9 @@ Layout (``format`` = :data:`REPORT_FORMAT`)::
                         speed per load (the target alone, target + draft at each K, the chosen schedule
                         as served; ratios with bootstrap intervals) and the schedule chosen from it;
                         summary.speed: {schedule, num_speculative_tokens, serves_draft,
-                        speedup_by_concurrency: {c: {k, value, low, high} | null}}
+                        speedup_by_concurrency: {c: {k, value, low, high} | null},
+                        draft_share_by_concurrency: {c: fraction of the served configuration's engine
+                        step spent in the draft | null (not clocked)}}
     gate                {min_acceptance_length, require_lossless, speed_tolerance, dead_draft_acceptance_length,
                         acceptance_length, passed, reasons}
 
@@ -224,7 +226,7 @@ def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload],
     summary["lossless_float32"] = _lossless_float32(checks)
     if offline is not None:
         summary["offline_expected_acceptance_length"] = offline["expected_acceptance_length"].get(str(head_k))
-    summary["speed"] = speed_summary(speed.schedule) if speed is not None else None
+    summary["speed"] = speed_summary(speed.schedule, speed.table) if speed is not None else None
     return {
         "format": REPORT_FORMAT,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -250,9 +252,19 @@ def build_report(*, mode: str, runs: list[EngineRun], workloads: list[Workload],
     }
 
 
-def speed_summary(schedule: Any) -> dict[str, Any]:
+def speed_summary(schedule: Any, table: Any = None) -> dict[str, Any]:
     """The headline of the speed sweep: the schedule and, per measured concurrency, the ratio to the
-    target alone it gives as served (1 where it serves no draft; null where it was not measured)."""
+    target alone it gives as served (1 where it serves no draft; null where it was not measured), and the
+    share of the served configuration's engine step that went to the draft (where steps were clocked)."""
+    from ..speed.table import SCHEDULE, k_label
+
+    shares: dict[str, float | None] = {}
+    for m in schedule.measured:
+        served = (SCHEDULE if schedule.single_k is None else k_label(schedule.single_k)) \
+            if schedule.num_speculative_tokens else None
+        p = table.point(served, m.concurrency) if (table is not None and served) else None
+        shares[str(m.concurrency)] = (p.step.draft_s / p.step.step_s if p is not None and p.step is not None
+                                      and p.step.step_s > 0 else None)
     ratios = {}
     for m in schedule.measured:
         r = m.served if m.served is not None else (m.chosen_from if schedule.single_k else None)
@@ -261,7 +273,8 @@ def speed_summary(schedule: Any) -> dict[str, Any]:
         else:
             ratios[str(m.concurrency)] = None if r is None else {"k": m.k, **r.model_dump(mode="json")}
     return {"schedule": schedule.describe(), "num_speculative_tokens": schedule.num_speculative_tokens,
-            "serves_draft": schedule.num_speculative_tokens > 0, "speedup_by_concurrency": ratios}
+            "serves_draft": schedule.num_speculative_tokens > 0, "speedup_by_concurrency": ratios,
+            "draft_share_by_concurrency": shares}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 from ..progress import Progress
 from ..speed.schedule import SpeculationSchedule, choose_schedule, given_schedule, with_served
 from ..speed.settings import SpeedSettings
-from ..speed.table import SCHEDULE, TARGET, SpeedTable, build_table, k_label, timings_of
+from ..speed.table import SCHEDULE, TARGET, SpeedTable, build_table, k_label, steps_of, timings_of
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,13 @@ def sweep_jobs(common: dict[str, Any], draft: str, ks: list[int], ladder: dict[s
     return jobs
 
 
-def _run(jobs: list[tuple[str, int, dict[str, Any]]], settings_engine, what: str) -> tuple[list, str | None]:
+def _run(jobs: list[tuple[str, int, dict[str, Any]]], settings_engine, what: str) -> tuple[list, list, str | None]:
     from .vllm_job import requests_of, run_in_subprocess
 
     with Progress(what, requests_of([j for _, _, j in jobs]), "requests") as progress:
         raw = run_in_subprocess([j for _, _, j in jobs], timeout=settings_engine.timeout_s, progress=progress,
                                 settings=settings_engine)
-    timings = []
+    timings, steps = [], []
     for (label, r, job), res in zip(jobs, raw):
         sc = res.get("speculative_config") or {}
         if job.get("draft") and not (sc.get("method") == "eagle3" and sc.get("parallel_drafting")):
@@ -74,7 +74,8 @@ def _run(jobs: list[tuple[str, int, dict[str, Any]]], settings_engine, what: str
         if want and sc.get("num_speculative_tokens_per_batch_size") != want:
             raise RuntimeError(f"vLLM did not keep the schedule {want}: it serves {sc}")
         timings += timings_of(label, r, res["ladder"])
-    return timings, next((res.get("device") for res in raw if res.get("device")), None)
+        steps += steps_of(label, r, res.get("step_costs"))
+    return timings, steps, next((res.get("device") for res in raw if res.get("device")), None)
 
 
 def measure_speed(settings: SpeedSettings, *, target_dir: str, draft_dir: str, draft_sha256: str | None,
@@ -86,9 +87,10 @@ def measure_speed(settings: SpeedSettings, *, target_dir: str, draft_dir: str, d
     ladder = ladder_of(settings, chats, max_tokens, max_num_seqs)
     common = {"model": target_dir, "dtype": dtype, "seed": seed, "engine": engine.model_dump(), "warmup": True}
     ks = speed_ks(settings, trained_depths)
-    timings, device = _run(sweep_jobs(common, draft_dir, ks, ladder, settings.rounds), engine, "evaluate speed")
+    timings, steps, device = _run(sweep_jobs(common, draft_dir, ks, ladder, settings.rounds), engine,
+                                  "evaluate speed")
     n_prompts = len(chats)
-    table = build_table(timings, max_tokens=ladder["max_tokens"], prompts=n_prompts, device=device)
+    table = build_table(timings, max_tokens=ladder["max_tokens"], prompts=n_prompts, device=device, steps=steps)
     if settings.schedule is not None:
         schedule = given_schedule(settings.schedule, table, max_num_seqs, draft_sha256=draft_sha256)
     else:
@@ -101,9 +103,10 @@ def measure_speed(settings: SpeedSettings, *, target_dir: str, draft_dir: str, d
                   "num_speculative_tokens": schedule.num_speculative_tokens}
         if single is None:
             served["num_speculative_tokens_per_batch_size"] = schedule.vllm_ranges()
-        more, _ = _run([(SCHEDULE, settings.rounds, served), (TARGET, settings.rounds, {**common, "ladder": ladder})],
-                       engine, "evaluate schedule")
-        table = build_table([*timings, *more], max_tokens=ladder["max_tokens"], prompts=n_prompts, device=device)
+        more, more_steps, _ = _run([(SCHEDULE, settings.rounds, served),
+                                    (TARGET, settings.rounds, {**common, "ladder": ladder})], engine, "evaluate schedule")
+        table = build_table([*timings, *more], max_tokens=ladder["max_tokens"], prompts=n_prompts, device=device,
+                            steps=[*steps, *more_steps])
         schedule = with_served(schedule, table)
     elif single and measured_already:  # one K everywhere: its own rows are what serving it measures
         schedule = schedule.model_copy(update={"measured": [

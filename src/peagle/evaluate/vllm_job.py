@@ -21,7 +21,10 @@ Measurement jobs (the evaluation stage) also give
 * ``warmup``: run one short request first, so the first workload does not pay one-off costs;
 * ``ladder``: ``{"prompts", "concurrencies", "per_load", "min_requests", "max_tokens"}``: after the
   workloads (or alone, with no ``workloads``), the load ladder of :mod:`peagle.speed.loads` (greedy;
-  requests kept c at a time); the result's ``ladder`` holds one timing record per request;
+  requests kept c at a time); the result's ``ladder`` holds one timing record per request, and
+  ``step_costs`` (where :mod:`peagle.speed.step_costs` can clock the engine; ``"step_costs": false``
+  in the ladder turns it off) the seconds per engine step by part, per concurrency, and ``spec_decode``
+  (the engine's counters over its whole life, warm-up included);
 * ``num_speculative_tokens_per_batch_size``: with ``draft``, vLLM's speculation schedule (ranges
   ``[lo, hi, K]``; ``num_speculative_tokens`` is then the largest K);
 * ``engine``: the engine's :class:`~peagle.engine.settings.EngineSettings` (a dict; the evaluation
@@ -181,11 +184,21 @@ def _run_workloads(llm, job: dict[str, Any], engine_start_s: float, reporter=Non
            "device": _device()}
     lad = job.get("ladder")
     if lad:
+        from ..speed import step_costs
         from ..speed.loads import prompt_token_ids, run_ladder
 
-        out["ladder"] = run_ladder(llm, prompt_token_ids(llm, lad["prompts"]), [int(c) for c in lad["concurrencies"]],
-                                   per_load=int(lad["per_load"]), min_requests=int(lad["min_requests"]),
-                                   max_tokens=int(lad["max_tokens"]), reporter=reporter)
+        clock = step_costs.install(llm) if lad.get("step_costs", True) else None
+        try:
+            out["ladder"] = run_ladder(llm, prompt_token_ids(llm, lad["prompts"]),
+                                       [int(c) for c in lad["concurrencies"]], per_load=int(lad["per_load"]),
+                                       min_requests=int(lad["min_requests"]), max_tokens=int(lad["max_tokens"]),
+                                       reporter=reporter, clock=clock)
+        finally:
+            if clock is not None:
+                clock.remove()
+        if clock is not None:  # JSON keys are strings
+            out["step_costs"] = {str(c): v for c, v in clock.by_load.items()}
+        out["spec_decode"] = spec_decode_counts(llm.get_metrics())  # the engine's whole life, warm-up included
     return out
 
 

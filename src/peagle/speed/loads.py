@@ -37,16 +37,23 @@ def prompt_token_ids(llm, chats: list[list[dict[str, str]]]) -> list[list[int]]:
 
 
 def run_ladder(llm, prompts: list[list[int]], concurrencies: list[int], *, per_load: int, min_requests: int,
-               max_tokens: int, reporter=None) -> list[dict[str, Any]]:
-    """Every concurrency of the ladder, one after another on ``llm``; returns one record per request."""
+               max_tokens: int, reporter=None, clock=None) -> list[dict[str, Any]]:
+    """Every concurrency of the ladder, one after another on ``llm``; returns one record per request.
+    ``clock``: a :class:`peagle.speed.step_costs.StepClock` on ``llm``, given each step's time and left
+    holding the step costs of every concurrency (``clock.by_load``)."""
     records: list[dict[str, Any]] = []
     for c in concurrencies:
-        records += _closed_loop(llm, prompts, c, requests_at(c, per_load, min_requests), max_tokens, reporter)
+        if clock is not None:
+            clock.start()
+        records += _closed_loop(llm, prompts, c, requests_at(c, per_load, min_requests), max_tokens, reporter,
+                                clock)
+        if clock is not None:
+            clock.finish(c)
     return records
 
 
 def _closed_loop(llm, prompts: list[list[int]], concurrency: int, total: int, max_tokens: int,
-                 reporter) -> list[dict[str, Any]]:
+                 reporter, clock=None) -> list[dict[str, Any]]:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -70,8 +77,11 @@ def _closed_loop(llm, prompts: list[list[int]], concurrency: int, total: int, ma
     while sent < min(concurrency, total):
         send()
     while engine.has_unfinished_requests():
+        before = time.perf_counter()
         outputs = engine.step()
         now = time.perf_counter()
+        if clock is not None:
+            clock.add_step(now - before)
         for out in outputs:
             rec = state[out.request_id]
             new = len(out.outputs[0].token_ids) if out.outputs else 0

@@ -7,9 +7,14 @@ batch size); a batch size past the last range keeps the last K, and every K is c
 number of requests it schedules in a step). :class:`SpeculationSchedule` holds the same ranges, checked
 by the same rules when it is built, with what was measured for each.
 
-The choice (:func:`choose_schedule`): at each measured concurrency, the K whose throughput ratio to the
-target alone is highest among those that win beyond noise (the lower end of the ratio's interval above
-1); K = 0 where none does. A batch size between two measured concurrencies takes the K of the higher
+The choice (:func:`choose_schedule`): at each measured concurrency, among the K that win beyond noise
+(the lower end of the ratio's interval to the target alone above 1), the smallest whose interval reaches
+the best one's ratio; K = 0 where none wins. Smallest, because the largest K of a schedule costs time
+even where it drafts nothing: with parallel drafting vLLM pads every request of the draft's forward to
+``num_speculative_tokens`` slots, K = 0 included (``extra_slots_per_request`` in
+``vllm/v1/spec_decode/llm_base_proposer.py``). Measured on the embedded default (2-core CPU, 16 in
+flight, three rounds): ``[[1, 1, 1], [2, 16, 0]]`` served at 0.95x the target alone,
+``[[1, 1, 2], [2, 16, 0]]`` at 0.89x. A batch size between two measured concurrencies takes the K of the higher
 one (speculation pays less as the batch grows, so that is the cautious side); neighbouring ranges with
 one K merge. Serving it (:meth:`SpeculationSchedule.speculative_config`):
 
@@ -31,8 +36,9 @@ from .table import SCHEDULE, TARGET, Ratio, SpeedTable
 SCHEDULE_FORMAT = "peagle.speed.schedule/v1"
 SCHEDULE_FILE = "schedule.json"
 PUBLISHED_KIND = "peagle-evaluation"  # the evaluate output holds it (peagle.evaluate.report.EVALUATION_KIND)
-RULE = ("at each measured concurrency the K with the highest throughput ratio to the target alone among those "
-        "whose ratio's lower bound is above 1, else 0; between measured concurrencies the K of the next higher one")
+RULE = ("at each measured concurrency, among the K whose throughput ratio to the target alone has its lower bound "
+        "above 1, the smallest whose interval reaches the best ratio, else 0; between measured concurrencies the K "
+        "of the next higher one")
 
 
 class ScheduleRange(StrictModel):
@@ -148,13 +154,14 @@ def choose_schedule(table: SpeedTable, max_batch_size: int, *, draft_sha256: str
         raise ValueError("the speed table has no configuration with a draft")
     chosen: list[tuple[int, int, Ratio | None]] = []
     for c in table.concurrencies:
-        best, best_ratio = 0, None
-        for k in ks:
-            p = table.point(f"K={k}", c)
-            r = p.speedup if p is not None else None
-            if r is not None and r.low > 1.0 and (best_ratio is None or r.value > best_ratio.value):
-                best, best_ratio = k, r
-        chosen.append((c, best, best_ratio))
+        winners = [(k, r) for k in ks if (p := table.point(f"K={k}", c)) is not None
+                   and (r := p.speedup) is not None and r.low > 1.0]
+        if not winners:
+            chosen.append((c, 0, None))
+            continue
+        best = max(r.value for _, r in winners)
+        k, r = next((k, r) for k, r in winners if r.high >= best)  # ks ascending: the smallest within noise
+        chosen.append((c, k, r))
     ranges: list[ScheduleRange] = []
     lo = 1
     for i, (c, k, _) in enumerate(chosen):

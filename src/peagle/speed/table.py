@@ -13,6 +13,10 @@ throughout; the drain at the end of a load is left out):
 * ``tpot_s`` -- time per output token of a request after its first, ``(e2e - ttft) / (tokens - 1)``
   (p50, p90); ``ttft_s`` and ``e2e_s`` (p50, p90).
 
+* ``step`` -- where an engine step's time went (:mod:`peagle.speed.step_costs`; only where the engine
+  could be clocked): seconds per step in the target's forward, sampling and verification, the draft,
+  and the rest, pooled over rounds (weighted by steps), and output tokens per step.
+
 A ratio to the target alone (``speedup``) is the quotient of the two throughputs; its interval is a
 percentile bootstrap resampling each side's requests with replacement (fixed seed), so it shows how
 much the figure moves with which requests happened to be measured.
@@ -75,6 +79,32 @@ class Ratio(StrictModel):
         return self
 
 
+class StepCosts(StrictModel):
+    """Mean seconds per engine step, by part (:mod:`peagle.speed.step_costs`), at one load."""
+
+    steps: int = Field(ge=0)
+    step_s: float = Field(ge=0)
+    target_s: float = Field(ge=0, description="the target's forward and logits (with a draft: verification)")
+    sample_s: float = Field(ge=0, description="sampling; with a draft, the rejection sampler")
+    draft_s: float = Field(ge=0, description="the draft's forward(s), K = 0 included")
+    other_s: float = Field(ge=0, description="the rest: scheduling, input preparation, output processing")
+    tokens_per_step: float | None = Field(None, description="output tokens of the load over its engine steps")
+
+
+class StepSample(StrictModel):
+    """One round's step costs of one configuration at one load, as the child reported them."""
+
+    config: str
+    round: int = Field(ge=0)
+    concurrency: int = Field(ge=1)
+    steps: int = Field(ge=0)
+    step_s: float = Field(ge=0)
+    target_s: float = Field(ge=0)
+    sample_s: float = Field(ge=0)
+    draft_s: float = Field(ge=0)
+    other_s: float = Field(ge=0)
+
+
 class LoadPoint(StrictModel):
     """One configuration at one concurrency."""
 
@@ -88,6 +118,7 @@ class LoadPoint(StrictModel):
     ttft_s: Quantiles
     e2e_s: Quantiles
     speedup: Ratio | None = Field(None, description="tokens_per_s over the target alone's, same concurrency")
+    step: StepCosts | None = Field(None, description="where an engine step's time went (null: not clocked)")
 
 
 class SpeedTable(StrictModel):
@@ -143,10 +174,22 @@ def ratio_interval(c: int, mine: Sequence[RequestTiming], base: Sequence[Request
     return Ratio(value=value, low=min(float(lo), value), high=max(float(hi), value), level=level)
 
 
+def pooled_steps(samples: Sequence[StepSample], output_tokens: int) -> StepCosts | None:
+    """Rounds pooled, each weighted by its steps; ``output_tokens``: all the load's tokens in those rounds."""
+    steps = sum(s.steps for s in samples)
+    if not steps:
+        return None
+    mean = {k: sum(getattr(s, k) * s.steps for s in samples) / steps
+            for k in ("step_s", "target_s", "sample_s", "draft_s", "other_s")}
+    return StepCosts(steps=steps, **mean, tokens_per_step=output_tokens / steps)
+
+
 def build_table(timings: Iterable[RequestTiming], *, max_tokens: int, prompts: int,
-                device: str | None = None) -> SpeedTable:
-    """Pool the rounds of each configuration and concurrency; ratios against :data:`TARGET`."""
+                device: str | None = None, steps: Iterable[StepSample] = ()) -> SpeedTable:
+    """Pool the rounds of each configuration and concurrency; ratios against :data:`TARGET`.
+    ``steps``: the step costs the child clocked, if any."""
     timings = list(timings)
+    steps = list(steps)
     if not timings:
         raise ValueError("no request was timed")
     configs = list(dict.fromkeys(t.config for t in timings))
@@ -167,12 +210,15 @@ def build_table(timings: Iterable[RequestTiming], *, max_tokens: int, prompts: i
             e2e = np.array([r.e2e_s for r in rows], dtype=np.float64)
             tps = float(_throughput(c, tok, e2e)) if rows and e2e.sum() > 0 else None
             base = steady.get((TARGET, c), [])
+            clocked = [s for s in steps if s.config == cfg and s.concurrency == c]
+            clocked_rounds = {s.round for s in clocked}
             points.append(LoadPoint(
                 config=cfg, concurrency=c, requests=len(rows), rounds=len({r.round for r in all_rows}),
                 output_tokens=int(tok.sum()), tokens_per_s=tps,
                 tpot_s=_quantiles([r.tpot_s for r in rows if r.tpot_s is not None]),
                 ttft_s=_quantiles([r.ttft_s for r in rows]), e2e_s=_quantiles([r.e2e_s for r in rows]),
-                speedup=None if cfg == TARGET else ratio_interval(c, rows, base, seed=c)))
+                speedup=None if cfg == TARGET else ratio_interval(c, rows, base, seed=c),
+                step=pooled_steps(clocked, sum(r.output_tokens for r in all_rows if r.round in clocked_rounds))))
     return SpeedTable(concurrencies=concurrencies, configs=configs, points=points, max_tokens=max_tokens,
                       prompts=prompts, rounds=max(t.round for t in timings) + 1, device=device)
 
@@ -180,3 +226,8 @@ def build_table(timings: Iterable[RequestTiming], *, max_tokens: int, prompts: i
 def timings_of(config: str, round_: int, records: Iterable[dict[str, Any]]) -> list[RequestTiming]:
     """The child's request records (:func:`peagle.speed.loads.run_ladder`) as typed timings."""
     return [RequestTiming(config=config, round=round_, **r) for r in records]
+
+
+def steps_of(config: str, round_: int, by_load: dict[str, dict[str, Any]] | None) -> list[StepSample]:
+    """The child's ``step_costs`` (per concurrency, :mod:`peagle.speed.step_costs`) as typed samples."""
+    return [StepSample(config=config, round=round_, concurrency=int(c), **v) for c, v in (by_load or {}).items()]

@@ -210,6 +210,16 @@ def test_trained_draft_is_accepted_and_untrained_is_not(evaluated, qwen3_target)
     for p in table["points"]:
         assert p["requests"] >= 2 and p["tokens_per_s"] > 0 and p["tpot_s"]["p50"] > 0 and p["ttft_s"]["p50"] > 0
         assert p["speedup"] is None if p["config"] == "target" else p["speedup"]["low"] <= p["speedup"]["value"]
+    # Where each engine step's time went, clocked on the in-process engine: the target alone spends nothing
+    # on a draft; every configuration with one does, the schedule at batch 2 too (K = 0 still runs the draft)
+    for p in table["points"]:
+        st = p["step"]
+        assert st is not None and st["steps"] > 0 and st["target_s"] > 0 and st["sample_s"] > 0, p
+        assert st["target_s"] + st["sample_s"] + st["draft_s"] <= st["step_s"] * 1.001
+        assert (st["draft_s"] == 0) == (p["config"] == "target"), p
+        assert st["tokens_per_step"] > 0
+    sched_at_2 = next(p["step"] for p in table["points"] if p["config"] == "schedule" and p["concurrency"] == 2)
+    assert sched_at_2["draft_s"] > 0
     assert sched["ranges"] == [{"lo": 1, "hi": 1, "k": 2}, {"lo": 2, "hi": 64, "k": 0}]  # to max_num_seqs
     assert [m["served"] is not None for m in sched["measured"]] == [True, True]
     assert json.loads((evaluated["report1"].parent / "schedule.json").read_text()) == sched

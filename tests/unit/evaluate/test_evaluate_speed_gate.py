@@ -57,7 +57,7 @@ def test_speed_not_measured_fails_a_gate_that_asks_for_it():
 
 
 def test_the_report_carries_the_table_and_schedule_typed_and_writes_schedule_json(tmp_path):
-    speed = speed_result({1: 0.8, 4: 0.9, 16: 1.3}, {1: 0.8, 4: 0.9, 16: 1.0})
+    speed = speed_result({1: 0.8, 4: 0.9, 16: 1.3}, {1: 0.8, 4: 0.9, 16: 1.0}, clocked=True)
     r = speed_report(speed)
     r["gate"] = apply_gate(r, speed_tolerance=0.03).as_dict()
     write_report(r, tmp_path)
@@ -67,6 +67,10 @@ def test_the_report_carries_the_table_and_schedule_typed_and_writes_schedule_jso
     assert rep.gate.speed_tolerance == 0.03 and rep.gate.passed
     page = render_html(r, plots={})
     assert "Speed per load" in page and "1-4: K=2, 5-16: off" in page
+    # where the engine steps' time went, per configuration and load (the draft's share in its own column)
+    assert rep.speed.table.point("K=2", 16).step.draft_s == pytest.approx(0.01)
+    assert "Where an engine step&#x27;s time goes" in page or "Where an engine step's time goes" in page
+    assert "<td>K=2</td><td>16</td><td>50.0</td><td>32.0</td><td>5.0</td><td>10.0</td><td>3.0</td>" in page
     bad = json.loads(json.dumps(r))
     bad["speed"]["schedule"]["ranges"][0]["lo"] = 2
     from peagle.evaluate.report import ReportError

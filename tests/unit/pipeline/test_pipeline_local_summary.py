@@ -16,6 +16,11 @@ def test_the_headline_names_the_schedule_and_the_speedup_at_both_ends_of_the_lad
     assert lines[0] == "speculation schedule (batch size: K): 1-4: K=2, 5-16: off"
     assert lines[1].startswith("speedup over the target alone at concurrency 1: 1.25x [") and lines[1].endswith("(K=2)")
     assert lines[2].startswith("speedup over the target alone at concurrency 16: 0.98x [")
+    assert "engine step" not in lines[2]  # steps not clocked: nothing said about them
+    clocked = speed_report(speed_result({1: 0.8, 4: 0.9, 16: 1.3}, {1: 0.8, 4: 0.9, 16: 1.02},
+                                        clocked=True))["summary"]["speed"]
+    assert clocked["draft_share_by_concurrency"] == {"1": 0.05, "4": 0.05, "16": 0.05}
+    assert speed_lines(clocked)[2].endswith("(K=0); the draft takes 5.0% of each engine step")
     nowhere = speed_report(speed_result({1: 1.1, 16: 1.6}, None))["summary"]["speed"]
     assert speed_lines(nowhere)[0].endswith("1-16: off -- serve the target without the draft")
     assert speed_lines(None) == ["speed per load: not measured"]

@@ -122,3 +122,73 @@ def test_schedule_json_round_trips_and_a_damaged_one_is_refused_naming_the_file(
         SpeculationSchedule.read(tmp_path)
     with pytest.raises(ScheduleError, match="cannot read"):
         SpeculationSchedule.read(tmp_path / "missing.json")
+
+
+def test_the_smallest_k_within_noise_of_the_best_is_chosen_since_the_largest_k_costs_where_nothing_is_drafted():
+    # K=1 and K=2 both win at c=1, K=2 by less than the requests spread: K=1 is chosen, so the schedule's
+    # num_speculative_tokens (what vLLM pads every request of the draft's forward to, K = 0 included) stays 1
+    rows = (_requests("target", 1, 1.0, jitter=0.15, n=24) + _requests("K=1", 1, 0.82, jitter=0.15, n=24)
+            + _requests("K=2", 1, 0.80, jitter=0.15, n=24)
+            + _requests("target", 8, 1.0) + _requests("K=1", 8, 1.3) + _requests("K=2", 8, 1.6))
+    table = build_table(rows, max_tokens=64, prompts=8)
+    k1, k2 = table.point("K=1", 1).speedup, table.point("K=2", 1).speedup
+    assert k1.low > 1.0 and k2.value > k1.value and k1.high >= k2.value  # both win; within noise of each other
+    s = choose_schedule(table, 8)
+    assert s.vllm_ranges() == [[1, 1, 1], [2, 8, 0]] and s.num_speculative_tokens == 1
+    assert "smallest" in s.rule
+    # clearly apart, the faster K is chosen
+    rows = (_requests("target", 1, 1.0) + _requests("K=1", 1, 0.9) + _requests("K=2", 1, 0.7))
+    assert choose_schedule(build_table(rows, max_tokens=64, prompts=8), 4).vllm_ranges() == [[1, 4, 2]]
+
+
+def test_step_costs_pool_rounds_weighted_by_steps_and_count_tokens_per_step():
+    from peagle.speed.table import steps_of
+
+    rows = _requests("target", 2, 1.0, n=8, tokens=10) + _requests("K=1", 2, 0.8, n=8, tokens=10)
+    rows += _requests("K=1", 2, 0.8, n=8, tokens=10, round_=1)
+    steps = (steps_of("K=1", 0, {"2": {"steps": 10, "step_s": 0.10, "target_s": 0.06, "sample_s": 0.01,
+                                       "draft_s": 0.02, "other_s": 0.01}})
+             + steps_of("K=1", 1, {"2": {"steps": 30, "step_s": 0.20, "target_s": 0.12, "sample_s": 0.02,
+                                         "draft_s": 0.04, "other_s": 0.02}}))
+    table = build_table(rows, max_tokens=10, prompts=8, steps=steps)
+    st = table.point("K=1", 2).step
+    assert st.steps == 40
+    assert st.step_s == pytest.approx((10 * 0.10 + 30 * 0.20) / 40)
+    assert st.draft_s == pytest.approx((10 * 0.02 + 30 * 0.04) / 40)
+    assert st.tokens_per_step == pytest.approx(2 * 8 * 10 / 40)  # every request of both rounds, drain included
+    assert table.point("target", 2).step is None  # not clocked: no figure rather than a zero
+
+
+def test_the_step_clock_splits_each_step_into_its_parts_and_takes_its_wrappers_off():
+    import time as _time
+
+    from peagle.speed.step_costs import StepClock
+
+    class Runner:  # the four methods the clock wraps on vLLM's model runner, each taking a known time
+        def _model_forward(self):
+            _time.sleep(0.02)
+
+        def _sample(self):
+            _time.sleep(0.005)
+
+        def propose_draft_token_ids(self):
+            _time.sleep(0.01)
+
+    runner = Runner()
+    clock = StepClock(runner)
+    for name, part in (("_model_forward", "target_s"), ("_sample", "sample_s"), ("propose_draft_token_ids", "draft_s")):
+        clock._wrap(runner, name, part)
+    clock.start()
+    for _ in range(3):
+        t = _time.perf_counter()
+        runner._model_forward(), runner._sample(), runner.propose_draft_token_ids()
+        _time.sleep(0.003)  # the step's own work
+        clock.add_step(_time.perf_counter() - t)
+    clock.finish(4)
+    got = clock.by_load[4]
+    assert got["steps"] == 3
+    assert got["target_s"] >= 0.02 and got["draft_s"] >= 0.01 and got["sample_s"] >= 0.005
+    assert got["other_s"] >= 0.002
+    assert got["step_s"] == pytest.approx(got["target_s"] + got["sample_s"] + got["draft_s"] + got["other_s"])
+    clock.remove()
+    assert "_model_forward" not in vars(runner) and "propose_draft_token_ids" not in vars(runner)

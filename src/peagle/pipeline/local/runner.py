@@ -328,12 +328,15 @@ def speed_lines(speed: dict[str, Any] | None) -> list[str]:
     if not speed:
         return ["speed per load: not measured"]
     by_c = speed.get("speedup_by_concurrency") or {}
+    shares = speed.get("draft_share_by_concurrency") or {}
     lines = [f"speculation schedule (batch size: K): {speed['schedule']}"
              + ("" if speed.get("serves_draft") else " -- serve the target without the draft")]
     loads = sorted(by_c, key=int)
     for c in dict.fromkeys([loads[0], loads[-1]] if loads else []):
         r = by_c[c]
         text = "not measured" if r is None else f"{r['value']:.2f}x [{r['low']:.2f}-{r['high']:.2f}] (K={r['k']})"
+        if shares.get(c) is not None:
+            text += f"; the draft takes {shares[c]:.1%} of each engine step"
         lines.append(f"speedup over the target alone at concurrency {c}: {text}")
     return lines
 
