@@ -25,7 +25,7 @@ class SpeedSettings(StrictModel):
     max_tokens: int | None = Field(None, ge=1, description="tokens per request (default: evaluate.max_tokens)")
     tolerance: float = Field(0.03, ge=0.0, lt=1.0, description="the speed gate: with the chosen schedule, "
                              "target + draft may be at most this much slower than the target alone at any load "
-                             "(judged on the upper end of the ratio's interval)")
+                             "(judged on the measured ratio; the gate's reason gives its interval)")
     schedule: list[list[int]] | None = Field(
         None, description="serve and measure this schedule ([[lo, hi, K], ...], vLLM's "
         "num_speculative_tokens_per_batch_size, contiguous from 1) instead of the one the table argues for")

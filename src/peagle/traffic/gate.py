@@ -14,7 +14,8 @@ every check holds (:func:`gate_checks`): enough traffic prompts, a traffic gain 
 ``gate.margin`` with the interval above zero, a general loss within ``gate.tolerance``, float32
 losslessness, speed (at ``gate.speed_concurrency`` requests in flight, the deployed load, the candidate's
 tokens/s is within ``gate.speed_tolerance`` of the serving draft's and of the target alone's: a third engine,
-the target alone, runs that load after both drafts), and it loads in the pinned vLLM (its engine started
+the target alone, runs that load after both drafts; ``gate.speed_rounds`` rounds in alternating order, the
+later ones load-only engines), and it loads in the pinned vLLM (its engine started
 and drafted). A candidate that cannot
 be read or whose engine fails is rejected with the reason, not raised.
 
@@ -249,6 +250,12 @@ def choose_k(settings: GateSettings, serving_depths: int, candidate_depths: int)
 
 SERVING, CANDIDATE, FP32_TARGET, FP32_CANDIDATE = "serving", "candidate", "float32-target", "float32-candidate"
 TARGET_ALONE = TARGET  # the speed measurement's reference engine: the speed table's own label for it
+ROUND_MARK = "@round"
+
+
+def speed_role(role: str, round_: int) -> str:
+    """The engine's role in a later speed round (round 0 is the role itself)."""
+    return role if round_ == 0 else f"{role}{ROUND_MARK}{round_}"
 
 
 def _jobs(target_dir: str, serving_dir: str, candidate_dir: str, k: int, workloads: list[Workload],
@@ -269,6 +276,13 @@ def _jobs(target_dir: str, serving_dir: str, candidate_dir: str, k: int, workloa
             (CANDIDATE, {**common, **speed, "draft": candidate_dir, "num_speculative_tokens": k})]
     if speed:  # the target alone at the same load, after both drafts
         jobs.append((TARGET_ALONE, {**common, **speed, "workloads": []}))
+        # further rounds, load only, in alternating order: target alone, candidate, serving; then forward again
+        by_role = {SERVING: {"draft": serving_dir, "num_speculative_tokens": k},
+                   CANDIDATE: {"draft": candidate_dir, "num_speculative_tokens": k}, TARGET_ALONE: {}}
+        order = [SERVING, CANDIDATE, TARGET_ALONE]
+        for r in range(1, settings.speed_rounds):
+            for role in (order[::-1] if r % 2 else order):
+                jobs.append((speed_role(role, r), {**common, **speed, **by_role[role], "workloads": []}))
     if fp32_check is not None:
         fp32 = {**common, "dtype": "float32", "warmup": False, "workloads": [{**fp32_check.job(), "name": FP32_CHECK}]}
         jobs += [(FP32_TARGET, fp32), (FP32_CANDIDATE, {**fp32, "draft": candidate_dir, "num_speculative_tokens": k})]
@@ -294,7 +308,7 @@ def _run_engines(jobs: list[tuple[str, dict[str, Any]]], engine: EngineSettings)
             raise GateError(f"the gate's vLLM job ran past evaluate.engine.timeout_s: {failure}") from None
     short = [{**j, "warmup": False, "ladder": None,
               "workloads": [{**w, "prompts": w["prompts"][:1], "max_tokens": 4, "repeats": 1} for w in j["workloads"]]}
-             for role, j in jobs if role not in (CANDIDATE, FP32_CANDIDATE, TARGET_ALONE)]
+             for role, j in jobs if role not in (CANDIDATE, FP32_CANDIDATE, TARGET_ALONE) and ROUND_MARK not in role]
     try:
         _run(short, engine)
     except RuntimeError as exc:
@@ -351,23 +365,27 @@ def _measure(target_dir: str, serving_dir: str, candidate_dir: str, k: int, work
     if fp32_check is not None:
         m.lossless = _lossless(raw[FP32_TARGET], raw[FP32_CANDIDATE], fp32_check.prompt_ids, k)
     if TARGET_ALONE in raw and not m.candidate_failure:
-        m.speed = speed_figures({role: raw[role]["ladder"] for role in (TARGET_ALONE, SERVING, CANDIDATE)},
-                                settings.speed_concurrency, seed=settings.seed)
+        rounds = {role: [raw[speed_role(role, r)]["ladder"] for r in range(settings.speed_rounds)
+                         if speed_role(role, r) in raw] for role in (TARGET_ALONE, SERVING, CANDIDATE)}
+        m.speed = speed_figures(rounds, settings.speed_concurrency, seed=settings.seed)
     return m
 
 
-def speed_figures(ladders: dict[str, list[dict[str, Any]]], concurrency: int, *, seed: int = 0) -> dict[str, Any]:
-    """tokens/s of the target alone, the serving draft and the candidate at ``concurrency`` (the request records
-    of :mod:`peagle.speed.loads`), and the candidate's ratios to the other two with bootstrap intervals."""
+def speed_figures(ladders: dict[str, list[list[dict[str, Any]]]], concurrency: int, *,
+                  seed: int = 0) -> dict[str, Any]:
+    """tokens/s of the target alone, the serving draft and the candidate at ``concurrency`` (per role, the
+    request records of :mod:`peagle.speed.loads` of each round, pooled), and the candidate's ratios to the other
+    two with bootstrap intervals."""
     from ..speed.table import build_table, ratio_interval, timings_of
 
-    timings = [t for role, records in ladders.items() for t in timings_of(role, 0, records)]
+    timings = [t for role, rounds in ladders.items() for r, records in enumerate(rounds)
+               for t in timings_of(role, r, records)]
     table = build_table(timings, max_tokens=1, prompts=1)
     steady = {role: [t for t in timings if t.config == role and t.steady] for role in ladders}
     tps = {role: table.point(role, concurrency).tokens_per_s for role in ladders}
     vs_serving = ratio_interval(concurrency, steady[CANDIDATE], steady[SERVING], seed=seed)
     vs_target = ratio_interval(concurrency, steady[CANDIDATE], steady[TARGET_ALONE], seed=seed)
-    return {"concurrency": concurrency, "tokens_per_s": tps,
+    return {"concurrency": concurrency, "rounds": max(len(r) for r in ladders.values()), "tokens_per_s": tps,
             "candidate_vs_serving": None if vs_serving is None else vs_serving.model_dump(mode="json"),
             "candidate_vs_target": None if vs_target is None else vs_target.model_dump(mode="json")}
 
@@ -385,7 +403,8 @@ def speed_check(speed: dict[str, Any] | None, settings: GateSettings, missing: s
                      f"at {speed['concurrency']} requests in flight the candidate runs {vs_s['value']:.3f}x the "
                      f"serving draft [{vs_s['low']:.3f}-{vs_s['high']:.3f}] and {vs_t['value']:.3f}x the target alone "
                      f"[{vs_t['low']:.3f}-{vs_t['high']:.3f}] (tokens/s: candidate {tps[CANDIDATE]:.1f}, serving "
-                     f"{tps[SERVING]:.1f}, target {tps[TARGET_ALONE]:.1f}); may be at most "
+                     f"{tps[SERVING]:.1f}, target {tps[TARGET_ALONE]:.1f}; {speed.get('rounds', 1)} round(s) in "
+                     f"alternating order); may be at most "
                      f"{settings.speed_tolerance:.0%} slower than either (gate.speed_tolerance)")
 
 

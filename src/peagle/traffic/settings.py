@@ -134,6 +134,9 @@ class GateSettings(StrictModel):
         "against the serving draft and the target alone (one engine each, same K, the traffic prompts); null: "
         "speed not checked")
     speed_requests_per_load: int = Field(3, ge=1, description="requests sent at that load: this many times it")
+    speed_rounds: int = Field(2, ge=1, description="times the three engines run that load, in alternating order "
+                              "(serving, candidate, target alone; then backward): a slow spell on the machine falls "
+                              "on all three")
     speed_max_tokens: int | None = Field(None, ge=1, le=8192, description="tokens per request of the speed "
                                          "measurement (default: gate.max_tokens)")
     speed_tolerance: float = Field(0.03, ge=0.0, lt=1.0, description="the candidate may be at most this much slower "

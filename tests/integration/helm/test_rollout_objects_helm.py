@@ -244,3 +244,25 @@ def test_lint_strict_clean_for_every_routing_option(case):
     report = helm.lint(str(CHART), merged(values, split_values), strict=True, kube_version="v1.30.0")
     assert report["errors"] == [], report
     assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+@pytest.mark.parametrize("case", ["kserve-canary-raw", "route-deployment"])
+def test_the_candidate_serves_with_the_stable_speculation_schedule(case):
+    # the refresh's candidate replaces the draft, not the schedule: the canary and the promoted release keep the
+    # stable's K per batch size (speculative.numSpeculativeTokensPerBatchSize), which the traffic gate's speed
+    # check measured the candidate beside the serving draft under
+    import json
+
+    routing, mode, extra = CASES[case]
+    schedule = [[1, 2, 1], [3, 16, 0]]
+    stable_values = merged(BASE, extra, {"speculative": {"numSpeculativeTokens": 1,
+                                                         "numSpeculativeTokensPerBatchSize": schedule}})
+    ro = RolloutObjects(name=NAME, namespace=NS, routing=routing, mode=mode, stable_values=stable_values,
+                        chart=str(CHART))
+    c = candidate(stable_values)
+    for phase in ("canary", "promoted"):
+        objs = ro.canary(c) if phase == "canary" else ro.promoted(c)
+        args = container(objs).get("args", []) + container(objs).get("command", [])
+        (spec,) = [json.loads(a.split("=", 1)[1]) for a in args if a.startswith("--speculative-config=")]
+        assert spec["num_speculative_tokens_per_batch_size"] == schedule, phase
+        assert spec["num_speculative_tokens"] == 1, phase

@@ -40,5 +40,6 @@ def test_identical_drafts_gain_nothing_but_load_and_stay_lossless(qwen3_target, 
     speed = checks["speed"]
     assert speed.value is not None and speed.value > 0 and speed.threshold == 0.97
     assert "at 2 requests in flight the candidate runs" in speed.detail and "the target alone" in speed.detail
+    assert "2 round(s) in alternating order" in speed.detail  # gate.speed_rounds: three engines twice
     assert [c.name for c in result.checks][-2:] == ["speed", "loads"]
     print("\n".join(summary_lines(result)), f"\ntiming: {result.timing}")

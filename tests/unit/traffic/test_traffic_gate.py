@@ -248,19 +248,45 @@ def test_the_speed_check_rejects_a_candidate_slower_than_the_serving_draft_or_th
     from peagle.traffic.gate import speed_check, speed_figures
 
     settings = GateSettings()  # 3% tolerance
-    fast = speed_figures({"target": _ladder(1.0), "serving": _ladder(0.9), "candidate": _ladder(0.85)}, 4)
+    fast = speed_figures({"target": [_ladder(1.0)], "serving": [_ladder(0.9)], "candidate": [_ladder(0.85)]}, 4)
     assert fast["tokens_per_s"]["candidate"] == pytest.approx(4 * 32 / 0.85, rel=0.02)  # c x tokens / latency
     check = speed_check(fast, settings, "not measured")
     assert check.passed and check.threshold == pytest.approx(0.97)
     assert check.value == pytest.approx(0.9 / 0.85, rel=0.01)  # the smaller ratio: to the serving draft
     # better acceptance may still decode slower: 10% behind the serving draft is rejected, naming both ratios
-    slow = speed_figures({"target": _ladder(1.0), "serving": _ladder(0.9), "candidate": _ladder(1.0)}, 4)
+    slow = speed_figures({"target": [_ladder(1.0)], "serving": [_ladder(0.9)], "candidate": [_ladder(1.0)]}, 4)
     check = speed_check(slow, settings, "not measured")
     assert not check.passed and check.value == pytest.approx(0.9, rel=0.02)
     assert re.search(r"at 4 requests in flight the candidate runs 0\.9\d\dx the serving draft \[", check.detail)
     assert "1.000x the target alone" in check.detail and "gate.speed_tolerance" in check.detail
     # speed not measured (the candidate did not run): a failed check saying so
     assert speed_check(None, settings, "not measured: the candidate cannot load").detail.endswith("cannot load")
+
+
+def test_the_speed_rounds_alternate_the_three_engines_and_pool_every_round():
+    from peagle.engine.settings import EngineSettings
+    from peagle.evaluate.live import Sampling, Workload
+    from peagle.traffic.gate import _jobs, speed_check, speed_figures
+
+    w = Workload("traffic", Sampling("greedy", 0.0, 1.0, 0), ["p0"], [[{"role": "user", "content": "hi"}]], 8, False)
+    settings = GateSettings(speed_rounds=3, lossless_prompts=0)
+    jobs = _jobs("/t", "/serving", "/candidate", 2, [w], None, settings, EngineSettings())
+    assert [role for role, _ in jobs] == ["serving", "candidate", "target",
+                                          "target@round1", "candidate@round1", "serving@round1",
+                                          "serving@round2", "candidate@round2", "target@round2"]
+    later = dict(jobs)
+    assert later["candidate@round1"]["draft"] == "/candidate" and later["candidate@round1"]["workloads"] == []
+    assert "draft" not in later["target@round2"] and later["serving@round2"]["ladder"]["concurrencies"] == [8]
+    # a slow spell in round 0 that fell on the candidate alone is averaged with round 1, where it did not
+    fig = speed_figures({"target": [_ladder(1.0), _ladder(1.0)], "serving": [_ladder(0.9), _ladder(0.9)],
+                         "candidate": [_ladder(1.2), _ladder(0.9)]}, 4)
+    assert fig["rounds"] == 2
+    assert "2 round(s) in alternating order" in speed_check(fig, GateSettings(), "").detail
+    assert fig["candidate_vs_serving"]["value"] == pytest.approx(0.9 / 1.05, rel=0.02)
+    assert fig["candidate_vs_serving"]["low"] < fig["candidate_vs_serving"]["value"] < fig["candidate_vs_serving"]["high"]
+    # one round: the three engines only
+    assert len(_jobs("/t", "/s", "/c", 2, [w], None, GateSettings(speed_rounds=1, lossless_prompts=0),
+                     EngineSettings())) == 3
 
 
 def test_too_little_traffic_is_rejected_without_measuring(qwen3_target, ladder_drafts, tmp_path, capsys):
