@@ -59,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--k", type=int, default=4, help="the fixed K of both drafts")
     ap.add_argument("--prompts", default="sharegpt-heldout@48")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--requests-per-load", type=int, default=2)
+    ap.add_argument("--requests-per-load", type=int, default=2, help="requests at concurrency c: this many times c ...")
+    ap.add_argument("--min-requests", type=int, default=8, help="... and at least this many")
     ap.add_argument("--schedule", help="the peagle schedule as JSON ranges, e.g. '[[1,1,1],[2,16,0]]'")
     ap.add_argument("--epochs", type=int, help="speculators training epochs (default: the run's train.epochs)")
     ap.add_argument("--worker", choices=["train-theirs"], help=argparse.SUPPRESS)
@@ -225,7 +226,7 @@ def main(argv=None) -> None:
     sets = load_prompt_sets([args.prompts])
     chats = [p.chat() for s in sets.values() for p in s.prompts]
     loads = [c for c in args.concurrencies if c <= max_num_seqs]
-    ladder = {"prompts": chats, "concurrencies": loads, "per_load": args.requests_per_load, "min_requests": 4,
+    ladder = {"prompts": chats, "concurrencies": loads, "per_load": args.requests_per_load, "min_requests": args.min_requests,
               "max_tokens": args.max_tokens}
     common = {"model": str(run / "models" / "target"), "dtype": config["evaluate"]["dtype"], "seed": 0,
               "engine": engine_cfg, "warmup": True, "ladder": ladder}

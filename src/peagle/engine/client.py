@@ -7,6 +7,7 @@ the URL (without any userinfo); the bearer token is sent, never logged or put in
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import json
@@ -17,7 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ..errors import PeagleError
 
@@ -62,6 +63,22 @@ def retrying(method: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+def sse_events(lines: Iterable[bytes], url: str = "") -> Iterator[dict[str, Any]]:
+    """The JSON payloads of server-sent ``data:`` lines (an OpenAI-style stream), up to ``[DONE]``;
+    EndpointError naming ``url`` for a payload that is not JSON."""
+    for raw in lines:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        try:
+            yield json.loads(payload)
+        except ValueError as exc:
+            raise EndpointError(f"{safe_url(url)}: invalid JSON in the stream: {exc}: {payload[:200]!r}") from None
+
+
 class OpenAIClient:
     """An OpenAI-compatible server: ``api_url`` is its ``.../v1`` URL; ``metrics_url`` defaults to
     ``/metrics`` beside it. ``timeout`` is per request, in seconds."""
@@ -80,7 +97,13 @@ class OpenAIClient:
 
     @retrying
     def _request(self, url: str, body: dict[str, Any] | None = None) -> bytes:
-        headers = {"Accept": "application/json, text/plain"}
+        with self._open(url, body) as resp:
+            return resp.read()
+
+    @contextlib.contextmanager
+    def _open(self, url: str, body: dict[str, Any] | None = None) -> Iterator[Any]:
+        """The open response; failures while opening or reading it map to (transient) EndpointErrors."""
+        headers = {"Accept": "application/json, text/plain, text/event-stream"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
         data = None
@@ -91,7 +114,7 @@ class OpenAIClient:
         shown = safe_url(url)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as resp:
-                return resp.read()
+                yield resp
         except urllib.error.HTTPError as exc:
             message = f"{shown}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}"
             if exc.code == 429 or exc.code >= 500:
@@ -121,6 +144,36 @@ class OpenAIClient:
         if not data.get("choices"):
             raise EndpointError(f"{safe_url(url)} returned no choices: {str(data)[:500]}")
         return data
+
+    def stream_events(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """POST ``body`` to ``/v1/chat/completions`` as a streamed request (usage included) and yield the JSON of
+        each server-sent event, in order, up to ``[DONE]``. Not retried: a stream half read cannot be repeated
+        without repeating what it yielded (callers that can start over, as :meth:`chat_timed`, retry)."""
+        url = f"{self.api_url}/chat/completions"
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        with self._open(url, body) as resp:
+            yield from sse_events(resp, url)
+
+    @retrying
+    def chat_timed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` as a streamed chat completion, timed as a client sees it: ``{"ttft_s", "e2e_s",
+        "completion_tokens", "prompt_tokens"}`` (seconds from sending to the first generated token and to the end;
+        tokens from the stream's closing usage, else the chunks that carried text). A retried request is timed
+        afresh."""
+        start = time.perf_counter()
+        first, tokens, chunks, prompt = None, None, 0, 0
+        for event in self.stream_events(body):
+            if event.get("usage"):
+                tokens = int(event["usage"].get("completion_tokens") or 0)
+                prompt = int(event["usage"].get("prompt_tokens") or 0)
+            for choice in event.get("choices") or []:
+                if (choice.get("delta") or {}).get("content") or choice.get("token_ids"):
+                    chunks += 1
+                    if first is None:
+                        first = time.perf_counter()
+        end = time.perf_counter()
+        return {"ttft_s": (first if first is not None else end) - start, "e2e_s": end - start,
+                "completion_tokens": tokens if tokens is not None else chunks, "prompt_tokens": prompt}
 
     def metrics_text(self) -> str:
         """The Prometheus exposition text (parse it with :mod:`peagle.evaluate.counters`)."""

@@ -75,6 +75,14 @@ def run_workloads(client: OpenAIClient, model: str, workloads: list[Workload], c
     return EngineRun(k if expect_draft else BASELINE, results)
 
 
+def endpoint_model(settings: EvaluateSettings, client: OpenAIClient) -> str:
+    """The model to ask for: ``endpoint_model``, else the first one the endpoint lists."""
+    model = settings.endpoint_model or next(iter(client.models()), "")
+    if not model:
+        raise EndpointError(f"{client.api_url}/models lists no model; set endpoint_model")
+    return model
+
+
 def run_endpoints(settings: EvaluateSettings, workloads: list[Workload]) -> list[EngineRun]:
     """The baseline endpoint (when given) and the draft endpoint, as :class:`EngineRun` records."""
     runs = []
@@ -82,11 +90,9 @@ def run_endpoints(settings: EvaluateSettings, workloads: list[Workload]) -> list
     targets.append((settings.endpoint, True))
     for url, expect_draft in targets:
         client = client_for(settings, url)
-        model = settings.endpoint_model or next(iter(client.models()), "")
-        if not model:
-            raise EndpointError(f"{url}/v1/models lists no model; set endpoint_model")
+        model = endpoint_model(settings, client)
         runs.append(run_workloads(client, model, workloads, settings.endpoint_concurrency, expect_draft))
     return runs
 
 
-__all__ = ["EndpointError", "client_for", "run_endpoints", "run_workloads"]
+__all__ = ["EndpointError", "client_for", "endpoint_model", "run_endpoints", "run_workloads"]

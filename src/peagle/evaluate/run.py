@@ -41,7 +41,7 @@ CONTEXT_MARGIN = 64
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 ENGINE_OUTPUTS = "engine_outputs.json"  # offline mode: every engine's raw outputs and counters per workload
-SPEED_TIMINGS = "speed_timings.json"  # offline mode: every request of the speed sweep, as timed
+SPEED_TIMINGS = "speed_timings.json"  # every request of the speed measurement, as timed
 
 
 class EvaluationError(PeagleError, RuntimeError):
@@ -243,6 +243,24 @@ def _offline(settings: EvaluateSettings, target_dir: str, target_fingerprint: st
     return {**result.as_dict(), "hidden_states": settings.hidden_states}
 
 
+def _endpoint_speed(s: EvaluateSettings, runs: list, workloads: list, out: Path):
+    """Speed per load against the draft endpoint and the baseline endpoint (:func:`.speed_sweep.measure_endpoint_speed`)."""
+    from ..engine.client import EndpointError
+    from .endpoint import client_for, endpoint_model
+    from .speed_sweep import measure_endpoint_speed
+
+    k = max(r.num_speculative_tokens for r in runs)
+    greedy = [c for w in workloads if w.sampling.greedy for c in w.chats] or [c for w in workloads for c in w.chats]
+    try:
+        draft_client, base_client = client_for(s, s.endpoint), client_for(s, s.baseline_endpoint)
+        return measure_endpoint_speed(s.speed, draft_client=draft_client, baseline_client=base_client,
+                                      draft_model=endpoint_model(s, draft_client),
+                                      baseline_model=endpoint_model(s, base_client), k=k, chats=greedy,
+                                      max_tokens=s.max_tokens, raw_log=out / SPEED_TIMINGS)
+    except EndpointError as exc:
+        raise EvaluationError(f"the endpoints' speed measurement failed: {exc}") from exc
+
+
 def evaluate(cfg: EvaluateRunConfig) -> EvaluationOutcome:
     """Run the evaluation described by ``cfg`` and write its report; see :mod:`peagle.evaluate`."""
     from ..model import check_draft_matches_target, inspect_target
@@ -310,6 +328,8 @@ def evaluate(cfg: EvaluateRunConfig) -> EvaluationOutcome:
             raise EvaluationError(f"the vLLM measurement failed: {exc}") from exc
 
     speed = None
+    if s.endpoint and s.speed.enabled and s.baseline_endpoint:
+        speed = _endpoint_speed(s, runs, workloads, out)
     if measure_speed_too:
         from .speed_sweep import measure_speed
 

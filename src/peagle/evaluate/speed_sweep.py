@@ -116,3 +116,35 @@ def measure_speed(settings: SpeedSettings, *, target_dir: str, draft_dir: str, d
         raw_log.parent.mkdir(parents=True, exist_ok=True)
         raw_log.write_text("".join(json.dumps(t.model_dump(mode="json")) + "\n" for t in [*timings, *more]))
     return SpeedResult(table, schedule)
+
+
+def measure_endpoint_speed(settings: SpeedSettings, *, draft_client, baseline_client, draft_model: str,
+                           baseline_model: str, k: int, chats: list, max_tokens: int,
+                           raw_log: Path | None = None) -> SpeedResult:
+    """Speed per load against endpoints: the baseline (the target alone) and the draft endpoint as it serves,
+    ``settings.rounds`` rounds in alternating order over the load ladder (:mod:`peagle.speed.http_loads`).
+
+    An endpoint serves one configuration, so there is no K sweep: the endpoint's rows are labelled by the K it
+    drafts (``k``, the length of its acceptance vector) and the schedule is that K everywhere, as served; the
+    gate judges it as such (slower than the baseline at some load: rejected)."""
+    from ..speed.http_loads import run_http_ladder
+
+    loads = list(settings.concurrencies)
+    per = {"per_load": settings.requests_per_load, "min_requests": settings.min_requests,
+           "max_tokens": settings.max_tokens or max_tokens}
+    sides = [(TARGET, baseline_client, baseline_model), (k_label(k), draft_client, draft_model)]
+    timings = []
+    with Progress("evaluate speed (endpoints)", settings.rounds * len(sides) * len(loads), "loads") as progress:
+        for r in range(settings.rounds):
+            for label, client, model in (sides if r % 2 == 0 else sides[::-1]):
+                timings += timings_of(label, r, run_http_ladder(client, model, chats, loads, **per))
+                progress.advance(len(loads))
+    table = build_table(timings, max_tokens=per["max_tokens"], prompts=len(chats), device="endpoint")
+    schedule = given_schedule([[1, max(loads), k]], table, max(loads))
+    schedule = schedule.model_copy(update={
+        "rule": "the draft endpoint as served (endpoint mode measures no other K)",
+        "measured": [m.model_copy(update={"served": m.chosen_from}) for m in schedule.measured]})
+    if raw_log is not None:
+        raw_log.parent.mkdir(parents=True, exist_ok=True)
+        raw_log.write_text("".join(json.dumps(t.model_dump(mode="json")) + "\n" for t in timings))
+    return SpeedResult(table, schedule)

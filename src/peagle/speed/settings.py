@@ -11,8 +11,9 @@ DEFAULT_CONCURRENCIES = [1, 2, 4, 8, 16, 32]
 class SpeedSettings(StrictModel):
     """Speed per load: the target alone and target + draft at each K of the sweep, at each concurrency."""
 
-    enabled: bool = Field(True, description="measure speed per load and choose the speculation schedule "
-                          "(offline mode; needs the baseline)")
+    enabled: bool = Field(True, description="measure speed per load: offline, the target alone and each K of the "
+                          "sweep, and choose the speculation schedule (needs the baseline); endpoint mode, the draft "
+                          "endpoint as served against evaluate.baseline_endpoint (needs one)")
     concurrencies: list[int] = Field(
         default_factory=lambda: list(DEFAULT_CONCURRENCIES),
         description="requests in flight at once, one load each; values above evaluate.engine.max_num_seqs are left out")

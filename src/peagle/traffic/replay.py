@@ -30,8 +30,6 @@ import json
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -233,39 +231,21 @@ def _usage(row: ReplayRow, data: dict[str, Any]) -> None:
         row.completion_tokens = usage.get("completion_tokens")
 
 
-def stream_chat(api_url: str, body: dict[str, Any], *, token: str | None, timeout: float,
-                row: ReplayRow, t0: float) -> None:
-    """POST a streamed chat request and fill ``row`` from its server-sent events: the text of the
-    deltas, the finish reason, and usage and metrics from the last chunk."""
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    url = f"{api_url}/chat/completions"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+def stream_chat(client: OpenAIClient, body: dict[str, Any], *, row: ReplayRow, t0: float) -> None:
+    """Send a streamed chat request and fill ``row`` from its server-sent events
+    (:meth:`~peagle.engine.client.OpenAIClient.stream_events`): the text of the deltas, the finish reason, and
+    usage and metrics from the last chunk."""
     parts: list[str] = []
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            for raw in resp:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                data = json.loads(payload)
-                for choice in data.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        if row.first_byte_s is None:
-                            row.first_byte_s = time.perf_counter() - t0
-                        parts.append(text)
-                    row.finish_reason = choice.get("finish_reason") or row.finish_reason
-                _usage(row, data)
-                row.histogram = _spec_histogram(data) or row.histogram
-    except urllib.error.HTTPError as exc:
-        raise EndpointError(f"{safe_url(url)}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-        raise EndpointError(f"{safe_url(url)}: unreachable: {getattr(exc, 'reason', exc)}") from None
+    for data in client.stream_events(body):
+        for choice in data.get("choices") or []:
+            text = (choice.get("delta") or {}).get("content")
+            if text:
+                if row.first_byte_s is None:
+                    row.first_byte_s = time.perf_counter() - t0
+                parts.append(text)
+            row.finish_reason = choice.get("finish_reason") or row.finish_reason
+        _usage(row, data)
+        row.histogram = _spec_histogram(data) or row.histogram
     row.text = "".join(parts)
 
 
@@ -307,8 +287,7 @@ def _one(servers: _Servers, route: Callable[[], Any], index: int, prompt: Prompt
             body = {"messages": prompt.chat(), "model": model, **params}
             t0 = time.perf_counter()
             if stream:
-                body.update(stream=True, stream_options={"include_usage": True})
-                stream_chat(client.api_url, body, token=servers.token, timeout=client.timeout, row=row, t0=t0)
+                stream_chat(client, body, row=row, t0=t0)
             else:
                 data = client.chat(body)
                 choice = data["choices"][0]

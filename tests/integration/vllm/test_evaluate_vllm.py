@@ -240,31 +240,37 @@ def test_trained_draft_is_accepted_and_untrained_is_not(evaluated, qwen3_target)
 
 
 def test_served_endpoint_gives_the_same_figures(evaluated, qwen3_target, tmp_path):
-    """A real OpenAI-compatible vLLM server with the trained draft; evaluation reads its /metrics."""
-    port = free_port()
+    """Real OpenAI-compatible vLLM servers: one with the trained draft (evaluation reads its /metrics), one the
+    target alone (the baseline endpoint): speed per load measured over HTTP against both."""
     spec = {"method": "eagle3", "model": str(evaluated["trained"]), "num_speculative_tokens": K,
             "parallel_drafting": True}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
            **in_process_env()}
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(qwen3_target), "--dtype", "float32",
-         "--enforce-eager", "--max-model-len", "1024", "--host", "127.0.0.1", "--port", str(port),
-         "--distributed-executor-backend", "uni", "--speculative-config", json.dumps(spec)],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
+    servers = {}
+    for name, extra in (("draft", ["--speculative-config", json.dumps(spec)]), ("baseline", [])):
+        port, log = free_port(), open(tmp_path / f"{name}.log", "w")
+        servers[name] = (subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(qwen3_target), "--dtype",
+             "float32", "--enforce-eager", "--max-model-len", "1024", "--host", "127.0.0.1", "--port", str(port),
+             "--distributed-executor-backend", "uni", *extra], stdout=log, stderr=subprocess.STDOUT, env=env),
+            f"http://127.0.0.1:{port}", log)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(server, url, tmp_path / "server.log", timeout=300, path="/v1/models")
-        r = evaluate_cli("--endpoint", url, "--target", str(qwen3_target), "--draft", str(evaluated["trained"]),
+        for name, (proc, url, _) in servers.items():
+            wait_healthy(proc, url, tmp_path / f"{name}.log", timeout=300, path="/v1/models")
+        r = evaluate_cli("--endpoint", servers["draft"][1], "--baseline-endpoint", servers["baseline"][1],
+                         "--target", str(qwen3_target), "--draft", str(evaluated["trained"]),
                          "--out", str(tmp_path / "eval"), "--temperatures", "0", "--endpoint-concurrency", "4",
-                         "--min-acceptance-length", str(BAR), *WORKLOAD)
+                         "--min-acceptance-length", str(BAR), *WORKLOAD, "--speed-concurrencies", "1", "2",
+                         "--speed-rounds", "2", "--speed-requests-per-load", "2", "--speed-min-requests", "3",
+                         "--speed-max-tokens", "16", "--speed-tolerance", "0.9")
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        for proc, _, log in servers.values():
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     served = json.loads((tmp_path / "eval" / "report.json").read_text())
     offline_api = json.loads(evaluated["report1"].read_text())
@@ -273,6 +279,16 @@ def test_served_endpoint_gives_the_same_figures(evaluated, qwen3_target, tmp_pat
     got, want = _run(served, K, "greedy"), _run(offline_api, K, "greedy")
     print(f"endpoint AL {got['overall']['acceptance_length']:.3f} vs offline API {want['overall']['acceptance_length']:.3f}")
     assert got["overall"]["problems"] == [] and got["overall"]["counts"]["drafts"] > 0
+    # speed per load over HTTP: the baseline endpoint and the draft endpoint as served, two rounds each
+    table, sched = served["speed"]["table"], served["speed"]["schedule"]
+    assert table["configs"] == ["target", f"K={K}"] and table["concurrencies"] == [1, 2] and table["rounds"] == 2
+    for p in table["points"]:
+        assert p["requests"] >= 3 and p["tokens_per_s"] > 0 and 0 < p["ttft_s"]["p50"] < p["e2e_s"]["p50"], p
+        assert p["step"] is None  # a served engine's steps cannot be clocked from here
+    assert sched["ranges"] == [{"lo": 1, "hi": 2, "k": K}] and "as served" in sched["rule"]
+    assert all(m["served"] is not None for m in sched["measured"])
+    assert served["gate"]["speed_tolerance"] == 0.9 and (tmp_path / "eval" / "speed_timings.json").is_file()
+    print("endpoint speed:", [(p["config"], p["concurrency"], round(p["tokens_per_s"], 1)) for p in table["points"]])
     assert abs(got["overall"]["acceptance_length"] - want["overall"]["acceptance_length"]) < 0.15
     for cat in CATEGORIES:
         assert abs(got["categories"][cat]["acceptance_length"] - want["categories"][cat]["acceptance_length"]) < 0.3

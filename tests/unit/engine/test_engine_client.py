@@ -46,6 +46,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b'{"choices": [')
             self.close_connection = True
             return
+        if status == 200 and body and body.get("stream"):  # server-sent events: the first token after 50 ms
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            time.sleep(0.05)
+            for text in ("hel", "lo"):
+                self.wfile.write(b"data: " + json.dumps({"choices": [{"delta": {"content": text}}]}).encode() + b"\n\n")
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 5,
+                                                                               "completion_tokens": 2}}).encode()
+                             + b"\n\ndata: [DONE]\n\n")
+            self.close_connection = True
+            return
         if status != 200:
             payload = f"status {status} for {self.path}".encode()
         elif self.path.endswith("/models"):
@@ -95,6 +109,29 @@ def test_5xx_and_429_are_retried_until_the_answer(serve):
     assert [p for _, p, _, _ in server.seen] == ["/v1/chat/completions"] * 4
     assert {auth for *_, auth in server.seen} == {"Bearer s3cret"}
     assert server.seen[-1][2] == {"model": "tiny", "messages": []}
+
+
+def test_a_streamed_chat_is_timed_to_its_first_token_and_its_end_after_retries(serve):
+    server = serve({"/v1/chat/completions": [503]})
+    timed = _client(server.url).chat_timed({"model": "tiny", "messages": [], "max_tokens": 2})
+    assert timed["completion_tokens"] == 2 and timed["prompt_tokens"] == 5  # the stream's closing usage
+    assert 0.05 <= timed["ttft_s"] < timed["e2e_s"] and timed["e2e_s"] - timed["ttft_s"] >= 0.09
+    sent = server.seen[-1][2]
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True} and sent["max_tokens"] == 2
+    assert len(server.seen) == 2  # the 503, then the stream
+
+
+def test_the_http_load_ladder_keeps_c_requests_in_flight_and_marks_the_drain(serve):
+    from peagle.speed.http_loads import run_http_ladder
+
+    server = serve()
+    records = run_http_ladder(_client(server.url), "tiny", [[{"role": "user", "content": "hi"}]], [1, 3],
+                              per_load=2, min_requests=4, max_tokens=2)
+    by_c = {c: [r for r in records if r["concurrency"] == c] for c in (1, 3)}
+    assert [r["index"] for r in by_c[1]] == [0, 1, 2, 3] and all(r["steady"] for r in by_c[1])
+    assert [r["index"] for r in by_c[3]] == list(range(6))
+    assert [r["steady"] for r in by_c[3]] == [True] * 4 + [False] * 2  # the last c - 1 sent finish draining
+    assert all(r["output_tokens"] == 2 and 0 < r["ttft_s"] < r["e2e_s"] for r in records)
 
 
 def test_an_answer_cut_off_mid_body_is_retried_then_reported(serve):
