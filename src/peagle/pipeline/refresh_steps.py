@@ -245,7 +245,7 @@ def rollout(refresh_uri: str, candidate_uri: str, *, routing: str, name: str, na
         run, layout = load_refresh(refresh_uri)
         lineage = read_json(layout.lineage)
         gate = lineage.get("gate")
-        if not (gate and gate.get("passed")):
+        if not (isinstance(gate, dict) and gate.get("passed") is True):  # "false", 1, a list: not a pass
             print(f"the gate did not pass the candidate {candidate_uri}: not rolled out (skipped)", flush=True)
             info["decision"] = "skipped"
             return "skipped"

@@ -78,12 +78,23 @@ def kfp_cron(text: str) -> str:
     return "0 " + " ".join(fields)
 
 
+def _starred(field: str) -> bool:
+    """robfig/cron's star bit: some comma item is ``*`` or ``?`` with no step or a step of 1."""
+    for item in field.split(","):
+        head, _, step = item.partition("/")
+        if head in ("*", "?") and (not step or (step.isascii() and step.isdigit() and int(step) <= 1)):
+            return True
+    return False
+
+
 def _check_some_day_exists(day_of_month: str, month: str, day_of_week: str, days: set[int],
                            months: set[int]) -> None:
     """Refuse a day-of-month that no named month has (``31 2``: February 31st), which would never fire.
-    With a day-of-week set too, either day matches (robfig/cron, KFP's scheduler): nothing to refuse.
-    ``days``, ``months``: the values the two fields select."""
-    if day_of_week not in ("*", "?") or day_of_month in ("*", "?"):
+    With a day-of-week set too, either day matches (robfig/cron, KFP's scheduler): nothing to refuse. A field
+    counts as unset when robfig/cron gives it its star bit: an item ``*`` or ``?`` with no step or step 1
+    (``*/1`` too; ``*/2`` is a set of days: ``getRange`` in robfig/cron's parser.go clears the bit for steps
+    above 1, and ``dayMatches`` then ANDs the two fields). ``days``, ``months``: the values the two fields select."""
+    if not _starred(day_of_week) or _starred(day_of_month):
         return
     if not any(d <= MONTH_DAYS[m - 1] for d in days for m in months):
         raise ConfigError(f"--cron: the day-of-month field {day_of_month!r} names no day of the month field's "

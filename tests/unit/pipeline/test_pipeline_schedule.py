@@ -209,6 +209,9 @@ def test_an_old_backend_is_refused_before_anything_is_created(capsys, refresh_pa
     ("0 0 31 2 *", "day-of-month field '31' names no day of the month field's months '2'"),
     ("0 0 30,31 FEB *", "never run"),
     ("0 0 31 4,6,9,11 *", "never run"),
+    ("0 0 31 2 */1", "never run"),  # */1 keeps robfig/cron's star bit: day-of-month AND day-of-week
+    ("0 0 30 2 ?/1", "never run"),
+    ("0 0 31 2 1,*/1", "never run"),  # a starred item anywhere in the list sets the bit
     ("*/\u00b2 * * * *", "minute field has the step '\u00b2'"),  # a digit to str.isdigit, not to int()
     ("0 0 " + "9" * 5000 + " * *", "day-of-month field has '9+.*', out of its range 1-31"),
     ("0 0 1 1 */" + "9" * 5000, "day-of-week field has the step '9+"),
@@ -252,7 +255,8 @@ def test_parameters_are_validated_as_submit_validates_them(capsys, refresh_packa
 
 @pytest.mark.parametrize("cron", ["*/15 * * * *", "0 9 * * mon-fri", "0 0 1,15 * ?", "5 4 * jan-mar/2 0",
                                   "0 22 * * 1-5", "0-30/10 0 * * *", "59 23 31 12 6", "0 0 29 2 *",
-                                  "0 0 31 2 MON", "0 0 30/2 * *", "0 0 31 1-2 *"])
+                                  "0 0 31 2 MON", "0 0 30/2 * *", "0 0 31 1-2 *", "0 0 31 2 */2",
+                                  "0 0 */1 2 */1"])
 def test_valid_crons_get_kfps_seconds_field(cron):
     assert kfp_cron(cron) == "0 " + " ".join(cron.split())
 

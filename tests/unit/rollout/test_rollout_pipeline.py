@@ -156,4 +156,11 @@ def test_the_rollout_is_skipped_with_routing_none_or_without_a_passed_gate(tmp_p
     assert rollout(uri, f"{uri}/draft", routing="route", name="peagle", namespace="ns", mode="kserve",
                    data_connection="dc") == "skipped"
     assert "the gate did not pass" in capsys.readouterr().out
+    for not_a_pass in ("false", "yes", 1, [True], {"passed": True}):  # only the boolean true passes
+        (Path(uri) / "lineage.json").write_text(json.dumps({"gate": {"passed": not_a_pass, "reasons": []}}))
+        assert rollout(uri, f"{uri}/draft", routing="route", name="peagle", namespace="ns", mode="kserve",
+                       data_connection="dc") == "skipped", not_a_pass
+    (Path(uri) / "lineage.json").write_text(json.dumps({"gate": "passed"}))
+    assert rollout(uri, f"{uri}/draft", routing="route", name="peagle", namespace="ns", mode="kserve",
+                   data_connection="dc") == "skipped"
     assert json.loads((Path(uri) / "run.json").read_text())["config"]["rollout"]["routing"] == "route"
