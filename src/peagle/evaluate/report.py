@@ -258,11 +258,12 @@ def speed_summary(schedule: Any, table: Any = None) -> dict[str, Any]:
     share of the served configuration's engine step that went to the draft (where steps were clocked)."""
     from ..speed.table import SCHEDULE, k_label
 
+    served = None  # the table's label of what serving the schedule ran (none: no draft, nothing to clock)
+    if schedule.num_speculative_tokens and table is not None:
+        served = SCHEDULE if schedule.single_k is None else k_label(schedule.single_k)
     shares: dict[str, float | None] = {}
     for m in schedule.measured:
-        served = (SCHEDULE if schedule.single_k is None else k_label(schedule.single_k)) \
-            if schedule.num_speculative_tokens else None
-        p = table.point(served, m.concurrency) if (table is not None and served) else None
+        p = table.point(served, m.concurrency) if served else None
         shares[str(m.concurrency)] = (p.step.draft_s / p.step.step_s if p is not None and p.step is not None
                                       and p.step.step_s > 0 else None)
     ratios = {}

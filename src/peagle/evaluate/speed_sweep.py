@@ -112,9 +112,7 @@ def measure_speed(settings: SpeedSettings, *, target_dir: str, draft_dir: str, d
         schedule = schedule.model_copy(update={"measured": [
             m.model_copy(update={"served": table.point(k_label(single), m.concurrency).speedup})
             for m in schedule.measured]})
-    if raw_log is not None:
-        raw_log.parent.mkdir(parents=True, exist_ok=True)
-        raw_log.write_text("".join(json.dumps(t.model_dump(mode="json")) + "\n" for t in [*timings, *more]))
+    _write_timings(raw_log, [*timings, *more])
     return SpeedResult(table, schedule)
 
 
@@ -144,7 +142,12 @@ def measure_endpoint_speed(settings: SpeedSettings, *, draft_client, baseline_cl
     schedule = schedule.model_copy(update={
         "rule": "the draft endpoint as served (endpoint mode measures no other K)",
         "measured": [m.model_copy(update={"served": m.chosen_from}) for m in schedule.measured]})
+    _write_timings(raw_log, timings)
+    return SpeedResult(table, schedule)
+
+
+def _write_timings(raw_log: Path | None, timings: list) -> None:
+    """Every request's timing, one JSON line each (nothing when ``raw_log`` is None)."""
     if raw_log is not None:
         raw_log.parent.mkdir(parents=True, exist_ok=True)
         raw_log.write_text("".join(json.dumps(t.model_dump(mode="json")) + "\n" for t in timings))
-    return SpeedResult(table, schedule)

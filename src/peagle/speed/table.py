@@ -79,8 +79,8 @@ class Ratio(StrictModel):
         return self
 
 
-class StepCosts(StrictModel):
-    """Mean seconds per engine step, by part (:mod:`peagle.speed.step_costs`), at one load."""
+class _StepParts(StrictModel):
+    """Mean seconds per engine step, by part (:mod:`peagle.speed.step_costs`)."""
 
     steps: int = Field(ge=0)
     step_s: float = Field(ge=0)
@@ -88,21 +88,23 @@ class StepCosts(StrictModel):
     sample_s: float = Field(ge=0, description="sampling; with a draft, the rejection sampler")
     draft_s: float = Field(ge=0, description="the draft's forward(s), K = 0 included")
     other_s: float = Field(ge=0, description="the rest: scheduling, input preparation, output processing")
+
+
+STEP_SECONDS = ("step_s", "target_s", "sample_s", "draft_s", "other_s")
+
+
+class StepCosts(_StepParts):
+    """The step costs of one configuration at one load, its rounds pooled."""
+
     tokens_per_step: float | None = Field(None, description="output tokens of the load over its engine steps")
 
 
-class StepSample(StrictModel):
+class StepSample(_StepParts):
     """One round's step costs of one configuration at one load, as the child reported them."""
 
     config: str
     round: int = Field(ge=0)
     concurrency: int = Field(ge=1)
-    steps: int = Field(ge=0)
-    step_s: float = Field(ge=0)
-    target_s: float = Field(ge=0)
-    sample_s: float = Field(ge=0)
-    draft_s: float = Field(ge=0)
-    other_s: float = Field(ge=0)
 
 
 class LoadPoint(StrictModel):
@@ -179,8 +181,7 @@ def pooled_steps(samples: Sequence[StepSample], output_tokens: int) -> StepCosts
     steps = sum(s.steps for s in samples)
     if not steps:
         return None
-    mean = {k: sum(getattr(s, k) * s.steps for s in samples) / steps
-            for k in ("step_s", "target_s", "sample_s", "draft_s", "other_s")}
+    mean = {k: sum(getattr(s, k) * s.steps for s in samples) / steps for k in STEP_SECONDS}
     return StepCosts(steps=steps, **mean, tokens_per_step=output_tokens / steps)
 
 
