@@ -78,6 +78,14 @@ def cmd_draft_init(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_draft_fingerprint(ns: argparse.Namespace) -> int:
+    from .records.identity import identify_draft
+
+    identity = identify_draft(ns.location)
+    print(identity.digest if ns.digest else identity.fingerprint)
+    return 0
+
+
 def cmd_prepare_target(ns: argparse.Namespace) -> int:
     from .model import prepare_target
 
@@ -204,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(di)
     C.add_flags(di, C.DraftSettings, "draft")
     di.set_defaults(func=cmd_draft_init)
+    df = d.add_parser("fingerprint", help="print a draft's fingerprint: what its served records, the chart's "
+                      "speculative.draftFingerprint and the rollout name it by")
+    df.add_argument("location", help="a draft directory (model.safetensors, config.json) or published draft URI")
+    df.add_argument("--digest", action="store_true", help="print the whole sha256 digest (what gate and evaluate "
+                    "reports record) instead")
+    df.set_defaults(func=cmd_draft_fingerprint)
 
     m = sub.add_parser("models", help="normalise a target model (HF directory, GGUF file, embedded SmolLM2)").add_subparsers(dest="models_command", required=True)
     mp = m.add_parser("prepare-target", help="normalise a HF directory or GGUF file into a directory vLLM loads")

@@ -186,20 +186,18 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
 Capture (peagle.traffic): the middleware's settings, one PEAGLE_CAPTURE_<FIELD> variable per field of
 peagle.traffic.settings.CaptureSettings (strings as they are, everything else as JSON: what
 CaptureSettings.to_env writes). target_dir/draft_dir are the served directories (the target's recorded
-fingerprint is computed from what answers); the draft is recorded under the pods' label. tests/integration/helm/test_traffic_chart.py keeps the names equal to the fields.
+fingerprints of the target and the draft are computed from what answers, as peagle.records.identity names a draft,
+so a record names its draft the same way whichever path deployed it). tests/integration/helm/test_traffic_chart.py keeps the names equal to the fields.
 */}}
 {{- define "peagle-serving.captureSettings" -}}
 {{- $c := .Values.capture -}}
 {{- $drafting := .Values.speculative.enabled | default false -}}
 {{- $draftDir := ternary (include "peagle-serving.draftPath" .) "" $drafting -}}
-{{- /* The records name the draft as the pods' label does (speculative.draftFingerprint, or the chart's hash of
-       where the models come from), so a rollout finds each version's records by that one name. */}}
-{{- $draftFingerprint := ternary (include "peagle-serving.draftFingerprint" .) "" $drafting -}}
 {{- toJson (dict "enabled" true "uri" $c.uri "sample_rate" $c.sampleRate "flush_interval_s" $c.flushIntervalSeconds
     "batch_records" $c.batchRecords "queue_records" $c.queueRecords "max_record_bytes" $c.maxRecordBytes
     "retention_days" $c.retentionDays "redact" $c.redact
     "target_dir" (include "peagle-serving.targetPath" .) "draft_dir" $draftDir
-    "target_fingerprint" "" "draft_fingerprint" $draftFingerprint) -}}
+    "target_fingerprint" "" "draft_fingerprint" "") -}}
 {{- end -}}
 
 {{- define "peagle-serving.captureEnv" -}}

@@ -15,6 +15,8 @@ import os
 import sys
 
 from ..errors import PeagleError, report
+from ..records.identity import identify_draft
+from ..stage_io import join
 from .kube import Apis, apply, current_namespace, endpoint, fingerprint_of, wait_ready
 from .render import render, values_for, write_manifests
 from .smoke import chat, require_model
@@ -70,8 +72,9 @@ def add_release_flags(p: argparse.ArgumentParser, *, chart_set_prefix: str = "")
                      help="the speculation schedule the evaluation chose: its schedule.json, or the evaluate output "
                           "directory holding one (K per batch size; no draft where it measured none faster)")
     srv.add_argument("--draft-fingerprint", metavar="ID",
-                     help="names the draft on the pods and as a served model name, e.g. the first 12 hex digits of "
-                          "its manifest's sha256 (default: derived from the model source and K)")
+                     help="names the draft on the pods and as a served model name: its fingerprint (`peagle draft "
+                          "fingerprint`; default: read from the draft at --draft-uri or --storage-uri, else the "
+                          "chart's hash of the model source and K)")
     srv.add_argument("--gpus", type=int, help="GPUs per replica (0 = CPU)")
     srv.add_argument("--tensor-parallel-size", type=int)
     srv.add_argument("--draft-tensor-parallel-size", type=int, help="1 or the target's tensor-parallel size")
@@ -128,11 +131,30 @@ def values_from_args(ns: argparse.Namespace) -> dict:
     return values_for(
         mode=ns.mode, data_connection=ns.data_connection, path=ns.path, storage_uri=ns.storage_uri,
         target_uri=ns.target_uri, draft_uri=ns.draft_uri, pvc=ns.pvc, service_account=ns.service_account,
-        num_speculative_tokens=ns.num_speculative_tokens, draft_fingerprint=ns.draft_fingerprint,
+        num_speculative_tokens=ns.num_speculative_tokens, draft_fingerprint=served_draft_fingerprint(ns),
         gpus=ns.gpus, tensor_parallel_size=ns.tensor_parallel_size,
         draft_tensor_parallel_size=ns.draft_tensor_parallel_size, image=ns.image, max_model_len=ns.max_model_len,
         capture_uri=ns.capture, capture_secret=ns.capture_secret, extra_args=ns.extra_args, extra_values=extra,
         schedule=_schedule(ns.schedule))
+
+
+def served_draft_fingerprint(ns: argparse.Namespace, err=None) -> str | None:
+    """``--draft-fingerprint``, else the fingerprint of the draft the flags serve, read from ``--draft-uri`` or
+    ``<--storage-uri>/draft`` (its manifest; nothing downloaded); None when the draft is out of reach from here
+    (a data connection's or a claim's): the chart then names the rollout by a hash of its values, and says so."""
+    if ns.draft_fingerprint:
+        return ns.draft_fingerprint
+    location = ns.draft_uri or (join(ns.storage_uri, "draft") if ns.storage_uri else None)
+    if location:
+        try:
+            return identify_draft(location).fingerprint
+        except (PeagleError, OSError) as exc:
+            print(f"peagle: note: the draft's fingerprint could not be read from {location} ({exc})",
+                  file=err or sys.stderr)
+    print("peagle: note: the pods are labelled with the chart's hash of the model source, not the draft's "
+          "fingerprint: `peagle rollout` finds a stable's records by its label -- pass --draft-fingerprint "
+          "\"$(peagle draft fingerprint DRAFT)\" to roll out from this release", file=err or sys.stderr)
+    return None
 
 
 def _schedule(path: str | None):

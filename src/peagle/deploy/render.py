@@ -70,8 +70,8 @@ def values_for(*, mode: str = "kserve", data_connection: str | None = None, path
     * ``target_uri`` + ``draft_uri``: KServe >= 0.16 ``storageUris`` (kserve mode);
     * ``pvc`` (+ ``path``): a PersistentVolumeClaim sub-path holding target/ and draft/.
 
-    ``draft_fingerprint`` names the draft (e.g. the first 12 hex digits of the sha256 of its manifest);
-    without it the chart derives one from the model source and the speculative config.
+    ``draft_fingerprint`` names the draft (its fingerprint, :mod:`peagle.records.identity`); without it the
+    chart derives a name of the rollout from the model source and the speculative config.
     ``capture_uri`` turns on the traffic capture into that log root (``s3://...`` with ``capture_secret``,
     the Secret holding its S3 credentials, e.g. a data connection; or a path on ``capture.pvc``).
     ``image`` is a full reference ``registry[:port]/path:tag`` (or ``...@sha256:...``), checked by

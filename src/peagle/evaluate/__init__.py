@@ -28,7 +28,7 @@ _EXPORTS = {
     "EvaluateRunConfig": ".settings", "EvaluateSettings": ".settings",
     "OfflineAgreement": ".offline", "offline_agreement": ".offline",
     "PromptSetError": ".prompts", "load_prompt_sets": ".prompts",
-    "GateResult": ".report", "apply_gate": ".report", "build_report": ".report", "draft_fingerprint": ".report",
+    "GateResult": ".report", "apply_gate": ".report", "build_report": ".report",
     "passes_gate": ".report", "Report": ".report", "ReportError": ".report",
     "render_html": ".html_report", "render_plots": ".plots",
     "kfp_scalar_metrics": ".kfp_logging", "log_to_kfp": ".kfp_logging",

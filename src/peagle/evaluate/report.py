@@ -6,7 +6,7 @@ Layout (``format`` = :data:`REPORT_FORMAT`)::
     device              what vLLM ran on ("cpu", "cuda (NVIDIA H200)"); null for an endpoint
     target              {path, fingerprint}            peagle.model.target.fingerprint
     draft               {path, sha256, trained_depths, mask_token_id}
-                        sha256 over model.safetensors then config.json
+                        sha256: the draft's digest (peagle.records.identity)
     prompt_sets         {category: {source, attribution, count, ids}}
     samplings           [{name, temperature, top_p, seed}]
     num_speculative_tokens  [K, ...]                   the sweep
@@ -48,12 +48,10 @@ of the headline, the curves and the gate, and the document itself (``doc``) for 
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
@@ -65,17 +63,6 @@ from .live import BASELINE, FP32_CHECK, LOSSLESS_FP32, MEASURE, SELF_CONSISTENCY
 REPORT_FORMAT = "peagle.evaluate.report/v1"
 REPORT_FILE = "report.json"
 EVALUATION_KIND = "peagle-evaluation"  # the published kind of an evaluate output (peagle.stage_io.staged)
-
-
-def draft_fingerprint(draft_dir: str | os.PathLike) -> str:
-    """sha256 over the draft's ``model.safetensors`` bytes, then its ``config.json`` bytes."""
-    h = hashlib.sha256()
-    d = Path(draft_dir)
-    for name in ("model.safetensors", "config.json"):
-        with open(d / name, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def _throughput(tokens: int, elapsed: float) -> float | None:

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..records.identity import identify_draft
 from ..stage_io import check_not_an_input, check_writable
 from ..storage.base import atomic_path
 from .counters import CounterError
 from .html_report import render_html
 from .live import build_workloads, run_offline_api, samplings_of
 from .prompts import load_prompt_sets
-from .report import apply_gate, build_report, draft_fingerprint, headline_k
+from .report import apply_gate, build_report, headline_k
 from .settings import EvaluateRunConfig, EvaluateSettings
 from ..errors import PeagleError
 
@@ -63,7 +64,7 @@ def _draft_info(draft_dir: str) -> tuple[dict[str, Any], Any]:
 
     verified = verify_draft(draft_dir)
     spec = read_spec(draft_dir)
-    info = {"path": str(Path(draft_dir).resolve()), "sha256": draft_fingerprint(draft_dir),
+    info = {"path": str(Path(draft_dir).resolve()), "sha256": identify_draft(draft_dir).digest,
             "trained_depths": spec.num_depths, "mask_token_id": spec.mask_token_id, "arch": spec.arch,
             "num_layers": spec.num_layers, "draft_vocab_size": spec.draft_vocab_size,
             "checksum_verified": verified}

@@ -18,7 +18,6 @@ and its must-match list, §1.4). It has
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
 from ..errors import PeagleError
+from ..records.identity import IDENTITY_FILES, DraftIdentity
 from ..stage_io import fetched_input, staged
 from ..storage import SUCCESS, ChecksumMismatchError, IncompletePrefixError, Published, open_published, open_store
 from .draft import PEagleDraftModel
@@ -385,13 +385,14 @@ class Draft:
         return import_tensors(self.header.spec, load_safetensors(data), where, dtype)
 
     @cached_property
+    def identity(self) -> DraftIdentity:
+        """What this draft is (:mod:`peagle.records.identity`), from its manifest's sums of its weights and config."""
+        return DraftIdentity.of_sums({name: self.published.manifest[name].sha256 for name in IDENTITY_FILES})
+
+    @property
     def fingerprint(self) -> str:
-        """sha256 over the bytes of ``model.safetensors``, then ``config.json``: the value
-        :func:`peagle.evaluate.report.draft_fingerprint` gives for its files (what served traffic records)."""
-        h = hashlib.sha256()
-        for name in (WEIGHTS_FILE, CONFIG_FILE):
-            h.update(self.published.get_bytes(name))
-        return h.hexdigest()
+        """The draft's digest (:attr:`identity`): what gate and evaluate reports record as its ``sha256``."""
+        return self.identity.digest
 
     @classmethod
     def publish(cls, model: PEagleDraftModel, out: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,

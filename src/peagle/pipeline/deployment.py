@@ -9,10 +9,10 @@ downloads that prefix). Modes:
 * ``render``: only write the manifests to ``<run>/deploy/`` (no cluster needed; the local run);
 * ``none``: do nothing.
 
-The draft is named by its publication: the first :data:`FINGERPRINT_DIGITS` hex digits of the sha256 of
-``models/draft/_MANIFEST.json`` (what its ``_SUCCESS`` records, and the train step's lineage artifact
-shows as ``manifest_sha256``). The chart puts it on the serving pods and serves the model under a
-second name carrying it, so the smoke test's answer comes from the rollout of this run's draft.
+The draft is named by its fingerprint (:func:`peagle.records.identity.identify_draft`: its weights and
+config, read from the publication's manifest, nothing downloaded), the one its served records carry. The
+chart puts it on the serving pods and serves the model under a second name carrying it, so the smoke
+test's answer comes from the rollout of this run's draft.
 """
 from __future__ import annotations
 
@@ -23,11 +23,9 @@ from pydantic import Field
 
 from ..config import MAX_DURATION_S, StrictModel
 from ..deploy.values import OptionalImageRef
+from ..records.identity import identify_draft
 from .layout import RunLayout, bucket_and_key
 from .progress import stage
-
-FINGERPRINT_DIGITS = 12  # the chart's speculative.draftFingerprint: a label value, part of a model name
-
 
 class ServingSettings(StrictModel):
     """Cluster side of serving (from the cluster profile, fixed at compile time)."""
@@ -53,11 +51,9 @@ def model_location(layout: RunLayout) -> tuple[str, str]:
 
 
 def draft_fingerprint(layout: RunLayout) -> str:
-    """The published draft's name (see the module docstring); :class:`~peagle.model.CheckpointError`
-    naming the prefix when the draft is not (completely) published, or is another stage's output."""
-    from ..model import Draft
-
-    return Draft.open(layout.draft).manifest_sha256[:FINGERPRINT_DIGITS]
+    """The published draft's fingerprint (see the module docstring);
+    :class:`~peagle.records.identity.DraftIdentityError` naming the prefix when no draft is published there."""
+    return identify_draft(layout.draft).fingerprint
 
 
 def evaluated_schedule(layout: RunLayout):

@@ -203,7 +203,7 @@ def _serving_values(run: RefreshRun, candidate_uri: str, mode: str, data_connect
     two URIs (KServe >= 0.16 ``storageUris``, kserve mode only)."""
     from ..deploy import values_for
     from ..deploy.render import deep_merge
-    from .deployment import FINGERPRINT_DIGITS, ServingSettings, model_location
+    from .deployment import ServingSettings, draft_fingerprint, model_location
     from .layout import RunLayout
 
     serving_draft = run.params.serving_draft.rstrip("/")
@@ -213,8 +213,6 @@ def _serving_values(run: RefreshRun, candidate_uri: str, mode: str, data_connect
     if mode != "kserve":
         raise ConfigError(f"deploy_mode={mode}: the candidate ({candidate_uri}) is not under one prefix with the "
                           "target, which only KServe's storageUris serves; roll out with deploy_mode=kserve")
-    from ..model import Draft
-
     layout = RunLayout(serving_draft[: -len("/models/draft")])
     k = read_json(join(layout.root, RUN_JSON))["params"]["num_speculative_tokens"]
     s = ServingSettings.model_validate(json.loads(serving or "{}"))
@@ -222,7 +220,7 @@ def _serving_values(run: RefreshRun, candidate_uri: str, mode: str, data_connect
     stable = values_for(mode=mode, data_connection=data_connection, path=path, bucket=bucket,
                         num_speculative_tokens=int(k), gpus=s.gpus, image=s.image or None,
                         max_model_len=s.max_model_len,
-                        draft_fingerprint=Draft.open(layout.draft).manifest_sha256[:FINGERPRINT_DIGITS],
+                        draft_fingerprint=draft_fingerprint(layout),
                         extra_args=s.extra_args, extra_values=[s.values] if s.values else [])
     source = {"storage": {"type": "uris", "uris": {"target": layout.target, "draft": candidate_uri,
                                                    "serviceAccountName": ""}}}

@@ -148,11 +148,11 @@ def _nonempty(path: Path) -> bool:
 
 
 def _draft_identity(uri: str) -> dict[str, Any]:
-    """Where a published draft is and which one it is (the fingerprint served traffic records)."""
+    """Where a published draft is and which one it is (its fingerprint: what served traffic records)."""
     from ..model.adapter import Draft
 
     draft = Draft.open(uri)
-    return {"uri": str(uri), "fingerprint": draft.fingerprint, "manifest_sha256": draft.manifest_sha256}
+    return {"uri": str(uri), "fingerprint": draft.identity.fingerprint, "manifest_sha256": draft.manifest_sha256}
 
 
 def check_outputs(cfg: RunConfig, *, serving_draft: str, out: str) -> RefreshLayout:

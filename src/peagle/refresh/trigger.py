@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError
+from ..records.identity import fingerprint_of
 from ..rollout.live import pooled_acceptance_length
 from ..traffic.record import TrafficRecord, format_time, parse_time
 from .selection import _clean
@@ -67,7 +68,7 @@ def _promotion_figures(promotion: dict[str, Any] | None) -> tuple[str | None, fl
         return None, None
     try:
         al = promotion["live"]["candidate"]["acceptance_length"]["value"]
-        return str(promotion["draft"]["fingerprint"]), None if al is None else float(al)
+        return fingerprint_of(str(promotion["draft"]["fingerprint"])), None if al is None else float(al)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"loop history: the latest promotion record has no draft.fingerprint or "
                           f"live.candidate.acceptance_length.value ({exc!r})") from None
@@ -75,10 +76,10 @@ def _promotion_figures(promotion: dict[str, Any] | None) -> tuple[str | None, fl
 
 def _serving_fingerprint(served: list[TrafficRecord]) -> str | None:
     """The draft that served most of ``served`` (ties: the one that served the newest record)."""
-    counts = Counter(r.draft_fingerprint for r in served if r.draft_fingerprint)
+    counts = Counter(fingerprint_of(r.draft_fingerprint) for r in served if r.draft_fingerprint)
     if not counts:
         return None
-    newest = {r.draft_fingerprint: i for i, r in enumerate(served)}
+    newest = {fingerprint_of(r.draft_fingerprint): i for i, r in enumerate(served)}
     return max(counts, key=lambda fp: (counts[fp], newest[fp]))
 
 
@@ -105,7 +106,7 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
     served = [r for r in records if r.status == 200 and r.spec_decode
               and r.target_fingerprint == target_fingerprint]  # received_at order
     serving_fp = promoted_fp or _serving_fingerprint(served)
-    recent = [r for r in served if r.draft_fingerprint == serving_fp][-settings.recent_records:]
+    recent = [r for r in served if fingerprint_of(r.draft_fingerprint) == serving_fp][-settings.recent_records:]
     recent_al = pooled_acceptance_length(recent) if len(recent) >= settings.min_recent_records else None
 
     where = f"since the last refresh's window ended ({format_time(since)})" if since else "(no refresh recorded yet)"

@@ -74,8 +74,8 @@ def publish_decision(decision: "Decision", out: str) -> str:
 def cluster_rollout(*, name: str, namespace: str, routing: str, mode: str, stable_values: Mapping[str, Any],
                     candidate_draft: str, candidate_values: dict, gate: dict | None = None,
                     lineage: dict | None = None, chart: str | None = None) -> ClusterRollout:
-    """The rollout of the published draft ``candidate_draft`` (fingerprint: the first 12 hex digits of its
-    manifest's sha256) on release ``name``, which serves with ``stable_values``. ``candidate_values``: the
+    """The rollout of the published draft ``candidate_draft`` (named by its fingerprint,
+    :func:`peagle.records.identity.identify_draft`) on release ``name``, which serves with ``stable_values``. ``candidate_values``: the
     chart values pointing the stable's model source at the candidate (:func:`.objects.candidate_values`);
     ``gate``: ``{"passed", "reasons", "report"}`` (:func:`.local.gate_summary_of`) or None (unvetted)."""
     candidate = Candidate(draft=str(candidate_draft), fingerprint=publication_fingerprint(candidate_draft),

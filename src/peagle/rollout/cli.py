@@ -13,8 +13,8 @@
 The stable release's flags must render what `peagle deploy` deployed (the rollout refuses to touch a
 stable that serves another draft). The candidate is served from its own model source
 (--candidate-path: the prefix holding its target/ and draft/; --candidate-draft-uri with storage URIs);
---candidate-draft is the published draft itself, which names it (the first 12 hex digits of its
-manifest's sha256). The live records of both versions are read from the traffic log --traffic, and the
+--candidate-draft is the published draft itself, which names it (its fingerprint,
+peagle.records.identity: what its served records carry). The live records of both versions are read from the traffic log --traffic, and the
 decision is recorded in the loop history (rollout.history, default <traffic>/_loop); with --out also in
 <out>/rollout/decision.json, and a promotion under <out>/promotion/. A rerun after an interruption
 finishes the rollout or removes the canary.

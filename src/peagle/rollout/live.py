@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..records.identity import fingerprint_of
 from ..traffic.gate import acceptance_of_sums
 from ..traffic.gate_report import Estimate
 from ..traffic.record import TrafficRecord, format_time
@@ -200,9 +201,10 @@ def live_comparison(records: Iterable[TrafficRecord], *, stable_fingerprint: str
         raise ValueError(f"live comparison needs two different draft fingerprints, got stable "
                          f"{stable_fingerprint!r} and candidate {candidate_fingerprint!r}")
     by_role: dict[str, list[TrafficRecord]] = {STABLE: [], CANDIDATE: []}
-    role_of = {stable_fingerprint: STABLE, candidate_fingerprint: CANDIDATE}
+    # records name a draft by its fingerprint or, written by an older peagle serve, its whole digest
+    role_of = {fingerprint_of(stable_fingerprint): STABLE, fingerprint_of(candidate_fingerprint): CANDIDATE}
     for r in records:
-        role = role_of.get(r.draft_fingerprint or "")
+        role = role_of.get(fingerprint_of(r.draft_fingerprint) or "")
         if role and live_histogram(r) is not None and since <= r.received_at_dt < until:
             by_role[role].append(r)
     groups = {role: _Group.of(rs) for role, rs in by_role.items()}

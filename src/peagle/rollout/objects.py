@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..deploy.render import RenderError, deep_merge, render
+from ..records.identity import identify_draft
 from .settings import ROUTINGS
 
 MODES = ("kserve", "deployment")
 RAW_MODES = ("RawDeployment", "Standard")
 SERVERLESS_MODES = ("Serverless", "Knative")
-FINGERPRINT_DIGITS = 12  # as peagle.pipeline.deployment names a published draft
 CANARY_FINGERPRINT_DIGITS = 8  # of the candidate's fingerprint in the canary's name
 _FINGERPRINT = re.compile(f"[0-9a-f]{{{CANARY_FINGERPRINT_DIGITS},40}}")
 # Chart values the stable release sets for a rollout; a canary release starts from none of them.
@@ -43,7 +43,7 @@ class Candidate:
     """A draft to roll out beside the serving one."""
 
     draft: str               # URI/directory of the candidate draft
-    fingerprint: str         # 12 hex digits: Draft.open(draft).manifest_sha256[:12]
+    fingerprint: str         # the draft's fingerprint (peagle.records.identity.identify_draft)
     values: dict             # chart values overriding the stable's model source (see candidate_values)
     gate: dict | None = None     # {"passed", "reasons", "report"}, or None (unvetted)
     lineage: dict | None = None  # the refresh's lineage.json, when there is one
@@ -210,8 +210,6 @@ def endpoint_object(objs: list[dict]) -> dict[str, Any]:
 
 
 def publication_fingerprint(draft: str) -> str:
-    """A published draft's fingerprint as rollouts name it: the first 12 hex digits of the sha256 of its
-    ``_MANIFEST.json`` (the chart's ``speculative.draftFingerprint``, ``Candidate.fingerprint``)."""
-    from ..model.adapter import Draft
-
-    return Draft.open(draft).manifest_sha256[:FINGERPRINT_DIGITS]
+    """A draft's fingerprint (:func:`peagle.records.identity.identify_draft`): the chart's
+    ``speculative.draftFingerprint``, ``Candidate.fingerprint``, what its served records carry."""
+    return identify_draft(draft).fingerprint

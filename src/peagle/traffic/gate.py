@@ -43,6 +43,7 @@ from ..errors import PeagleError, report
 from ..evaluate.live import Sampling, Workload, fp32_check_workload
 from ..evaluate.prompts import Prompt, PromptSet, PromptSetError, jsonl_rows, load_prompt_sets, messages_of
 from ..evaluate.settings import EvaluateEngineSettings, EvaluateSettings
+from ..records.identity import identify_draft
 from ..storage.settings import strip_userinfo
 from .gate_report import (GATE_HTML, GATE_JSON, GATE_KIND, GENERAL, TRAFFIC, DraftFigures, Estimate, GateCheck,
                           GateResult, PairedComparison, log_gate_metrics, summary_lines, write_gate)
@@ -219,7 +220,6 @@ def general_prompt_set(name: str) -> PromptSet:
 
 def _draft(location: str, role: str) -> tuple[str, dict[str, Any], Any]:
     """(local dir, {path, sha256, trained_depths}, spec) of a draft; PeagleError naming ``role`` if unusable."""
-    from ..evaluate.report import draft_fingerprint
     from ..evaluate.run import verify_draft
     from ..model import read_spec
     from ..stage_io import fetched_input
@@ -229,7 +229,7 @@ def _draft(location: str, role: str) -> tuple[str, dict[str, Any], Any]:
         local = str(fetched_input(location))
         verify_draft(local)
         spec = read_spec(local)
-        info = {"path": shown, "sha256": draft_fingerprint(local), "trained_depths": spec.num_depths}
+        info = {"path": shown, "sha256": identify_draft(local).digest, "trained_depths": spec.num_depths}
     except (PeagleError, OSError) as exc:
         raise ConfigError(f"{role} draft {shown}: {exc}") from None
     return local, info, spec

@@ -5,7 +5,7 @@ Layout of ``gate.json``::
     format              "peagle.traffic.gate/v1"
     created_utc, passed (bool), device (what vLLM ran on, null when nothing was measured)
     target              {path, fingerprint}
-    serving_draft       {path, sha256, trained_depths}     sha256: peagle.evaluate.report.draft_fingerprint
+    serving_draft       {path, sha256, trained_depths}     sha256: the draft's digest (peagle.records.identity)
     candidate_draft     {path, sha256, trained_depths}     (sha256/trained_depths null if it could not be read)
     num_speculative_tokens   K both drafts were served at (null when nothing was measured)
     sets                {"traffic" | "general": {source, prompts, excluded, level, resamples,

@@ -34,6 +34,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from ..errors import PeagleError
+from ..records.identity import identify_draft
 from ..storage import (MANIFEST, SUCCESS, DamagedPrefixError, IncompletePrefixError, Store, delete_published,
                        open_published, open_store, publish)
 from .record import TrafficRecord, format_time, parse_time
@@ -82,8 +83,7 @@ def _fingerprint_of(what: str, path: str) -> str | None:
         if what == "target":
             from ..model.target import fingerprint
             return fingerprint(path)
-        from ..evaluate.report import draft_fingerprint
-        return draft_fingerprint(path)
+        return identify_draft(path).fingerprint
     except Exception as e:  # noqa: BLE001 - recorded as unknown rather than not capturing
         log.warning("capture: could not fingerprint the %s %s (recorded as null): %s", what, path, e)
         return None

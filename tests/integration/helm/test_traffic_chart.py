@@ -90,7 +90,7 @@ def test_capture_on_s3_wires_middleware_settings_and_secret(mode):
     assert settings == CaptureSettings(
         enabled=True, uri="s3://traffic/qwen3/", sample_rate=0.25, flush_interval_s=2.5, batch_records=64,
         redact=["default", "re:ACME-[0-9]+"], target_dir="/mnt/models/target", draft_dir="/mnt/models/draft",
-        draft_fingerprint=label)
+        draft_fingerprint="")  # computed from the files that answer (peagle.records.identity), not the label
     # what `peagle serve` sets, up to JSON spelling (Helm writes ["a","b"] and 1.0 as 1)
     assert {k: as_json(v) for k, v in env.items()} == {k: as_json(v) for k, v in settings.to_env().items()}
     # credentials by reference only: the Secret's keys as env, no AWS_* value anywhere
@@ -141,11 +141,13 @@ def test_capture_on_a_claim_mounts_it_read_write_at_the_uri(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_records_name_the_draft_as_the_pods_label_does(mode):
-    """A rollout finds each version's records by the draft fingerprint the pods carry."""
+def test_records_name_the_draft_by_its_files_not_by_the_label(mode):
+    """The pods carry the fingerprint they were given; the records carry the one the served files have (the
+    middleware computes it from draft_dir), so a label set by hand cannot misname a record's draft."""
     objs = rendered(values(mode, S3_CAPTURE, speculative={"draftFingerprint": "0123456789ab"}))
     c, _ = pod_parts(objs)
-    assert CaptureSettings.from_env(capture_env(c)).draft_fingerprint == "0123456789ab"
+    settings = CaptureSettings.from_env(capture_env(c))
+    assert settings.draft_fingerprint == "" and settings.draft_dir == "/mnt/models/draft"
     assert fingerprint_of(next(o for o in objs.values() if o["kind"] in ("InferenceService", "Deployment"))) \
         == "0123456789ab"
 

@@ -33,7 +33,7 @@ from support import vllm_cli
 from support.vllm_server import free_port, in_process_env, wait_healthy
 
 from peagle.config import DraftSettings
-from peagle.evaluate.report import draft_fingerprint
+from peagle.records.identity import identify_draft
 from peagle.extract import ExtractSettings, HiddenStatesDataset, run_extract
 from peagle.model import init_draft, save_draft
 from peagle.model.target import fingerprint
@@ -199,8 +199,8 @@ def test_trained_draft_is_accepted_and_untrained_is_not(evaluated, qwen3_target)
 
     # Provenance.
     assert after["target"]["fingerprint"] == fingerprint(qwen3_target)
-    assert after["draft"]["sha256"] == draft_fingerprint(evaluated["trained"])
-    assert before["draft"]["sha256"] == draft_fingerprint(evaluated["untrained"]) != after["draft"]["sha256"]
+    assert after["draft"]["sha256"] == identify_draft(evaluated["trained"]).digest
+    assert before["draft"]["sha256"] == identify_draft(evaluated["untrained"]).digest != after["draft"]["sha256"]
     assert after["draft"]["trained_depths"] == K and after["num_speculative_tokens"] == [2, K]
 
     # Speed per load: every configuration at every load, two rounds of none (one round), the schedule served.

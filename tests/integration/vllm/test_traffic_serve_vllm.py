@@ -45,7 +45,7 @@ def _wait_for(uri, n, timeout=60):
 
 @pytest.mark.vllm
 def test_captured_records_hold_what_the_client_received(served, qwen3_target, ladder_init_draft):
-    from peagle.evaluate.report import draft_fingerprint
+    from peagle.records.identity import identify_draft
     from peagle.model.target import fingerprint
     from peagle.traffic.replay import replay
 
@@ -68,7 +68,7 @@ def test_captured_records_hold_what_the_client_received(served, qwen3_target, la
         assert rec.usage["completion_tokens"] == row.completion_tokens
         assert rec.sampling["max_tokens"] == 12 and rec.temperature == 0.0
         assert rec.target_fingerprint == fingerprint(qwen3_target)
-        assert rec.draft_fingerprint == draft_fingerprint(ladder_init_draft)
+        assert rec.draft_fingerprint == identify_draft(ladder_init_draft).fingerprint
         assert rec.timing["latency_s"] > 0
 
 

@@ -32,7 +32,7 @@ from peagle.evaluate.__main__ import main as evaluate_main
 from peagle.evaluate.counters import SpecDecodeCounts
 from peagle.evaluate.live import BASELINE, EngineRun, WorkloadResult, build_workloads, samplings_of
 from peagle.evaluate.prompts import BUILTIN_CATEGORIES, PromptSetError
-from peagle.evaluate.report import REPORT_FORMAT, Report, draft_fingerprint
+from peagle.evaluate.report import REPORT_FORMAT, Report
 from peagle.evaluate.run import sweep_ks
 
 CATEGORIES = ["code", "math", "translation"]
@@ -282,15 +282,6 @@ def test_settings_and_config(tmp_path):
     with pytest.raises(ConfigError, match="trained depths"):
         sweep_ks(EvaluateSettings(num_speculative_tokens=[8]), 4)
     assert sweep_ks(EvaluateSettings(num_speculative_tokens=[8], allow_untrained_depths=True), 4) == [8]
-
-
-def test_draft_fingerprint(tmp_path):
-    (tmp_path / "model.safetensors").write_bytes(b"weights")
-    (tmp_path / "config.json").write_text("{}")
-    first = draft_fingerprint(tmp_path)
-    assert re.fullmatch(r"[0-9a-f]{64}", first)
-    (tmp_path / "config.json").write_text('{"a": 1}')
-    assert draft_fingerprint(tmp_path) != first
 
 
 def test_command_refuses_bad_input_and_reports_a_failed_measurement(tmp_path, qwen3_target, capsys, monkeypatch):

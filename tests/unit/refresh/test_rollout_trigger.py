@@ -146,6 +146,16 @@ def test_without_a_promotion_the_serving_draft_is_the_one_that_served_most(loop)
     assert d.serving_fingerprint == SERVING and d.recent_records == 6
 
 
+def test_records_spelling_the_served_draft_by_its_whole_digest_count_for_its_fingerprint(loop):
+    """A plain ``peagle serve`` recorded the whole 64-digit digest, a promotion names the 12-digit fingerprint:
+    one draft, so the trigger finds its acceptance (it found none before: two spellings of one identity)."""
+    write, log, history = loop
+    promoted(history, 3.0)
+    write([record(i, hist=WORSE, draft=SERVING + "f" * 52) for i in range(10)])
+    d = decide_trigger(log, history, settings(), target_fingerprint=TARGET_FP, now=NOW)
+    assert d.serving_fingerprint == SERVING and d.recent_records == 10 and d.recent_al == pytest.approx(2.5)
+
+
 def test_force_always_goes(loop):
     write, log, history = loop
     refreshed_until(history, 100)

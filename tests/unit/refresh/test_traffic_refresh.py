@@ -308,8 +308,8 @@ def test_refresh_end_to_end_with_a_stand_in_gate(qwen3_target, base_data, servin
     assert calls["traffic_prompts"].endswith("heldout.jsonl") and calls["general"] == cfg.gate.general
     lineage = json.loads(open(layout.lineage).read())
     assert lineage == outcome.lineage
-    assert lineage["base_draft"]["fingerprint"] == Draft.open(str(serving)).fingerprint
-    assert lineage["candidate_draft"]["fingerprint"] == Draft.open(layout.draft).fingerprint
+    assert lineage["base_draft"]["fingerprint"] == Draft.open(str(serving)).identity.fingerprint
+    assert lineage["candidate_draft"]["fingerprint"] == Draft.open(layout.draft).identity.fingerprint
     assert lineage["candidate_draft"]["fingerprint"] != lineage["base_draft"]["fingerprint"]
     assert lineage["target"]["fingerprint"] == fingerprint(qwen3_target)
     assert lineage["rows"]["traffic"]["train"] == 12 and lineage["rows"]["replayed"]["train"] == 3

@@ -113,10 +113,10 @@ def test_fingerprints_are_computed_once_from_the_served_directories(tmp_path):
     write(LocalStore(tmp_path / "log"), [record(0, T0), record(1, T0)], target_dir=str(target), draft_dir=str(draft),
           batch_records=1)
     write(LocalStore(tmp_path / "log2"), [record(2, T0)], target_dir="org/hub-id")
-    from peagle.evaluate.report import draft_fingerprint
+    from peagle.records.identity import identify_draft
     from peagle.model.target import fingerprint
     got = TrafficLog(str(tmp_path / "log")).records()
-    expected = (fingerprint(target), draft_fingerprint(draft))
+    expected = (fingerprint(target), identify_draft(draft).fingerprint)
     assert {(r.target_fingerprint, r.draft_fingerprint) for r in got} == {expected}
     assert TrafficLog(str(tmp_path / "log2")).records()[0].target_fingerprint is None
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from peagle.config import ConfigError, DraftSettings
-from peagle.evaluate.report import draft_fingerprint
+from peagle.records.identity import identify_draft
 from peagle.model import Draft, init_draft, inspect_target, load_draft, resolve_spec
 from peagle.model.adapter import WEIGHTS_FILE
 from peagle.model.vocab import build_vocab_maps
@@ -83,7 +83,7 @@ def test_the_warm_started_model_holds_the_init_drafts_weights_bitwise(qwen3_targ
                         spec.num_depths, "kl", 1.0).loss_sum
 
     assert torch.equal(loss(model), loss(served))
-    assert init.fingerprint == draft_fingerprint(init_dir) == Draft.open(init_dir).fingerprint
+    assert init.fingerprint == identify_draft(init_dir).digest == Draft.open(init_dir).fingerprint
 
 
 def test_a_warm_started_run_keeps_the_init_vocabulary_and_records_the_init_draft(qwen3_target, init_dir, dataset,
@@ -102,7 +102,7 @@ def test_a_warm_started_run_keeps_the_init_vocabulary_and_records_the_init_draft
     assert torch.equal(final["lm_head.weight"], init["lm_head.weight"])  # frozen rows of that vocabulary
     assert not torch.equal(final["fc.weight"], init["fc.weight"])  # and it trained
     metadata = Draft.open(result.final_uri).header.metadata
-    assert metadata["init_from"] == {"uri": str(init_dir), "fingerprint": draft_fingerprint(init_dir),
+    assert metadata["init_from"] == {"uri": str(init_dir), "fingerprint": identify_draft(init_dir).digest,
                                      "manifest_sha256": Draft.open(init_dir).manifest_sha256}
 
 
@@ -155,7 +155,7 @@ def test_an_interrupted_warm_started_run_resumes_exactly(qwen3_target, init_dir,
     assert (root / step_prefix(4) / "model.safetensors").read_bytes() == last
     assert {name: (root / FINAL / name).read_bytes() for name in reference} == reference
     state = json.loads((root / step_prefix(4) / "trainer_state.json").read_text())
-    assert state["init_from"]["fingerprint"] == draft_fingerprint(init_dir)
+    assert state["init_from"]["fingerprint"] == identify_draft(init_dir).digest
 
 
 def test_a_checkpoint_of_another_start_is_not_resumed(qwen3_target, init_dir, dataset, tmp_path):
