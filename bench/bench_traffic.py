@@ -600,7 +600,7 @@ def run_cycles(plan: Plan, *, candidate_draft: str, gate_report: str, live: Sequ
     """The rollout cycles (module docstring, step 7) on one :class:`peagle.rollout.local.LocalBackend`
     whose stable starts with the serving draft; each entry as :func:`scenario_document` stores it."""
     from peagle.model.target import fingerprint as target_fingerprint
-    from peagle.rollout.history import LoopHistory, history_uri
+    from peagle.records.history import LoopHistory, history_uri
     from peagle.rollout.local import LocalBackend, candidate_of
     from peagle.traffic.serve import free_port
     from peagle.traffic.settings import CaptureSettings
@@ -608,7 +608,7 @@ def run_cycles(plan: Plan, *, candidate_draft: str, gate_report: str, live: Sequ
     settings = rollout_settings(plan)
     serving = candidate_of(plan.serving_draft)
     gated = candidate_of(candidate_draft, gate=gate_report)  # verified: a gate of this draft, passed
-    common = dict(plan=plan, live=live, settings=settings, history=LoopHistory(history_uri(settings, plan.traffic)),
+    common = dict(plan=plan, live=live, settings=settings, history=LoopHistory(history_uri(settings.history, plan.traffic)),
                   target_fp=target_fingerprint(plan.target), clock=clock)
     capture = CaptureSettings(enabled=True, uri=plan.traffic, flush_interval_s=2.0)
     backend = LocalBackend(plan.target, plan.serving_draft, capture=capture, log_dir=plan.out / "logs" / "cycles",

@@ -433,7 +433,8 @@ def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: dict[str, An
     """
     from datetime import timedelta
 
-    from ..rollout.history import LoopHistory, history_uri
+    from ..records.history import LoopHistory, history_uri
+    from ..records.refresh import RefreshEntry
     from ..traffic.record import format_time, parse_time
 
     traffic = lineage["traffic"]
@@ -442,15 +443,14 @@ def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: dict[str, An
     if traffic.get("selected_at") and parse_time(until) > parse_time(traffic["selected_at"]):
         until = traffic["selected_at"]  # a refresh.until in the future: what comes later is not covered yet
     gate = lineage["gate"]
-    doc = {"refresh_uri": layout.root, "lineage": layout.lineage, "created_at": lineage["created_at"],
-           "window": {"since": traffic["since"], "until": until,
-                      "first_received_at": traffic["covered"]["first_received_at"],
-                      "last_received_at": traffic["covered"]["last_received_at"]},
-           "counts": lineage["counts"], "rows": lineage["rows"]["total"],
-           "target_fingerprint": lineage["target"]["fingerprint"], "base_draft": lineage["base_draft"],
-           "candidate": lineage["candidate_draft"],
-           "verdict": None if gate is None else ("passed" if gate["passed"] else "rejected")}
-    return LoopHistory(history_uri(cfg.rollout, cfg.refresh.traffic)).append("refresh", doc)
+    entry = RefreshEntry(
+        refresh_uri=layout.root, lineage=layout.lineage, created_at=lineage["created_at"],
+        window={"since": traffic["since"], "until": until, "first_received_at": traffic["covered"]["first_received_at"],
+                "last_received_at": traffic["covered"]["last_received_at"]},
+        counts=lineage["counts"], rows=lineage["rows"]["total"], target_fingerprint=lineage["target"]["fingerprint"],
+        base_draft=lineage["base_draft"], candidate=lineage["candidate_draft"],
+        verdict=None if gate is None else ("passed" if gate["passed"] else "rejected"))
+    return LoopHistory(history_uri(cfg.rollout.history, cfg.refresh.traffic)).append("refresh", entry)
 
 
 def refresh(cfg: RunConfig, *, target: str, serving_draft: str, out: str, gate: bool = True,

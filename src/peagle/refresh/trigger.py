@@ -1,6 +1,6 @@
 """Whether a (scheduled) refresh is needed: the first step of the refresh pipeline and ``peagle refresh --trigger``.
 
-:func:`decide_trigger` reads the traffic log and the loop history (:class:`peagle.rollout.history.LoopHistory`)
+:func:`decide_trigger` reads the traffic log and the loop history (:class:`peagle.records.history.LoopHistory`)
 and goes on when
 
 * at least ``trigger.min_new_records`` usable records (status 200, chat, this target: the records a refresh
@@ -34,7 +34,7 @@ from ..traffic.record import TrafficRecord, format_time, parse_time
 from .selection import _clean
 
 if TYPE_CHECKING:
-    from ..rollout.history import LoopHistory
+    from ..records.history import LoopHistory
     from ..rollout.settings import TriggerSettings
     from ..run_config import RunConfig
     from ..traffic.log import TrafficLog
@@ -91,7 +91,7 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
     since, late = None, None
     if keys:
         try:
-            since = parse_time(history.read(keys[-1])["window"]["until"])
+            since = parse_time(history.refresh(keys[-1]).window.until)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"loop history: the latest refresh record has no window.until timestamp ({exc!r})"
                               ) from None
@@ -141,12 +141,12 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
 
 def run_trigger(cfg: "RunConfig", *, target_fingerprint: str, now: datetime | None = None) -> TriggerDecision:
     """:func:`decide_trigger` on ``refresh.traffic`` and the loop history of ``cfg`` (``rollout.history``)."""
-    from ..rollout.history import LoopHistory, history_uri
+    from ..records.history import LoopHistory, history_uri
     from ..traffic.log import TrafficLog
 
     if not cfg.refresh.traffic:
         raise ConfigError("refresh needs the traffic log: --traffic URI (or refresh.traffic in the config)")
-    history = LoopHistory(history_uri(cfg.rollout, cfg.refresh.traffic))
+    history = LoopHistory(history_uri(cfg.rollout.history, cfg.refresh.traffic))
     return decide_trigger(TrafficLog(cfg.refresh.traffic), history, cfg.trigger,
                           target_fingerprint=target_fingerprint, now=now)
 
@@ -166,10 +166,10 @@ def window_from_trigger(cfg: "RunConfig", decision: TriggerDecision) -> tuple["R
 
 def trigger_document(decision: TriggerDecision, cfg: "RunConfig", note: str | None) -> dict[str, Any]:
     """``trigger.json``: the decision, the settings it used, the history it read and the window it set."""
-    from ..rollout.history import history_uri
+    from ..records.history import history_uri
 
     return {**decision.to_dict(), "window_note": note,
-            "traffic": cfg.refresh.traffic, "history": history_uri(cfg.rollout, cfg.refresh.traffic),
+            "traffic": cfg.refresh.traffic, "history": history_uri(cfg.rollout.history, cfg.refresh.traffic),
             "settings": cfg.trigger.model_dump(mode="json")}
 
 

@@ -45,17 +45,17 @@ class ClusterRollout:
             stable_draft: str, out: str | None = None, say: Callable[[str], None] = print,
             on_decision: Callable[["Decision"], None] | None = None) -> "Decision":
         """Roll the candidate out on the cluster behind ``apis`` and decide on the live records in the traffic
-        log ``traffic``; the loop history is ``history_uri(settings, traffic)``. With ``out`` the decision is
+        log ``traffic``; the loop history is ``history_uri(settings.history, traffic)``. With ``out`` the decision is
         published under ``<out>/rollout/`` (``decision.json``; the decision is also the manifest's metadata) and a
         promotion under ``<out>/promotion/``."""
         from ..traffic.log import TrafficLog
         from .cluster import ClusterBackend
         from .controller import run_rollout
-        from .history import LoopHistory, history_uri
+        from ..records.history import LoopHistory, history_uri
 
         backend = ClusterBackend(apis, self.objects, ready_timeout_s=settings.ready_timeout_s, say=say)
         decision = run_rollout(backend, self.candidate, traffic=TrafficLog(traffic), settings=settings,
-                               history=LoopHistory(history_uri(settings, traffic)),
+                               history=LoopHistory(history_uri(settings.history, traffic)),
                                target_fingerprint=target_fingerprint, stable_draft=stable_draft, say=say,
                                on_decision=on_decision, out=out)
         if out:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the modules written beside this one; imported where used
     from ..traffic.gate_report import Estimate
     from ..traffic.log import TrafficLog
     from .decision import Decision
-    from .history import LoopHistory
+    from ..records.history import LoopHistory
     from .live import LiveComparison, VersionFigures
     from .objects import Candidate
     from .settings import RolloutSettings

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ..traffic.log import TrafficLog
     from ..traffic.replay import ReplayResult
     from .decision import Decision
-    from .history import LoopHistory
+    from ..records.history import LoopHistory
     from .objects import Candidate
 
 SERVED_MODEL_NAME = "peagle"  # both servers answer to one model name, as behind one endpoint
@@ -345,7 +345,7 @@ def main_local(argv: list[str] | None = None) -> int:
         from ..model.target import fingerprint as target_fingerprint
         from ..traffic.log import TrafficLog
         from ..traffic.replay import load_prompts
-        from .history import LoopHistory, history_uri
+        from ..records.history import LoopHistory, history_uri
 
         cfg = load_config(ns)
         prompts = load_prompts(ns.prompts, ns.limit)
@@ -358,7 +358,7 @@ def main_local(argv: list[str] | None = None) -> int:
         stable = candidate_of(ns.stable_draft)
         if stable.fingerprint == candidate.fingerprint:
             raise C.ConfigError(f"the candidate is the stable draft ({candidate.fingerprint}): nothing to roll out")
-        history = LoopHistory(history_uri(cfg.rollout, ns.traffic))
+        history = LoopHistory(history_uri(cfg.rollout.history, ns.traffic))
         backend = LocalBackend(ns.target, ns.stable_draft, capture=cfg.capture, stable_fingerprint=stable.fingerprint,
                                log_dir=ns.log_dir or tempfile.mkdtemp(prefix="peagle-rollout-"), port=ns.port,
                                canary_port=ns.canary_port, k=ns.num_speculative_tokens, engine=cfg.engine,

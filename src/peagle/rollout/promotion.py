@@ -45,14 +45,14 @@ from ..storage import open_dataset, open_store, publish
 from ..traffic.gate_report import TRAFFIC, GateResult
 from ..traffic.record import format_time, parse_time, strict_fields, timestamp_problem
 from .decision import gate_summary_problem
-from .history import PROMOTION
+from ..records.history import PROMOTION
 from .live import CANDIDATE, STABLE, LiveComparison, comparison_problem
 from .registry import ModelRegistryClient, Property, Registration
 from .settings import RegistrySettings
 
 if TYPE_CHECKING:
     from .decision import Decision
-    from .history import LoopHistory
+    from ..records.history import LoopHistory
     from .objects import Candidate
 
 PROMOTION_FORMAT = "peagle.rollout.promotion/v1"

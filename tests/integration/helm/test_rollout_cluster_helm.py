@@ -18,7 +18,7 @@ from support.rollout_fakes import BAD, GOOD, SETTINGS, STABLE, TARGET, Served
 from peagle.deploy import Apis, kube
 from peagle.rollout.cluster import ClusterBackend, phase_record_name
 from peagle.rollout.controller import run_rollout
-from peagle.rollout.history import LoopHistory
+from peagle.records.history import LoopHistory
 from peagle.rollout.objects import Candidate, RolloutObjects, candidate_values
 from peagle.traffic.log import TrafficLog
 

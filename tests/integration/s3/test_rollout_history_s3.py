@@ -1,4 +1,4 @@
-"""The loop history (peagle.rollout.history) on real S3 (SeaweedFS): appends read back in order, and a
+"""The loop history (peagle.records.history) on real S3 (SeaweedFS): appends read back in order, and a
 damaged document is an error naming its key. (On a local store: tests/unit/rollout/test_rollout_history.py.)"""
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from peagle.rollout.history import LoopHistory, LoopHistoryError
+from peagle.records.history import LoopHistory, LoopHistoryError
+from support.loop_records import refresh_entry
 from support.seaweed import BUCKET, unique
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -29,11 +30,11 @@ def test_on_real_s3(seaweed_server, monkeypatch):
     clock = Clock()
     history = LoopHistory(uri, clock=clock)
     for i in range(3):
-        history.append("refresh", {"i": i})
+        history.append("refresh", refresh_entry(i))
         clock.now += timedelta(seconds=1)
     assert history.uri.startswith(f"s3://{BUCKET}/")
-    assert [d["i"] for d in LoopHistory(uri).all("refresh")] == [0, 1, 2]
-    assert LoopHistory(uri).latest("refresh", where=lambda d: d["i"] == 1) == {"i": 1}
+    assert [d["rows"]["train"] for d in LoopHistory(uri).all("refresh")] == [0, 1, 2]
+    assert LoopHistory(uri).latest("refresh", where=lambda d: d["rows"]["train"] == 1) == refresh_entry(1).to_dict()
     key = history.keys("refresh")[-1]
     seaweed_server.client().put_object(Bucket=BUCKET, Key=f"{uri.split('/', 3)[3]}/{key}", Body=b"\x00garbage")
     with pytest.raises(LoopHistoryError, match=f"s3://{BUCKET}/.*/{key} is damaged"):

@@ -9,7 +9,7 @@ import pytest
 
 from peagle.model.target import fingerprint
 from peagle.refresh.trigger import decide_trigger, pooled_acceptance_length, window_from_trigger
-from peagle.rollout.history import LoopHistory
+from peagle.records.history import LoopHistory
 from peagle.rollout.live import LiveComparison, VersionFigures
 from peagle.rollout.promotion import PromotionRecord
 from peagle.rollout.settings import TriggerSettings
@@ -18,6 +18,7 @@ from peagle.traffic.gate_report import Estimate
 from peagle.traffic.log import TrafficLog, TrafficWriter
 from peagle.traffic.record import format_time
 from peagle.traffic.settings import CaptureSettings
+from support.loop_records import refresh_entry
 from support.traffic_records import spec_decode, traffic_record
 
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
@@ -51,7 +52,7 @@ def loop(tmp_path):
 
 def refreshed_until(history: LoopHistory, seconds: int) -> str:
     until = format_time(T0 + timedelta(seconds=seconds))
-    history.append("refresh", {"window": {"since": None, "until": until}, "verdict": "passed"})
+    history.append("refresh", refresh_entry(until=until))
     return until
 
 
@@ -110,7 +111,7 @@ def test_a_window_end_after_now_counts_from_when_that_refresh_was_recorded(loop)
     count "0 new usable records" forever: the new traffic is what came after that refresh was appended."""
     write, log, _ = loop
     history = LoopHistory(log.store.uri + "/_loop", clock=lambda: T0 + timedelta(seconds=60))
-    history.append("refresh", {"window": {"since": None, "until": "9999-12-31T00:00:00.000001Z"}, "verdict": None})
+    history.append("refresh", refresh_entry(until="9999-12-31T00:00:00.000001Z", verdict=None))
     write([record(i) for i in range(160)])
     d = decide_trigger(log, history, settings(), target_fingerprint=TARGET_FP, now=NOW)
     assert d.go and d.new_records == 100 and d.since == format_time(T0 + timedelta(seconds=60))

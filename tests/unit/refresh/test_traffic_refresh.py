@@ -325,7 +325,7 @@ def test_refresh_end_to_end_with_a_stand_in_gate(qwen3_target, base_data, servin
     again = lineage_step(cfg, target=str(qwen3_target), serving_draft=str(serving), layout=layout, gate=None)
     assert again["gate"] is None and again["rows"] == lineage["rows"]
     # each lineage step appended a refresh to the loop history: the next trigger counts new traffic from its end
-    from peagle.rollout.history import LoopHistory
+    from peagle.records.history import LoopHistory
     from peagle.traffic.record import parse_time
 
     first, second = LoopHistory(f"{traffic}/_loop").all("refresh")

@@ -14,7 +14,7 @@ import pytest
 
 from peagle.rollout.controller import RolloutError, abort_rollout, run_rollout
 from peagle.rollout.decision import DecisionError
-from peagle.rollout.history import LoopHistory
+from peagle.records.history import LoopHistory
 from peagle.rollout.objects import Candidate
 from peagle.traffic.log import TrafficLog
 from support.rollout_fakes import (BAD, GOOD, OTHER, SETTINGS, STABLE, T0, TARGET, Killed, MemoryBackend,

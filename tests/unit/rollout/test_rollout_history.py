@@ -11,13 +11,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from peagle.rollout.decision import Decision, DecisionError, decide
-from peagle.rollout.history import (KINDS, LoopHistory, LoopHistoryError, history_uri)
+from peagle.records.history import (KINDS, LoopHistory, LoopHistoryError, history_uri)
 from peagle.rollout.live import LiveComparison, VersionFigures
 from peagle.rollout.objects import Candidate
 from peagle.rollout.promotion import PromotionError, PromotionRecord, record_promotion
 from peagle.rollout.settings import ROUTINGS, RegistrySettings, RolloutSettings
 from peagle.traffic.gate_report import Estimate, GateCheck, GateResult, write_gate
 from peagle.traffic.log import TrafficLog, TrafficWriter
+from support.loop_records import refresh_entry
 from support.traffic_records import traffic_record
 from peagle.traffic.settings import CaptureSettings
 
@@ -39,14 +40,15 @@ def test_append_all_latest_in_time_order(tmp_path):
     history = LoopHistory(str(tmp_path / "loop"), clock=clock)
     keys = []
     for i in range(3):
-        keys.append(history.append("refresh", {"i": i}))
+        keys.append(history.append("refresh", refresh_entry(i)))
         clock.now += timedelta(minutes=1)
     assert keys[0].startswith("refresh/20260301T120000000000Z-") and keys[0].endswith(".json")
     assert history.keys("refresh") == keys
-    assert [d["i"] for d in history.all("refresh")] == [0, 1, 2]
-    assert history.latest("refresh") == {"i": 2}
-    assert history.latest("refresh", where=lambda d: d["i"] < 2) == {"i": 1}
-    assert history.latest("refresh", where=lambda d: d["i"] > 5) is None
+    assert [d["rows"]["train"] for d in history.all("refresh")] == [0, 1, 2]
+    assert history.latest("refresh") == refresh_entry(2).to_dict()
+    assert history.latest("refresh", where=lambda d: d["rows"]["train"] < 2) == refresh_entry(1).to_dict()
+    assert history.latest("refresh", where=lambda d: d["rows"]["train"] > 5) is None
+    assert history.refresh(keys[1]) == refresh_entry(1)
     assert history.latest("promotion") is None and history.all("promotion") == []
     assert history.latest("decision") is None
     assert LoopHistory.appended_at(keys[1]) == T0 + timedelta(minutes=1)
@@ -56,28 +58,28 @@ def test_appends_in_the_same_instant_or_after_the_clock_stepped_back_keep_their_
     clock = Clock()
     history = LoopHistory(tmp_path, clock=clock)
     for i in range(5):
-        history.append("refresh", {"i": i})
+        history.append("refresh", refresh_entry(i))
         if i == 2:
             clock.now -= timedelta(hours=1)
-    assert [d["i"] for d in history.all("refresh")] == [0, 1, 2, 3, 4]
+    assert [d["rows"]["train"] for d in history.all("refresh")] == [0, 1, 2, 3, 4]
     # a second writer later on reads the first one's documents in order too
     later = LoopHistory(tmp_path, clock=Clock(T0 + timedelta(days=1)))
-    later.append("refresh", {"i": 5})
-    assert [d["i"] for d in LoopHistory(tmp_path).all("refresh")] == list(range(6))
+    later.append("refresh", refresh_entry(5))
+    assert [d["rows"]["train"] for d in LoopHistory(tmp_path).all("refresh")] == list(range(6))
 
 
 def test_documents_are_readable_json_files_and_foreign_files_are_passed_over(tmp_path):
     history = LoopHistory(tmp_path)
-    key = history.append("refresh", {"window": {"since": "a", "until": "b"}, "text": "naïve"})
-    assert json.loads((tmp_path / key).read_text(encoding="utf-8"))["text"] == "naïve"
+    key = history.append("refresh", refresh_entry(0, text="naïve"))
+    assert json.loads((tmp_path / key).read_text(encoding="utf-8"))["refresh_uri"] == "/refreshes/0naïve"
     (tmp_path / "refresh" / "README.txt").write_text("notes")
     assert history.keys("refresh") == [key]
 
 
 def test_a_damaged_document_is_an_error_naming_its_key(tmp_path):
     history = LoopHistory(tmp_path)
-    history.append("refresh", {"i": 0})
-    bad = history.append("refresh", {"i": 1})
+    history.append("refresh", refresh_entry(0))
+    bad = history.append("refresh", refresh_entry(1))
     (tmp_path / bad).write_text('{"i": 1')  # cut short
     with pytest.raises(LoopHistoryError, match=f"loop history document .*{bad} is damaged"):
         history.latest("refresh")
@@ -90,12 +92,13 @@ def test_a_damaged_document_is_an_error_naming_its_key(tmp_path):
 
 def test_unknown_kind_and_non_dict_documents_are_refused(tmp_path):
     history = LoopHistory(tmp_path)
-    for call in (lambda: history.append("decisions", {}), lambda: history.latest("rollouts"),
+    for call in (lambda: history.append("decisions", refresh_entry()), lambda: history.latest("rollouts"),
                  lambda: history.all("x")):
         with pytest.raises(ValueError, match="unknown loop history kind '.*' \\(one of refresh, decision, promotion"):
             call()
-    with pytest.raises(TypeError, match="a loop history document is a dict"):
-        history.append("refresh", [1])  # type: ignore[arg-type]
+    for doc in ([1], {"i": 1}):  # a dict bypasses the record's checks: refused
+        with pytest.raises(TypeError, match="a refresh is appended as its record object"):
+            history.append("refresh", doc)  # type: ignore[arg-type]
     assert KINDS == ("refresh", "decision", "promotion")
 
 
@@ -157,9 +160,9 @@ def test_a_record_its_reader_would_refuse_is_refused_when_written(tmp_path):
 
 
 def test_history_uri_defaults_under_the_traffic_log(tmp_path):
-    assert history_uri(RolloutSettings(), "s3://traffic/qwen3/") == "s3://traffic/qwen3/_loop"
-    assert history_uri(RolloutSettings(), str(tmp_path)) == str(tmp_path / "_loop")
-    assert history_uri(RolloutSettings(history="s3://loop/h"), "s3://traffic/q") == "s3://loop/h"
+    assert history_uri(RolloutSettings().history, "s3://traffic/qwen3/") == "s3://traffic/qwen3/_loop"
+    assert history_uri("", str(tmp_path)) == str(tmp_path / "_loop")
+    assert history_uri(RolloutSettings(history="s3://loop/h").history, "s3://traffic/q") == "s3://loop/h"
 
 
 def test_the_default_history_beside_the_traffic_log_leaves_the_log_alone(tmp_path):
@@ -167,9 +170,9 @@ def test_the_default_history_beside_the_traffic_log_leaves_the_log_alone(tmp_pat
     writer = TrafficWriter(settings)
     writer.submit(traffic_record(when=T0))
     assert writer.close()
-    history = LoopHistory(history_uri(RolloutSettings(), str(tmp_path)), clock=Clock(T0 - timedelta(days=30)))
-    history.append("refresh", {"old": True})
+    history = LoopHistory(history_uri(RolloutSettings().history, str(tmp_path)), clock=Clock(T0 - timedelta(days=30)))
+    history.append("refresh", refresh_entry(7))
     log = TrafficLog(str(tmp_path))
     assert len(log.records()) == 1
     log.apply_retention(1, now=T0 + timedelta(days=10))  # the batch goes; the history stays
-    assert log.records() == [] and history.all("refresh") == [{"old": True}]
+    assert log.records() == [] and history.all("refresh") == [refresh_entry(7).to_dict()]

@@ -347,7 +347,7 @@ class CapturingStandIn:
 def test_the_local_loop_decides_on_the_live_records_and_the_stable_endpoint_always_answers(
         tmp_path, candidate_hist, expected):
     from peagle.evaluate.prompts import Prompt
-    from peagle.rollout.history import LoopHistory
+    from peagle.records.history import LoopHistory
     from peagle.rollout.objects import Candidate
     from peagle.rollout.settings import RolloutSettings
     from peagle.traffic.log import TrafficLog

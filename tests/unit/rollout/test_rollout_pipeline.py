@@ -120,13 +120,13 @@ def test_a_trigger_that_says_not_needed_returns_cleanly(tmp_path, capsys):
 
 def test_the_window_note_reaches_run_json_when_the_trigger_sets_the_start(tmp_path):
     from peagle.pipeline.refresh_steps import trigger
-    from peagle.rollout.history import LoopHistory
+    from peagle.records.history import LoopHistory
+    from support.loop_records import refresh_entry
     from support.refresh_pipeline import trigger_arguments
 
     target, traffic = tmp_path / "target", tmp_path / "traffic"
     target.mkdir()
-    LoopHistory(str(traffic / "_loop")).append("refresh", {"window": {"since": None,
-                                                                      "until": "2026-12-03T12:00:00.000000Z"}})
+    LoopHistory(str(traffic / "_loop")).append("refresh", refresh_entry(until="2026-12-03T12:00:00.000000Z"))
     args = trigger_arguments(target=str(target), traffic=str(traffic), output_root=str(tmp_path / "out"),
                              config="trigger: {force: true}\n")
     uri, decision = trigger(**args)

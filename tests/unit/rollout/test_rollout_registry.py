@@ -12,7 +12,7 @@ import pytest
 
 from support.model_registry_standin import ModelRegistryStandIn
 from peagle.rollout.decision import decide
-from peagle.rollout.history import PROMOTION, LoopHistory
+from peagle.records.history import PROMOTION, LoopHistory
 from peagle.rollout.live import LiveComparison, VersionFigures
 from peagle.rollout.objects import Candidate
 from peagle.rollout.promotion import (PROMOTION_FORMAT, PromotionError, PromotionRecord, read_promotion,

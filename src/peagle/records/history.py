@@ -5,10 +5,13 @@ which the traffic log's reader and retention pass over -- it is not a date parti
 
     <kind>/<YYYYmmddTHHMMSSffffffZ>-<8 hex>.json     kind: refresh | decision | promotion
 
-One JSON object per document, written with one atomic put and never changed afterwards. A ``decision`` or
-``promotion`` document is checked before it is written by the rules its reader applies
-(:meth:`~peagle.rollout.decision.Decision.from_dict`, :meth:`~peagle.rollout.promotion.PromotionRecord.from_dict`),
-so what a rerun reads back was readable when it was written. Keys sort in
+One JSON object per document, written with one atomic put and never changed afterwards. Every document is
+appended as its record object (:class:`~peagle.records.refresh.RefreshEntry`,
+:class:`~peagle.rollout.decision.Decision`, :class:`~peagle.rollout.promotion.PromotionRecord`), checked when it
+was built by the rules its reader applies, so what a rerun reads back was readable when it was written;
+:meth:`LoopHistory.record` reads a refresh back typed.
+
+Here, below the refresh and the rollout, so that both reach it without one importing the other. Keys sort in
 the order they were appended: the UTC time (fixed width, microseconds) comes first, and one
 :class:`LoopHistory` never hands out a time at or before its previous one. Keys of another shape under a
 kind are not documents and are passed over; a document that does not parse as a JSON object is an error
@@ -25,7 +28,7 @@ from typing import Any, Callable
 from ..errors import PeagleError
 from ..stage_io import join
 from ..storage import Store, open_store
-from .settings import RolloutSettings
+from .refresh import RefreshEntry
 
 REFRESH, DECISION, PROMOTION = "refresh", "decision", "promotion"
 KINDS = (REFRESH, DECISION, PROMOTION)
@@ -38,9 +41,9 @@ class LoopHistoryError(PeagleError, ValueError):
     """A history document that cannot be read; the message names its key."""
 
 
-def history_uri(settings: RolloutSettings, traffic_uri: str) -> str:
-    """``rollout.history``, else ``<traffic_uri>/_loop``."""
-    return settings.history or join(traffic_uri, HISTORY_DIR)
+def history_uri(history: str, traffic_uri: str) -> str:
+    """``history`` (the setting ``rollout.history``), else ``<traffic_uri>/_loop``."""
+    return history or join(traffic_uri, HISTORY_DIR)
 
 
 def _check_kind(kind: str) -> str:
@@ -49,22 +52,15 @@ def _check_kind(kind: str) -> str:
     return kind
 
 
-# Kinds whose documents are written from their record classes (rollout.decision.Decision,
-# rollout.promotion.PromotionRecord), which refuse on construction whatever their strict readers would
-# refuse: so nothing unreadable is ever written. Taken by duck type (``to_dict()``), so that this module,
-# below both, imports neither. Refresh documents have no record class yet: a JSON object is enough.
-_RECORD_KINDS = (DECISION, PROMOTION)
-
-
 def _document(kind: str, doc: Any) -> dict[str, Any]:
-    if kind in _RECORD_KINDS:
-        if isinstance(doc, dict) or not callable(getattr(doc, "to_dict", None)):
-            raise TypeError(f"a {kind} is appended as its record object (checked when built), "
-                            f"not as {type(doc).__name__}")
-        return doc.to_dict()
-    if not isinstance(doc, dict):
-        raise TypeError(f"a loop history document is a dict, got {type(doc).__name__}")
-    return doc
+    # every kind is written from its record class, which refuses on construction whatever its strict reader would
+    # refuse: so nothing unreadable is ever written. Decisions and promotions are taken by duck type
+    # (``to_dict()``): their classes live with the rollout, above this module.
+    if isinstance(doc, dict) or not callable(getattr(doc, "to_dict", None)):
+        raise TypeError(f"a {kind} is appended as its record object (checked when built), not as {type(doc).__name__}")
+    if kind == REFRESH and not isinstance(doc, RefreshEntry):
+        raise TypeError(f"a refresh is appended as a RefreshEntry, not as {type(doc).__name__}")
+    return doc.to_dict()
 
 
 class LoopHistory:
@@ -80,9 +76,8 @@ class LoopHistory:
         return self.store.uri
 
     def append(self, kind: str, doc: Any) -> str:
-        """Write ``doc`` as the newest document of ``kind`` (one atomic put); returns its key. A decision
-        or promotion is given as its record object (:class:`~peagle.rollout.decision.Decision`,
-        :class:`~peagle.rollout.promotion.PromotionRecord`), validated when it was built."""
+        """Write ``doc`` as the newest document of ``kind`` (one atomic put); returns its key. ``doc`` is its
+        record object (see the module docstring), validated when it was built."""
         _check_kind(kind)
         doc = _document(kind, doc)
         data = (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
@@ -110,6 +105,10 @@ class LoopHistory:
             raise LoopHistoryError(f"loop history document {where} is damaged: a JSON {type(doc).__name__}, "
                                    "not an object")
         return doc
+
+    def refresh(self, key: str) -> RefreshEntry:
+        """The refresh document at ``key``, typed; :class:`~peagle.records.refresh.RefreshEntryError` naming it."""
+        return RefreshEntry.from_dict(self.read(key), self.store.uri_for(key))
 
     def all(self, kind: str) -> list[dict[str, Any]]:
         """Every document of ``kind``, oldest first."""
