@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..records.lineage import Lineage
 from ..stage_io import join
 from ..storage import check_uri, open_store
 from .connection import check_data_connection
@@ -241,9 +242,9 @@ def rollout(refresh_uri: str, candidate_uri: str, *, routing: str, name: str, na
             info["decision"] = "skipped"
             return "skipped"
         run, layout = load_refresh(refresh_uri)
-        lineage = read_json(layout.lineage)
-        gate = lineage.get("gate")
-        if not (isinstance(gate, dict) and gate.get("passed") is True):  # "false", 1, a list: not a pass
+        lineage = Lineage.from_dict(read_json(layout.lineage), layout.lineage)  # a "passed": "false" is refused
+        gate = lineage.gate
+        if gate is None or not gate.passed:
             print(f"the gate did not pass the candidate {candidate_uri}: not rolled out (skipped)", flush=True)
             info["decision"] = "skipped"
             return "skipped"
@@ -255,14 +256,14 @@ def rollout(refresh_uri: str, candidate_uri: str, *, routing: str, name: str, na
         stable_values, candidate_values = _serving_values(run, candidate_uri, mode, data_connection, serving)
         plan = cluster_rollout(name=name, namespace=namespace or current_namespace(), routing=routing, mode=mode,
                                stable_values=stable_values, candidate_draft=candidate_uri,
-                               candidate_values=candidate_values, gate=gate, lineage=lineage)
+                               candidate_values=candidate_values, gate=gate.model_dump(), lineage=lineage)
         if apis is None:
             from ..deploy.kube import Apis
 
             apis = Apis.from_environment()
         settings = cfg.rollout.model_copy(update={"routing": routing})
         decision = plan.run(apis, traffic=cfg.refresh.traffic, settings=settings,
-                            target_fingerprint=lineage["target"]["fingerprint"],
+                            target_fingerprint=lineage.target.fingerprint,
                             stable_draft=run.params.serving_draft, out=refresh_uri)
         if metrics is not None:
             log_decision_metrics(decision, metrics)

@@ -12,12 +12,16 @@ is written anywhere.
 from __future__ import annotations
 
 import json
+from contextvars import ContextVar
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Mapping
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from ..errors import PeagleError
+
+
+_READING: ContextVar[str | None] = ContextVar("peagle_record_reading", default=None)  # where from_dict reads
 
 
 class RecordError(PeagleError, ValueError):
@@ -68,10 +72,11 @@ class Record(Part):
     WHY: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, /, **values: Any):
+        # pydantic calls an overridden __init__ from model_validate too: every check and error passes here
         try:
             super().__init__(**values)
         except ValidationError as exc:
-            raise self.ERROR(self._message(exc, self.made_where(values), values)) from None
+            raise self.ERROR(self._message(exc, _READING.get() or self.made_where(values), values)) from None
 
     @classmethod
     def made_where(cls, values: Mapping[str, Any]) -> str:
@@ -99,11 +104,11 @@ class Record(Part):
             raise cls.ERROR(f"{where}: {cls.WHAT} is a JSON object, got {type(d).__name__}")
         if d.get("format") != cls.FORMAT:
             raise cls.ERROR(f"{where}: field 'format': {d.get('format')!r} is not {cls.FORMAT!r}")
-        values = {k: v for k, v in d.items() if k != "format"}
+        token = _READING.set(where)
         try:
-            return cls.model_validate(values)
-        except ValidationError as exc:
-            raise cls.ERROR(cls._message(exc, where, values)) from None
+            return cls(**{k: v for k, v in d.items() if k != "format"})
+        finally:
+            _READING.reset(token)
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str):

@@ -49,6 +49,7 @@ import numpy as np
 from .. import __version__
 from .. import config as C
 from ..errors import PeagleError, report
+from ..records.lineage import Lineage
 from ..data.errors import PrepareError
 from ..data.output import FORMAT, SPLITS, TOKEN_FREQ, PreparedData, PreparedHeader, PreparedWriter
 from ..data.rows import PreparedRow
@@ -65,7 +66,6 @@ log = logging.getLogger(__name__)
 SELECTION_KIND = "peagle-traffic-selection"
 PREPARED_KIND = "peagle-prepared"  # as ``peagle prepare`` publishes it
 REGENERATED_FILE = "regenerated.jsonl"
-LINEAGE_FORMAT = "peagle.traffic.lineage/v1"
 REPLAY_LABEL = "replay"  # sample ids of replayed rows start with "replay/" (never a prepare source label here)
 
 
@@ -102,7 +102,7 @@ class RefreshOutcome:
     data: dict[str, Any]  # prepare_step's summary
     candidate_draft: str
     gate: "GateResult | None"
-    lineage: dict[str, Any]
+    lineage: Lineage
 
     @property
     def passed(self) -> bool | None:
@@ -384,7 +384,7 @@ def gate_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Refres
 
 
 def lineage_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout,
-                 gate: "GateResult | None") -> dict[str, Any]:
+                 gate: "GateResult | None") -> Lineage:
     """Write ``layout.lineage`` (``peagle.traffic.lineage/v1``) and return it: the traffic window asked for and
     covered, the selection counts, rows from traffic and replayed, the base draft and data, the target, the
     candidate and the gate's verdict (None: not gated); appends the refresh to the loop history (its window's end
@@ -397,8 +397,7 @@ def lineage_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Ref
     window = selection["window"]
     firsts = [p["first_received_at"] for p in window.values() if p["first_received_at"]]
     lasts = [p["last_received_at"] for p in window.values() if p["last_received_at"]]
-    lineage = {
-        "format": LINEAGE_FORMAT,
+    lineage = Lineage(**{
         "peagle_version": __version__,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "traffic": {"uri": cfg.refresh.traffic, "since": cfg.refresh.since or None, "until": cfg.refresh.until or None,
@@ -418,14 +417,14 @@ def lineage_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Ref
         "settings": {"refresh": cfg.refresh.model_dump(mode="json"), "gate": cfg.gate.model_dump(mode="json")},
         "outputs": {"selection": layout.selection, "data": layout.data, "hidden_states": layout.hidden_states,
                     "draft": layout.draft, "gate": layout.gate, "lineage": layout.lineage},
-    }
+    })
     store = open_store(layout.root)
-    store.put_bytes(layout.lineage.rsplit("/", 1)[-1], (json.dumps(lineage, indent=1) + "\n").encode())
+    store.put_bytes(layout.lineage.rsplit("/", 1)[-1], (json.dumps(lineage.to_dict(), indent=1) + "\n").encode())
     _record_refresh(cfg, layout, lineage)
     return lineage
 
 
-def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: dict[str, Any]) -> str:
+def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: Lineage) -> str:
     """Append this refresh to the loop history (kind ``refresh``): its window, counts, candidate and verdict.
 
     ``window.until`` is where the next refresh's new traffic starts (:mod:`.trigger`): ``refresh.until``, else
@@ -437,19 +436,18 @@ def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: dict[str, An
     from ..records.refresh import RefreshEntry
     from ..traffic.record import format_time, parse_time
 
-    traffic = lineage["traffic"]
-    until = traffic["until"] or format_time(parse_time(traffic["covered"]["last_received_at"])
-                                            + timedelta(microseconds=1))
-    if traffic.get("selected_at") and parse_time(until) > parse_time(traffic["selected_at"]):
-        until = traffic["selected_at"]  # a refresh.until in the future: what comes later is not covered yet
-    gate = lineage["gate"]
+    traffic = lineage.traffic
+    until = traffic.until or format_time(parse_time(traffic.covered.last_received_at) + timedelta(microseconds=1))
+    if traffic.selected_at and parse_time(until) > parse_time(traffic.selected_at):
+        until = traffic.selected_at  # a refresh.until in the future: what comes later is not covered yet
+    gate = lineage.gate
     entry = RefreshEntry(
-        refresh_uri=layout.root, lineage=layout.lineage, created_at=lineage["created_at"],
-        window={"since": traffic["since"], "until": until, "first_received_at": traffic["covered"]["first_received_at"],
-                "last_received_at": traffic["covered"]["last_received_at"]},
-        counts=lineage["counts"], rows=lineage["rows"]["total"], target_fingerprint=lineage["target"]["fingerprint"],
-        base_draft=lineage["base_draft"], candidate=lineage["candidate_draft"],
-        verdict=None if gate is None else ("passed" if gate["passed"] else "rejected"))
+        refresh_uri=layout.root, lineage=layout.lineage, created_at=lineage.created_at,
+        window={"since": traffic.since, "until": until, "first_received_at": traffic.covered.first_received_at,
+                "last_received_at": traffic.covered.last_received_at},
+        counts=lineage.counts, rows=lineage.rows["total"], target_fingerprint=lineage.target.fingerprint,
+        base_draft=lineage.base_draft, candidate=lineage.candidate_draft,
+        verdict=None if gate is None else ("passed" if gate.passed else "rejected"))
     return LoopHistory(history_uri(cfg.rollout.history, cfg.refresh.traffic)).append("refresh", entry)
 
 

@@ -8,11 +8,11 @@ model source into the :class:`~.objects.Candidate` and :class:`~.objects.Rollout
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..config import ConfigError
+from ..records.lineage import Lineage
 from ..stage_io import join
 from ..storage import StorageError, open_store, publish
 from .objects import Candidate, RolloutObjects, publication_fingerprint
@@ -73,7 +73,7 @@ def publish_decision(decision: "Decision", out: str) -> str:
 
 def cluster_rollout(*, name: str, namespace: str, routing: str, mode: str, stable_values: Mapping[str, Any],
                     candidate_draft: str, candidate_values: dict, gate: dict | None = None,
-                    lineage: dict | None = None, chart: str | None = None) -> ClusterRollout:
+                    lineage: Lineage | None = None, chart: str | None = None) -> ClusterRollout:
     """The rollout of the published draft ``candidate_draft`` (named by its fingerprint,
     :func:`peagle.records.identity.identify_draft`) on release ``name``, which serves with ``stable_values``. ``candidate_values``: the
     chart values pointing the stable's model source at the candidate (:func:`.objects.candidate_values`);
@@ -101,18 +101,19 @@ def read_gate(location: str, candidate_draft: str) -> "GateResult":
     return result
 
 
-def read_lineage(location: str, candidate_draft: str) -> dict:
-    """The refresh's ``lineage.json`` at ``location`` (a file or URI), refused unless its candidate is the
-    draft at ``candidate_draft`` (same manifest sha256)."""
+def read_lineage(location: str, candidate_draft: str) -> Lineage:
+    """The refresh's ``lineage.json`` at ``location`` (a file or URI), read strictly
+    (:class:`~peagle.records.lineage.LineageError` naming the field), refused unless its candidate is the draft at
+    ``candidate_draft`` (same manifest sha256)."""
     from ..model.adapter import Draft
 
     head, _, name = str(location).rstrip("/").rpartition("/")
     try:
-        lineage = json.loads(open_store(head or ".").get_bytes(name))
-    except (OSError, ValueError, StorageError) as exc:
+        body = open_store(head or ".").get_bytes(name)
+    except (OSError, StorageError) as exc:
         raise ConfigError(f"{location}: not a readable lineage.json ({exc})") from None
-    described = (lineage.get("candidate_draft") or {}) if isinstance(lineage, dict) else {}
-    if described.get("manifest_sha256") != Draft.open(candidate_draft).manifest_sha256:
-        raise ConfigError(f"{location} is the lineage of draft {described.get('uri')}, not of the candidate "
+    lineage = Lineage.from_json(body, str(location))
+    if lineage.candidate_draft.manifest_sha256 != Draft.open(candidate_draft).manifest_sha256:
+        raise ConfigError(f"{location} is the lineage of draft {lineage.candidate_draft.uri}, not of the candidate "
                           f"{candidate_draft}")
     return lineage

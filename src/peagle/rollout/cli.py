@@ -38,6 +38,7 @@ from ..errors import PeagleError, report
 from .settings import RolloutSettings
 
 if TYPE_CHECKING:
+    from ..records.lineage import Lineage
     from .assemble import ClusterRollout
 
 T = TypeVar("T")
@@ -124,7 +125,7 @@ def assemble(ns: argparse.Namespace, namespace: str, routing: str) -> tuple["Clu
         gate, target = gate_summary_of(result, ns.gate), (result.target or {}).get("fingerprint")
     if ns.lineage:
         lineage = _flag("--lineage", read_lineage, ns.lineage, ns.candidate_draft)
-        target = (lineage.get("target") or {}).get("fingerprint") or target
+        target = lineage.target.fingerprint or target
     values = candidate_values(stable_values, draft_uri=ns.candidate_draft_uri, path=ns.candidate_path)
     rollout = cluster_rollout(name=ns.name, namespace=namespace, routing=routing, mode=ns.mode,
                               stable_values=stable_values, candidate_draft=ns.candidate_draft,
@@ -140,10 +141,10 @@ def _flag(flag: str, read: Callable[..., T], *args: Any) -> T:
         raise C.ConfigError(f"{flag}: {exc}") from None
 
 
-def stable_draft(ns: argparse.Namespace, lineage: dict | None) -> str:
+def stable_draft(ns: argparse.Namespace, lineage: "Lineage | None") -> str:
     """Where the stable's draft is, as the decision records it: the lineage's base draft, else the model source."""
     if lineage:
-        return str((lineage.get("base_draft") or {}).get("uri") or "")
+        return lineage.base_draft.uri
     if ns.draft_uri:
         return ns.draft_uri
     if ns.storage_uri:

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from ..deploy.render import RenderError, deep_merge, render
 from ..records.identity import identify_draft
+from ..records.lineage import Lineage
 from .settings import ROUTINGS
 
 MODES = ("kserve", "deployment")
@@ -46,7 +47,7 @@ class Candidate:
     fingerprint: str         # the draft's fingerprint (peagle.records.identity.identify_draft)
     values: dict             # chart values overriding the stable's model source (see candidate_values)
     gate: dict | None = None     # {"passed", "reasons", "report"}, or None (unvetted)
-    lineage: dict | None = None  # the refresh's lineage.json, when there is one
+    lineage: Lineage | None = None  # the refresh's lineage.json, when there is one
 
     def __post_init__(self) -> None:
         if not _FINGERPRINT.fullmatch(self.fingerprint):

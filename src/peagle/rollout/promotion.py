@@ -160,13 +160,11 @@ def record_promotion(decision: "Decision", candidate: "Candidate", *, history: "
 def promotion_record(decision: "Decision", candidate: "Candidate", *, lineage_uri: str | None = None,
                      now: datetime | None = None) -> PromotionRecord:
     """The record of ``decision`` promoting ``candidate``, not yet registered (``registry`` null)."""
-    lineage = candidate.lineage or {}
-    base = lineage.get("base_draft") or {"uri": decision.versions[STABLE]["draft"],
-                                         "fingerprint": decision.versions[STABLE]["fingerprint"]}
-    covered = (lineage.get("traffic") or {}).get("covered") or {}
-    window = ({"since": covered["first_received_at"], "until": covered["last_received_at"]}
-              if covered.get("first_received_at") and covered.get("last_received_at") else None)
-    replay = (lineage.get("replay") or {}).get("fraction")
+    lineage = candidate.lineage
+    base = ({"uri": lineage.base_draft.uri, "fingerprint": lineage.base_draft.fingerprint} if lineage else
+            {"uri": decision.versions[STABLE]["draft"], "fingerprint": decision.versions[STABLE]["fingerprint"]})
+    window = lineage.traffic_window if lineage else None
+    replay = lineage.replay.fraction if lineage else None
     gate = decision.gate if decision.gate is not None else candidate.gate
     return PromotionRecord(
         draft={"uri": str(candidate.draft), "fingerprint": candidate.fingerprint},
@@ -176,7 +174,7 @@ def promotion_record(decision: "Decision", candidate: "Candidate", *, lineage_ur
         gate=None if gate is None else _gate_figures(gate),
         live=dict(decision.comparison), decision_id=decision.id, vllm_version=vllm_version(),
         promoted_at=format_time(now or datetime.now(timezone.utc)),
-        lineage_uri=lineage_uri or (lineage.get("outputs") or {}).get("lineage"), registry=None)
+        lineage_uri=lineage_uri or (lineage.outputs.get("lineage") if lineage else None), registry=None)
 
 
 def publish_promotion(record: PromotionRecord, out: str) -> str:

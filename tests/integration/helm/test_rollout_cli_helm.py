@@ -20,6 +20,7 @@ from peagle.rollout.cli import build_parser
 from peagle.rollout.cluster import ClusterBackend, phase_record_name
 from peagle.rollout.objects import RolloutObjects, candidate_values
 from support.fake_kube import FakeCluster
+from support.loop_records import lineage_doc
 from support.k8s_schemas import validate
 from support.rollout_cli import CASES, HOST, NAME, NS, flags, gate_json, run
 
@@ -124,8 +125,9 @@ def test_a_lineage_of_another_candidate_is_refused(drafts, tmp_path):
 
     other = Draft.open(drafts["other"])
     lineage = tmp_path / "lineage.json"
-    described = {"uri": drafts["other"], "manifest_sha256": other.manifest_sha256}
-    lineage.write_text(json.dumps({"candidate_draft": described, "target": {"fingerprint": "f" * 64}}))
+    described = {"uri": drafts["other"], "fingerprint": other.identity.fingerprint,
+                 "manifest_sha256": other.manifest_sha256}
+    lineage.write_text(json.dumps(lineage_doc(candidate_draft=described)))
     code, _, err = run(flags("route", drafts["candidate"], "--lineage", str(lineage),
                              "--render-only", str(tmp_path / "r")))
     assert code == 2 and f"--lineage: {lineage} is the lineage of draft {drafts['other']}" in err, err

@@ -307,7 +307,7 @@ def test_refresh_end_to_end_with_a_stand_in_gate(qwen3_target, base_data, servin
     assert calls["candidate_draft"] == layout.draft and calls["serving_draft"] == str(serving)
     assert calls["traffic_prompts"].endswith("heldout.jsonl") and calls["general"] == cfg.gate.general
     lineage = json.loads(open(layout.lineage).read())
-    assert lineage == outcome.lineage
+    assert lineage == outcome.lineage.to_dict()
     assert lineage["base_draft"]["fingerprint"] == Draft.open(str(serving)).identity.fingerprint
     assert lineage["candidate_draft"]["fingerprint"] == Draft.open(layout.draft).identity.fingerprint
     assert lineage["candidate_draft"]["fingerprint"] != lineage["base_draft"]["fingerprint"]
@@ -323,7 +323,7 @@ def test_refresh_end_to_end_with_a_stand_in_gate(qwen3_target, base_data, servin
     assert lineage["gate"]["passed"] is False and lineage["gate"]["reasons"]
     # the lineage step alone (what the pipeline's last step runs) reads the same from the layout
     again = lineage_step(cfg, target=str(qwen3_target), serving_draft=str(serving), layout=layout, gate=None)
-    assert again["gate"] is None and again["rows"] == lineage["rows"]
+    assert again.gate is None and again.rows == lineage["rows"]
     # each lineage step appended a refresh to the loop history: the next trigger counts new traffic from its end
     from peagle.records.history import LoopHistory
     from peagle.traffic.record import parse_time

@@ -15,7 +15,9 @@ import yaml
 
 from support import kfp_features
 from support.kfp_features import NESTED_RETRY, ir_features, required_backend
+from peagle.records.lineage import LineageError
 from peagle.support import MIN_KFP_BACKEND
+from support.loop_records import lineage_doc
 
 ROOT = REPO
 COMPILED = ROOT / "pipelines" / "compiled" / "peagle-refresh.yaml"
@@ -152,15 +154,20 @@ def test_the_rollout_is_skipped_with_routing_none_or_without_a_passed_gate(tmp_p
     target.mkdir()
     uri, _ = trigger(**trigger_arguments(target=str(target), traffic=str(tmp_path / "traffic"),
                                          output_root=str(tmp_path / "out"), rollout_routing="route"))
-    (Path(uri) / "lineage.json").write_text(json.dumps({"gate": {"passed": False, "reasons": ["worse"]}}))
-    assert rollout(uri, f"{uri}/draft", routing="route", name="peagle", namespace="ns", mode="kserve",
-                   data_connection="dc") == "skipped"
-    assert "the gate did not pass" in capsys.readouterr().out
-    for not_a_pass in ("false", "yes", 1, [True], {"passed": True}):  # only the boolean true passes
-        (Path(uri) / "lineage.json").write_text(json.dumps({"gate": {"passed": not_a_pass, "reasons": []}}))
+    for gate in ({"passed": False, "reasons": ["worse"], "report": None}, None):  # rejected, or not gated
+        (Path(uri) / "lineage.json").write_text(json.dumps(lineage_doc(gate=gate)))
         assert rollout(uri, f"{uri}/draft", routing="route", name="peagle", namespace="ns", mode="kserve",
-                       data_connection="dc") == "skipped", not_a_pass
-    (Path(uri) / "lineage.json").write_text(json.dumps({"gate": "passed"}))
-    assert rollout(uri, f"{uri}/draft", routing="route", name="peagle", namespace="ns", mode="kserve",
-                   data_connection="dc") == "skipped"
+                       data_connection="dc") == "skipped"
+        assert "the gate did not pass" in capsys.readouterr().out
+    for not_a_pass in ("false", "yes", 1, [True], {"passed": True}):  # only the boolean true passes: the rest is
+        # not a gate summary, and the lineage holding it is refused, naming the field (never read as a pass)
+        (Path(uri) / "lineage.json").write_text(json.dumps(lineage_doc(gate={"passed": not_a_pass, "reasons": [],
+                                                                               "report": None})))
+        with pytest.raises(LineageError, match=r"lineage.json: field 'gate': not \{'passed': bool"):
+            rollout(uri, f"{uri}/draft", routing="route", name="peagle", namespace="ns", mode="kserve",
+                    data_connection="dc")
+    (Path(uri) / "lineage.json").write_text(json.dumps(lineage_doc(gate="passed")))
+    with pytest.raises(LineageError, match="field 'gate'"):
+        rollout(uri, f"{uri}/draft", routing="route", name="peagle", namespace="ns", mode="kserve",
+                data_connection="dc")
     assert json.loads((Path(uri) / "run.json").read_text())["config"]["rollout"]["routing"] == "route"

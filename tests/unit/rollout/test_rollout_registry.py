@@ -13,6 +13,8 @@ import pytest
 from support.model_registry_standin import ModelRegistryStandIn
 from peagle.rollout.decision import decide
 from peagle.records.history import PROMOTION, LoopHistory
+from peagle.records.lineage import Lineage
+from support.loop_records import lineage_doc
 from peagle.rollout.live import LiveComparison, VersionFigures
 from peagle.rollout.objects import Candidate
 from peagle.rollout.promotion import (PROMOTION_FORMAT, PromotionError, PromotionRecord, read_promotion,
@@ -53,15 +55,10 @@ def promotion_case(tmp_path, candidate_fp: str, stable_fp: str = "0123456789ab")
     """A promote decision and its candidate (lineage and gate as a refresh writes them)."""
     report = gate_report(tmp_path, f"gate-{candidate_fp}")
     gate = {"passed": True, "reasons": [], "report": report}
-    lineage = {"format": "peagle.traffic.lineage/v1",
-               "traffic": {"uri": "s3://bucket/traffic", "since": None, "until": None,
-                           "covered": {"first_received_at": "2026-12-01T00:00:00.000000Z",
-                                       "last_received_at": "2026-12-02T23:59:59.000000Z"}},
-               "replay": {"fraction": 0.25, "base_data": "s3://bucket/base", "rows": 30, "short": False},
-               "base_draft": {"uri": "s3://bucket/drafts/base", "fingerprint": stable_fp,
-                              "manifest_sha256": "f" * 64},
-               "outputs": {"draft": f"s3://bucket/refresh/{candidate_fp}/draft",
-                           "lineage": f"s3://bucket/refresh/{candidate_fp}/lineage.json"}}
+    lineage = Lineage.from_dict(lineage_doc(
+        base_draft={"uri": "s3://bucket/drafts/base", "fingerprint": stable_fp, "manifest_sha256": "f" * 64},
+        outputs={"draft": f"s3://bucket/refresh/{candidate_fp}/draft",
+                 "lineage": f"s3://bucket/refresh/{candidate_fp}/lineage.json"}), "lineage.json")
     candidate = Candidate(draft=f"s3://bucket/refresh/{candidate_fp}/draft", fingerprint=candidate_fp,
                                 values={}, gate=gate, lineage=lineage)
     decision = decide(comparison(stable_fp, candidate_fp, 1.30, 1.42), RolloutSettings(min_requests=32),
