@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError
 from ..records.identity import fingerprint_of
+from ..records.trigger import TriggerDecision
 from ..rollout.live import pooled_acceptance_length
 from ..traffic.record import TrafficRecord, format_time, parse_time
 from .selection import _clean
@@ -39,27 +39,8 @@ if TYPE_CHECKING:
     from ..run_config import RunConfig
     from ..traffic.log import TrafficLog
 
-TRIGGER_FORMAT = "peagle.refresh.trigger/v1"
 TRIGGER_JSON = "trigger.json"
 NOT_NEEDED = "not needed"
-
-
-@dataclass(frozen=True)
-class TriggerDecision:
-    """The trigger's verdict and the figures behind it (``trigger.json``, format ``peagle.refresh.trigger/v1``)."""
-
-    go: bool
-    reasons: list[str]
-    new_records: int  # usable records received at or after ``since``
-    since: str | None  # where the new traffic starts: the last refresh's window end (None: no refresh yet)
-    recent_al: float | None  # pooled live AL of the serving draft's newest records (None: too few, or none)
-    promoted_al: float | None  # live AL of the serving draft when it was promoted (None: no promotion recorded)
-    recent_records: int = 0  # the records ``recent_al`` pools
-    serving_fingerprint: str | None = None  # the draft taken as serving (promoted, else the most common)
-    decided_at: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": TRIGGER_FORMAT, **asdict(self)}
 
 
 def _promotion_figures(promotion: dict[str, Any] | None) -> tuple[str | None, float | None]:
