@@ -21,7 +21,7 @@ human-written replies), prepared with the run's ``prepare`` section and extracte
 
 Printed: variant | overrides | train s | steps | AL [95% CI] | first-position acceptance [95% CI]
 (the held-out set), and MT-Bench AL when measured. Intervals: bootstrap over prompts
-(``peagle.evaluate.confidence``).
+(``peagle.stats``).
 
 ``--dry-run``: everything but vLLM, quickly (tests/unit/bench/test_bench_ablation.py): with ``--target`` alone
 it builds a tiny hidden-state dataset from a few ShareGPT rows (transformers backend), trains each
@@ -98,7 +98,8 @@ def mixed_dataset(run: Path, work: Path) -> str:
     sources, each capped at the regenerated conversation count) and extracted with its ``extract``
     section; built once under ``work`` (published datasets are reused)."""
     from peagle.data import PrepareSettings, read_rows, run_prepare
-    from peagle.data.regenerate import RegenerateSettings, prepare_settings
+    from peagle.data.regenerate import prepare_settings
+    from peagle.data.settings import RegenerateSettings
     from peagle.extract import ExtractSettings, run_extract
     from peagle.pipeline.steps import REGENERATED_FILE
 

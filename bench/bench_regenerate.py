@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import banner, choose, format_table, load_average, parse_spec, parse_value
-from peagle.data.regenerate import RegenerateSettings, run_regenerate
+from peagle.data.regenerate import run_regenerate
+from peagle.data.settings import RegenerateSettings
 from peagle.model import prepare_target
 from peagle.model.target import MANIFEST
 from peagle.pipeline.local.embedded import CONFIG

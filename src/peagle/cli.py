@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import config as C
-from .data.regenerate import RegenerateSettings
+from .data.settings import RegenerateSettings
 from .data.settings import PrepareSettings
 from .errors import PeagleError, report
 from .extract.settings import ExtractSettings

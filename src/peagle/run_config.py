@@ -8,8 +8,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from .config import ConfigError, DraftSettings, StrictModel, TargetSettings
-from .data.regenerate import RegenerateSettings
-from .data.settings import PrepareSettings
+from .data.settings import PrepareSettings, RegenerateSettings
 from .evaluate.settings import EvaluateSettings
 from .extract.settings import ExtractSettings
 from .rollout.settings import RolloutSettings, TriggerSettings

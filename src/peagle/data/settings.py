@@ -1,4 +1,4 @@
-"""``prepare`` section of the run configuration (see :mod:`peagle.config` for the conventions)."""
+"""``prepare`` and ``regenerate`` sections of the run configuration (see :mod:`peagle.config` for the conventions)."""
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -6,6 +6,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..config import StrictModel, load_yaml
+from ..engine.settings import EngineSettings
 
 EMBEDDED_SHAREGPT = "sharegpt"
 
@@ -93,3 +94,35 @@ class PrepareSettings(StrictModel):
             key, raw = item.split("=", 1)
             out[key.strip()] = load_yaml(raw, f"prepare.chat_template_args {key.strip()}") if raw.strip() else ""
         return out
+
+
+class RegenerateSettings(StrictModel):
+    """``regenerate`` section: how the target rewrites the assistant turns."""
+
+    sources: list[str] = Field(default_factory=lambda: ["sharegpt"], description="conversation sources, as for prepare")
+    max_conversations: int | None = Field(None, ge=1, description="regenerate at most this many conversations "
+                                          "(unset in a run: prepare.max_samples, what prepare keeps)")
+    backend: Literal["vllm", "endpoint"] = Field("vllm", description="offline vLLM batches, or an HTTP endpoint")
+    endpoint: str | None = Field(None, description="OpenAI-compatible base URL ending in /v1 (backend=endpoint)")
+    model_name: str | None = Field(None, description="model name the endpoint serves (default: its first model)")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the endpoint's API key")
+    max_tokens: int = Field(512, ge=1, description="maximum tokens per regenerated reply")
+    max_turns: int | None = Field(
+        None, ge=1, description="regenerate at most this many assistant turns per conversation and end it there "
+        "(when prepare truncates rows to a few hundred tokens, later turns would be generated and then cut away)")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="vllm backend: a prompt longer than this many tokens is not sent and ends its "
+        "conversation there (one whose first prompt is too long is dropped); prompts beyond the engine's context "
+        "always are")
+    temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    seed: int = Field(0, description="sampling seed")
+    conversations_per_batch: int = Field(
+        64, ge=1, description="conversations regenerated together, turn by turn (and per flush of the output)")
+    concurrency: int = Field(16, ge=1, description="parallel requests to the endpoint")
+    request_retries: int = Field(4, ge=0, description="retries per endpoint request on connection errors, 429 / 5xx")
+    keep_source_replies: bool = Field(
+        False, description="pipeline: prepare takes the regenerated conversations and as many source rows again, "
+        "with their own (human) replies: on-policy plus human data")
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="the vllm backend's engine (peagle.engine.settings; "
+        "bench/bench_regenerate.py measures its levers side by side)")

@@ -16,7 +16,8 @@ import pytest
 from support.vllm_server import free_port, in_process_env, wait_healthy
 
 from peagle.data import PrepareSettings, run_prepare
-from peagle.data.regenerate import RegenerateSettings, run_regenerate
+from peagle.data.regenerate import run_regenerate
+from peagle.data.settings import RegenerateSettings
 
 CONVERSATIONS = [
     {"id": "a", "conversations": [{"from": "human", "value": "Say hello."}, {"from": "gpt", "value": "ORIGINAL a1"}]},

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from peagle import progress as pm
-from peagle.data.regenerate import RegenerateSettings, run_regenerate
+from peagle.data.regenerate import run_regenerate
+from peagle.data.settings import RegenerateSettings
 from peagle.pipeline.local.runner import _Display
 
 

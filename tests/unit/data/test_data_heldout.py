@@ -10,7 +10,8 @@ import pytest
 
 from peagle.data import PrepareSettings, read_split, resolve_sources, run_prepare
 from peagle.data.heldout import HELDOUT_FRACTION, heldout_key, is_held_out
-from peagle.data.regenerate import RegenerateSettings, _conversations
+from peagle.data.regenerate import _conversations
+from peagle.data.settings import RegenerateSettings
 from peagle.evaluate.prompts import HELDOUT, _normalised, load_prompt_sets
 
 

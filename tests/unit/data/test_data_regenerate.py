@@ -8,7 +8,8 @@ import os
 
 from peagle.data import PrepareSettings
 from peagle.engine.llm import engine_child_env, engine_kwargs
-from peagle.data.regenerate import RegenerateSettings, done_ids, prepare_settings
+from peagle.data.regenerate import done_ids, prepare_settings
+from peagle.data.settings import RegenerateSettings
 
 
 def test_torn_last_line_is_cut_before_resume(tmp_path):

@@ -38,7 +38,8 @@ def _capture(kwargs, settings):
 
 def _resolved(monkeypatch, cpu: bool) -> dict[str, dict]:
     """What each stage of the embedded run hands ``vllm.LLM`` (and the engine environment), by stage."""
-    from peagle.data.regenerate import RegenerateSettings, VllmGenerator
+    from peagle.data.regenerate import VllmGenerator
+    from peagle.data.settings import RegenerateSettings
     from peagle.evaluate import live, vllm_job
     from peagle.evaluate.settings import EvaluateSettings
     from peagle.extract.settings import ExtractSettings, LayerIds
