@@ -9,7 +9,7 @@ default as it ships. Points run one after another, in order, in ``--work``.
 Printed per point: pipeline minutes (total wall of the run), minutes per stage (regenerate,
 extract, train, evaluate), conversations asked for, rows trained, epochs, optimiser steps, and the
 held-out ShareGPT acceptance length and first-position acceptance with their 95% bootstrap
-intervals (``peagle.evaluate.confidence``), plus MT-Bench AL when the run measured it.
+intervals (``peagle.stats``), plus MT-Bench AL when the run measured it.
 ``--json`` also writes the rows. Not a test: figures depend on the machine and its load.
 
 ``--from-run DIR`` (repeatable) adds a finished ``peagle run``'s row without running it again: its

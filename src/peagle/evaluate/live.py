@@ -90,7 +90,7 @@ class WorkloadResult:
     texts: list[str] = field(default_factory=list)
     token_ids: list[list[int]] | None = None  # None when the source does not return ids (endpoint)
     prompt_token_ids: list[list[int]] | None = None
-    # per request, h[j] = verification steps with j drafts accepted (peagle.evaluate.confidence)
+    # per request, h[j] = verification steps with j drafts accepted (peagle.stats)
     acceptance_histograms: list[list[int] | None] | None = None
 
     @property

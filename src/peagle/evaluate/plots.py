@@ -43,7 +43,7 @@ def _lines(entry: dict[str, Any]) -> tuple[str, dict[str, dict[str, Any]]]:
 def _error_bars(ax, xs: list[int], values: list[float | None], bounds: list | None, color: str, label: str | None,
                 offset: float = 0.0) -> None:
     bars = [(x + offset, v, b) for x, v, b in zip(xs, values, bounds or []) if b and v is not None]
-    if bars:  # bootstrap interval over prompts (peagle.evaluate.confidence)
+    if bars:  # bootstrap interval over prompts (peagle.stats.bootstrap)
         bx, bv, bb = zip(*bars)
         err = [[max(0.0, v - b[0]) for v, b in zip(bv, bb)], [max(0.0, b[1] - v) for v, b in zip(bv, bb)]]
         ax.errorbar(bx, bv, yerr=err, fmt="none", ecolor=color, capsize=4, label=label)

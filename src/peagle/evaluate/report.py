@@ -35,7 +35,7 @@ Layout (``format`` = :data:`REPORT_FORMAT`)::
 FIG = SpecDecodeCounts.figures() (acceptance_length, per_position_acceptance,
 conditional_acceptance, draft_acceptance_rate, counts) + confidence (bootstrap intervals over
 prompts of AL, per-position and conditional acceptance, from vLLM's per-request acceptance
-histograms: peagle.evaluate.confidence.bootstrap; null when vLLM returned none) + generated_tokens, elapsed_s,
+histograms: peagle.stats.bootstrap; null when vLLM returned none) + generated_tokens, elapsed_s,
 tokens_per_s, baseline_tokens_per_s, speedup (= tokens_per_s / baseline_tokens_per_s, both
 measured in this run on the same prompts), lossless ({compared, identical, mismatched_prompts};
 greedy only, against the baseline's outputs for the same batch) and problems (counter invariants
@@ -56,7 +56,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..errors import PeagleError
-from .confidence import bootstrap
+from ..stats import bootstrap
 from .counters import SpecDecodeCounts
 from .live import BASELINE, FP32_CHECK, LOSSLESS_FP32, MEASURE, SELF_CONSISTENCY, EngineRun, Sampling, Workload
 

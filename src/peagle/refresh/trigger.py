@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import ConfigError
 from ..records.identity import fingerprint_of
 from ..records.trigger import TriggerDecision
-from ..rollout.live import pooled_acceptance_length
+from ..stats import pooled_acceptance_length
 from ..traffic.record import TrafficRecord, format_time, parse_time
 from .selection import _clean
 
@@ -88,7 +88,8 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
               and r.target_fingerprint == target_fingerprint]  # received_at order
     serving_fp = promoted_fp or _serving_fingerprint(served)
     recent = [r for r in served if fingerprint_of(r.draft_fingerprint) == serving_fp][-settings.recent_records:]
-    recent_al = pooled_acceptance_length(recent) if len(recent) >= settings.min_recent_records else None
+    recent_al = (pooled_acceptance_length(r.spec_decode["acceptance_histogram"] for r in recent)
+                 if len(recent) >= settings.min_recent_records else None)
 
     where = f"since the last refresh's window ended ({format_time(since)})" if since else "(no refresh recorded yet)"
     if late is not None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from ..errors import PeagleError
 
 if TYPE_CHECKING:  # the modules written beside this one; imported where used
-    from ..traffic.gate_report import Estimate
+    from ..stats import Estimate
     from ..traffic.log import TrafficLog
     from .decision import Decision
     from ..records.history import LoopHistory

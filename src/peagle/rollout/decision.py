@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 from ..errors import PeagleError
-from ..traffic.gate_report import Estimate
+from ..stats import Estimate
 from ..traffic.record import format_time, parse_time, strict_fields, timestamp_problem
 from .live import CANDIDATE, ROLES, STABLE, LiveComparison, comparison_problem
 from .settings import ROUTINGS, RolloutSettings

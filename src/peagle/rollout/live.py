@@ -3,7 +3,7 @@
 During a canary both drafts serve real traffic; every captured record names the draft that answered it
 (``draft_fingerprint``) and carries vLLM's per-request acceptance histogram (``spec_decode``). A version's
 live figures pool the histograms of its records received in ``[since, until)`` that were answered (status
-200) with a histogram -- the same definitions as the gate (:func:`peagle.traffic.gate.acceptance_of_sums`):
+200) with a histogram -- the same definitions as the gate (:func:`peagle.stats.acceptance_of_sums`):
 
 * acceptance length ``AL = 1 + accepted / steps`` (``h[j]``: steps with ``j`` drafts accepted);
 * first-position acceptance = steps whose first drafted token was accepted / steps.
@@ -15,8 +15,8 @@ live figures pool the histograms of its records received in ``[since, until)`` t
 
 Unlike the gate, the two versions answered *different* requests (the router split them), so the interval
 of the difference comes from an unpaired percentile bootstrap: each version's requests are drawn with
-replacement on their own (one seeded generator, stable's draws first), and the difference is taken draw by
-draw. A version with no requests has figures of value None; one with a single request has no interval.
+replacement on their own (:func:`peagle.stats.acceptance_draws`; one seeded generator, stable's draws first),
+and the difference is taken draw by draw. A version with no requests has figures of value None; one with a single request has no interval.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..records.identity import fingerprint_of
-from ..traffic.gate import acceptance_of_sums
-from ..traffic.gate_report import Estimate
+from ..stats import (Estimate, acceptance_draws, acceptance_of_sums, finite_or_none, histogram_matrix,
+                     percentile_interval, ratio_of_sums, ratio_of_sums_draws)
 from ..traffic.record import TrafficRecord, format_time
 
 STABLE, CANDIDATE = "stable", "candidate"
@@ -134,60 +134,14 @@ class _Group:
 
     @classmethod
     def of(cls, records: Sequence[TrafficRecord]) -> "_Group":
-        hists = [live_histogram(r) for r in records]
-        width = max((len(h) for h in hists), default=1)
-        rows = np.zeros((len(hists), width), dtype=np.int64)
-        for i, h in enumerate(hists):
-            rows[i, :len(h)] = h
         timed = np.array([[float(r.timing["latency_s"]), float(r.usage["completion_tokens"])] for r in records
                           if r.usage and r.usage.get("completion_tokens", 0) > 0], dtype=np.float64).reshape(-1, 2)
-        return cls(rows, [float(r.timing["latency_s"]) for r in records], timed)
-
-    def seconds_per_token(self) -> float:
-        return float(self.timed[:, 0].sum() / self.timed[:, 1].sum()) if len(self.timed) else float("nan")
-
-    def seconds_per_token_draws(self, rng: np.random.Generator, resamples: int) -> np.ndarray | None:
-        """Time per output token of ``resamples`` draws of the timed requests; None under two of them."""
-        if len(self.timed) < 2:
-            return None
-        picks = rng.integers(0, len(self.timed), size=(resamples, len(self.timed)))
-        drawn = self.timed[picks]  # [B, n, 2]
-        return drawn[:, :, 0].sum(axis=1) / drawn[:, :, 1].sum(axis=1)
+        return cls(histogram_matrix([live_histogram(r) for r in records]),
+                   [float(r.timing["latency_s"]) for r in records], timed)
 
     @property
     def requests(self) -> int:
         return self.rows.shape[0]
-
-    def draws(self, rng: np.random.Generator, resamples: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(AL, first-position) of ``resamples`` draws of the requests with replacement; None under two requests."""
-        if self.requests < 2:
-            return None
-        picks = rng.integers(0, self.requests, size=(resamples, self.requests))
-        return acceptance_of_sums(self.rows[picks].sum(axis=1))
-
-
-def pooled_acceptance_length(records: Iterable[TrafficRecord]) -> float | None:
-    """AL pooled over the live requests among ``records`` (None without a drafting step): the figure
-    :func:`live_comparison` reports per version, without an interval."""
-    live = [r for r in records if live_histogram(r) is not None]
-    if not live:
-        return None
-    al, _ = acceptance_of_sums(_Group.of(live).rows.sum(axis=0))
-    return _value(al)
-
-
-def _interval(values: np.ndarray | None, level: float, resamples: int) -> tuple[float, float] | None:
-    """Percentile interval of the finite draws; None when most draws are undefined (no steps) or none exist."""
-    if values is None:
-        return None
-    values = values[np.isfinite(values)]
-    if values.size < resamples // 2:
-        return None
-    return float(np.percentile(values, (1 - level) / 2 * 100)), float(np.percentile(values, (1 + level) / 2 * 100))
-
-
-def _value(v: float) -> float | None:
-    return float(v) if np.isfinite(v) else None
 
 
 def live_comparison(records: Iterable[TrafficRecord], *, stable_fingerprint: str, candidate_fingerprint: str,
@@ -209,30 +163,34 @@ def live_comparison(records: Iterable[TrafficRecord], *, stable_fingerprint: str
             by_role[role].append(r)
     groups = {role: _Group.of(rs) for role, rs in by_role.items()}
     rng = np.random.default_rng(seed)
-    draws = {role: groups[role].draws(rng, resamples) for role in ROLES}  # stable's first: the order is the seed's
+    # stable's first: the order is the seed's
+    draws = {role: acceptance_draws(groups[role].rows, rng, resamples) for role in ROLES}
     # drawn after the acceptance draws, from the same generator: the acceptance figures stay as they were
-    spt_draws = {role: groups[role].seconds_per_token_draws(rng, resamples) for role in ROLES}
+    spt_draws = {role: ratio_of_sums_draws(groups[role].timed, rng, resamples) for role in ROLES}
+
+    def interval(values: np.ndarray | None) -> tuple[float, float] | None:
+        return percentile_interval(values, level=level, resamples=resamples)
 
     def figures(role: str, fingerprint: str) -> VersionFigures:
         g, d = groups[role], draws[role]
         al, first = acceptance_of_sums(g.rows.sum(axis=0))
         return VersionFigures(
             role, fingerprint, g.requests,
-            Estimate(_value(al), _interval(None if d is None else d[0], level, resamples)),
-            Estimate(_value(first), _interval(None if d is None else d[1], level, resamples)),
+            Estimate(finite_or_none(al), interval(None if d is None else d[0])),
+            Estimate(finite_or_none(first), interval(None if d is None else d[1])),
             float(np.median(g.latencies)) if g.latencies else None, int(g.rows.sum()),
-            Estimate(_value(g.seconds_per_token()), _interval(spt_draws[role], level, resamples)))
+            Estimate(finite_or_none(ratio_of_sums(g.timed)), interval(spt_draws[role])))
 
     stable, candidate = figures(STABLE, stable_fingerprint), figures(CANDIDATE, candidate_fingerprint)
 
     def difference(i: int, s: Estimate, c: Estimate) -> Estimate:
         value = None if s.value is None or c.value is None else c.value - s.value
         both = draws[STABLE] is not None and draws[CANDIDATE] is not None
-        return Estimate(value, _interval(draws[CANDIDATE][i] - draws[STABLE][i], level, resamples) if both else None)
+        return Estimate(value, interval(draws[CANDIDATE][i] - draws[STABLE][i]) if both else None)
 
     s_spt, c_spt = stable.seconds_per_token.value, candidate.seconds_per_token.value
     ratio = Estimate(None if s_spt is None or c_spt is None or s_spt <= 0 else c_spt / s_spt,
-                     _interval(spt_draws[CANDIDATE] / spt_draws[STABLE], level, resamples)
+                     interval(spt_draws[CANDIDATE] / spt_draws[STABLE])
                      if spt_draws[STABLE] is not None and spt_draws[CANDIDATE] is not None else None)
     return LiveComparison(stable, candidate,
                           difference(0, stable.acceptance_length, candidate.acceptance_length),

@@ -45,13 +45,15 @@ from ..evaluate.prompts import Prompt, PromptSet, PromptSetError, jsonl_rows, lo
 from ..evaluate.settings import EvaluateEngineSettings, EvaluateSettings
 from ..records.identity import identify_draft
 from ..storage.settings import strip_userinfo
-from .gate_report import (GATE_HTML, GATE_JSON, GATE_KIND, GENERAL, TRAFFIC, DraftFigures, Estimate, GateCheck,
-                          GateResult, PairedComparison, log_gate_metrics, summary_lines, write_gate)
+from .gate_report import (GATE_HTML, GATE_JSON, GATE_KIND, GENERAL, TRAFFIC, DraftFigures, GateCheck, GateResult,
+                          PairedComparison, log_gate_metrics, summary_lines, write_gate)
 from ..speed.table import TARGET
+from ..stats import (Estimate, acceptance_of_sums, finite_or_none, histogram_matrix, paired_acceptance_draws,
+                     percentile_interval)
 from .settings import GateSettings
 
 __all__ = ["GateError", "GateResult", "GateRunConfig", "choose_k", "gate_checks", "general_prompt_set",
-           "acceptance_of_sums", "log_gate_metrics", "main", "paired_comparison", "run_gate", "traffic_prompt_set"]
+           "log_gate_metrics", "main", "paired_comparison", "run_gate", "traffic_prompt_set"]
 
 log = logging.getLogger(__name__)
 
@@ -64,58 +66,37 @@ class GateError(PeagleError, RuntimeError):
 
 # ---- statistics -------------------------------------------------------------------------------------
 
-def _matrix(rows: list[Sequence[int]], width: int) -> np.ndarray:
-    out = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-    return out
-
-
-def acceptance_of_sums(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(AL, first-position acceptance) of summed histograms [..., K+1] (NaN where there were no steps)."""
-    steps = sums.sum(axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        al = 1.0 + (sums * np.arange(sums.shape[-1])).sum(axis=-1) / steps
-        first = 1.0 - sums[..., 0] / steps
-    return al, first
-
-
 def paired_comparison(serving: Sequence[Sequence[int] | None], candidate: Sequence[Sequence[int] | None], *,
                       resamples: int = 1000, level: float = 0.95, seed: int = 0) -> PairedComparison:
     """Both drafts' acceptance on the same prompts and the difference candidate - serving.
 
     ``serving[i]`` and ``candidate[i]`` are vLLM's acceptance histograms of prompt ``i`` (``h[j]``: steps
     with ``j`` drafts accepted; None: not returned, the prompt is left out for both). Figures pool the
-    histograms over prompts (as :func:`peagle.evaluate.confidence.figures`); intervals are percentiles of
-    ``resamples`` draws of prompts with replacement (fixed ``seed``), the same draw for both drafts, so
-    what the prompts share (how predictable they are) cancels out of the difference. Fewer than two
-    prompts: no intervals.
+    histograms over prompts (:func:`peagle.stats.acceptance_of_sums`); intervals are percentiles of
+    ``resamples`` draws of prompts with replacement (fixed ``seed``), the same draw for both drafts
+    (:func:`peagle.stats.paired_acceptance_draws`), so what the prompts share (how predictable they are)
+    cancels out of the difference. Fewer than two prompts: no intervals.
     """
     if len(serving) != len(candidate):
         raise ValueError(f"{len(serving)} serving histograms but {len(candidate)} candidate histograms")
     pairs = [(s, c) for s, c in zip(serving, candidate) if s is not None and c is not None]
     width = max((len(h) for pair in pairs for h in pair), default=1)
-    s_rows, c_rows = _matrix([s for s, _ in pairs], width), _matrix([c for _, c in pairs], width)
+    s_rows = histogram_matrix([s for s, _ in pairs], width)
+    c_rows = histogram_matrix([c for _, c in pairs], width)
     s_al, s_first = acceptance_of_sums(s_rows.sum(axis=0))
     c_al, c_first = acceptance_of_sums(c_rows.sum(axis=0))
     point = {"s_al": s_al, "s_first": s_first, "c_al": c_al, "c_first": c_first,
              "d_al": c_al - s_al, "d_first": c_first - s_first}
     bounds: dict[str, tuple[float, float] | None] = dict.fromkeys(point)
-    if len(pairs) >= 2:
-        picks = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
-        rs_al, rs_first = acceptance_of_sums(s_rows[picks].sum(axis=1))
-        rc_al, rc_first = acceptance_of_sums(c_rows[picks].sum(axis=1))
+    paired = paired_acceptance_draws([s_rows, c_rows], np.random.default_rng(seed), resamples)
+    if paired is not None:
+        (rs_al, rs_first), (rc_al, rc_first) = paired
         draws = {"s_al": rs_al, "s_first": rs_first, "c_al": rc_al, "c_first": rc_first,
                  "d_al": rc_al - rs_al, "d_first": rc_first - rs_first}
-        lo_q, hi_q = (1 - level) / 2 * 100, (1 + level) / 2 * 100
-        for key, values in draws.items():
-            values = values[np.isfinite(values)]
-            if values.size >= resamples // 2:  # else undefined in most draws (no steps at all)
-                bounds[key] = (float(np.percentile(values, lo_q)), float(np.percentile(values, hi_q)))
+        bounds = {key: percentile_interval(values, level=level, resamples=resamples) for key, values in draws.items()}
 
     def est(key: str) -> Estimate:
-        v = float(point[key])
-        return Estimate(v if np.isfinite(v) else None, bounds[key])
+        return Estimate(finite_or_none(point[key]), bounds[key])
 
     return PairedComparison(
         prompts=len(pairs), excluded=len(serving) - len(pairs),

@@ -35,6 +35,7 @@ from typing import Any
 
 from ..errors import PeagleError
 from ..evaluate.kfp_logging import metric_name
+from ..stats import Estimate
 from ..storage.base import atomic_path
 
 GATE_FORMAT = "peagle.traffic.gate/v1"
@@ -45,23 +46,6 @@ TRAFFIC, GENERAL = "traffic", "general"  # the two prompt sets of a gate
 
 class GateReportError(PeagleError, ValueError):
     """A gate.json that cannot be read; the message names it."""
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A figure and its percentile bootstrap interval (None: fewer than two prompts, or undefined)."""
-
-    value: float | None
-    interval: tuple[float, float] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "interval": None if self.interval is None else list(self.interval)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Estimate":
-        iv = d["interval"]
-        return cls(None if d["value"] is None else float(d["value"]),
-                   None if iv is None else (float(iv[0]), float(iv[1])))
 
 
 @dataclass(frozen=True)

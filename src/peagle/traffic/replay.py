@@ -9,7 +9,7 @@ Each prompt is one chat request (``/v1/chat/completions``). A vLLM server starte
 acceptance histogram under ``metrics.speculative_decoding``; in a stream it rides on the last chunk,
 which carries usage (the replayer asks for it). Every ~10 answers a line shows the acceptance length
 and the first-position acceptance so far, with bootstrap intervals over the requests
-(:mod:`peagle.evaluate.confidence`)::
+(:mod:`peagle.stats`)::
 
     replay: 40/164 AL 1.42 [1.35, 1.49] p0 0.31 [0.27, 0.35] p50 1.9 s
 
@@ -40,9 +40,9 @@ import numpy as np
 
 from ..engine.client import EndpointError, OpenAIClient, safe_url
 from ..errors import PeagleError, report
-from ..evaluate.confidence import bootstrap, figures
 from ..evaluate.prompts import Prompt, load_prompt_sets
 from ..stage_io import OutputError, check_output_file, write_errors
+from ..stats import bootstrap, figures
 from ..storage.base import atomic_path
 
 PROGRESS_EVERY = 10

@@ -8,13 +8,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from peagle.model.target import fingerprint
-from peagle.refresh.trigger import decide_trigger, pooled_acceptance_length, window_from_trigger
+from peagle.refresh.trigger import decide_trigger, window_from_trigger
 from peagle.records.history import LoopHistory
 from peagle.rollout.live import LiveComparison, VersionFigures
 from peagle.rollout.promotion import PromotionRecord
 from peagle.rollout.settings import TriggerSettings
 from peagle.run_config import RunConfig
-from peagle.traffic.gate_report import Estimate
+from peagle.stats import Estimate
 from peagle.traffic.log import TrafficLog, TrafficWriter
 from peagle.traffic.record import format_time
 from peagle.traffic.settings import CaptureSettings
@@ -163,11 +163,6 @@ def test_force_always_goes(loop):
     d = decide_trigger(log, history, settings(force=True), target_fingerprint=TARGET_FP, now=NOW)
     assert d.go and d.new_records == 0 and d.reasons[0].startswith("trigger.force is set")
     assert "0 new usable records" in d.reasons[1]
-
-
-def test_pooled_acceptance_length_pools_histograms_of_any_depth():
-    assert pooled_acceptance_length([record(0, hist=[0, 1, 0, 1]), record(1, hist=[2, 0])]) == pytest.approx(2.0)
-    assert pooled_acceptance_length([]) is None
 
 
 def test_refresh_trigger_option_exits_0_when_not_needed(tmp_path, capsys):

@@ -12,7 +12,7 @@ from peagle.rollout.decision import (DECISION_FORMAT, Decision, DecisionError, d
                                      log_decision_metrics)
 from peagle.rollout.live import LiveComparison, VersionFigures, live_comparison
 from peagle.rollout.settings import RolloutSettings
-from peagle.traffic.gate_report import Estimate
+from peagle.stats import Estimate
 from peagle.traffic.record import TrafficRecord
 from support.traffic_records import spec_decode, traffic_record
 

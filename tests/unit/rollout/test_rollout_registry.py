@@ -22,7 +22,8 @@ from peagle.rollout.promotion import (PROMOTION_FORMAT, PromotionError, Promotio
 from peagle.rollout.registry import ModelRegistryClient, ModelRegistryError, custom_properties, metadata_value
 from peagle.rollout.settings import RegistrySettings, RolloutSettings
 from peagle.storage import open_published, open_store
-from peagle.traffic.gate_report import DraftFigures, Estimate, GateCheck, GateResult, PairedComparison, write_gate
+from peagle.stats import Estimate
+from peagle.traffic.gate_report import DraftFigures, GateCheck, GateResult, PairedComparison, write_gate
 
 TOKEN = "s3cr3t-bearer-token"
 TARGET_FP = "ab" * 32
