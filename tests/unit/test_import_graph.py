@@ -341,3 +341,64 @@ def test_no_private_names_reached_across_packages():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_every_module_imports(module):
     importlib.import_module(module)
+
+
+# ---- floors: the structure picture of docs/structure.md ------------------------------------------------
+STRUCTURE = PROJECT / "docs" / "structure.md"
+
+
+def floors() -> dict[str, int]:
+    """``peagle.<package>`` -> its floor, from the table of docs/structure.md (``peagle`` is the root)."""
+    out = {}
+    for line in STRUCTURE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].isdigit():
+            for name in cells[1].split(","):
+                name = name.strip()
+                out[ROOT if name == ROOT else f"{ROOT}.{name}"] = int(cells[0])
+    return out
+
+
+def top_package(module: str) -> str:
+    """The member of ``peagle`` a module belongs to: ``peagle.rollout.cli`` -> ``peagle.rollout``."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def floor_violations(g: dict[str, set[str]], floor_of: dict[str, int], entries: set[str]) -> list[str]:
+    """Every import of a module (not an entry point) that reaches a package on its own floor or above, and every
+    package without a floor."""
+    found = set()
+    for module, targets in g.items():
+        if module in entries:
+            continue
+        own = top_package(module)
+        for target in targets:
+            other = top_package(target)
+            if other == own:
+                continue
+            missing = [p for p in (own, other) if p not in floor_of]
+            if missing:
+                found.add(f"{missing[0]} has no floor in docs/structure.md")
+            elif floor_of[other] >= floor_of[own]:
+                found.add(f"{module} (floor {floor_of[own]}) imports {target} (floor {floor_of[other]})")
+    return sorted(found)
+
+
+def test_the_floor_rule_finds_an_import_upwards():
+    g = {"peagle.data.a": {"peagle.train.b"}, "peagle.train.b": {"peagle.data.a"}, "peagle.new.c": set(),
+         "peagle.cli": {"peagle.pipeline.x"}}
+    found = floor_violations(g, {"peagle.data": 3, "peagle.train": 6}, entries={"peagle.cli"})
+    assert found == ["peagle.data.a (floor 3) imports peagle.train.b (floor 6)"]
+    assert floor_violations({"peagle.new.c": {"peagle.data.a"}}, {"peagle.data": 3}, set()) == [
+        "peagle.new has no floor in docs/structure.md"]
+
+
+def test_no_package_imports_one_on_its_floor_or_above():
+    floor_of = floors()
+    assert floor_of[ROOT] == 0 and len(floor_of) >= 20
+    entries = ENTRY_POINTS | {"peagle.cli"}
+    found = floor_violations(graph(), floor_of, entries)
+    packages = {top_package(m) for m in MODULES if m not in entries}
+    found += [f"{p} has no floor in docs/structure.md" for p in sorted(packages - set(floor_of))]
+    assert not found, "imports against the floors of docs/structure.md:\n" + "\n".join(sorted(set(found)))
