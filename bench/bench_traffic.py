@@ -695,9 +695,9 @@ def one_cycle(n: int, backend, candidate, *, plan: Plan, live: Sequence[Any], se
         "as_expected": decision.decision == expected, "decision_id": decision.id, "reasons": list(decision.reasons),
         "stable": stable,
         "candidate": {"draft": candidate.draft, "fingerprint": candidate.fingerprint,
-                      "gate_passed": None if candidate.gate is None else candidate.gate["passed"]},
+                      "gate_passed": None if candidate.gate is None else candidate.gate.passed},
         **({"candidate_note": note} if note else {}),
-        "live": decision.comparison, "window": decision.window, "canary_percent": settings.canary_percent,
+        "live": decision.comparison.to_dict(), "window": decision.window.model_dump(), "canary_percent": settings.canary_percent,
         "requests_sent": len(rows), "answered_by_stable": sum(r.error is None and r.url == stable_url for r in rows),
         "answered_by_canary": sum(r.error is None and r.url not in (None, stable_url) for r in rows)}
     if decision.decision == "promote":

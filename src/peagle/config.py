@@ -345,6 +345,15 @@ def _flag_type(annotation: Any) -> tuple[Any, bool, Any]:
     return annotation, False, None
 
 
+def add_run_config_args(parser: Any, *, reads: str = "", example: str = "draft.num_layers=2") -> None:
+    """``--config FILE`` and ``--set KEY=VALUE`` (repeatable, into ``ns.overrides``): every command's way to the
+    run configuration (:func:`build_config` reads them). ``reads`` says which sections the command reads;
+    ``example`` is the ``--set`` shown in the help."""
+    parser.add_argument("--config", help="YAML run configuration" + (f" ({reads})" if reads else ""))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override one setting, e.g. --set {example} (repeatable)")
+
+
 def add_flags(parser: argparse.ArgumentParser, model: type[StrictModel], section: str, *,
               group: Any = None, prefix: str = "") -> None:
     """Add one ``--flag`` per scalar field of ``model``; values land in ``section.field``. A nested

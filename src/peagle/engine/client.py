@@ -1,6 +1,7 @@
 """The one OpenAI-compatible HTTP client: chat completions, the model list and ``/metrics`` text.
 
-Standard library only (urllib), so it runs in any image. Every request goes through :func:`retrying`:
+Standard library only: its requests are :class:`peagle.net.json_client.JsonHttpClient`'s, its streams are
+read with :mod:`peagle.net.sse`. Every request goes through :func:`retrying`:
 connection errors, timeouts, HTTP 429 and 5xx are retried ``retries`` times with exponential
 backoff and jitter; other 4xx answers are final at once. Errors are :class:`EndpointError` naming
 the URL (without any userinfo); the bearer token is sent, never logged or put in a message.
@@ -9,18 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import http.client
-import json
 import logging
 import random
-import ssl
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ..errors import PeagleError
+from ..net.json_client import HttpError, InvalidJsonError, JsonHttpClient, safe_url
+from ..net.sse import AnswerError, StreamedAnswer, stream_chunks, token_counts
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -34,12 +31,6 @@ class EndpointError(PeagleError, RuntimeError):
 
 class _Transient(EndpointError):
     """A failure that may pass when the request is repeated."""
-
-
-def safe_url(url: str) -> str:
-    """``url`` without ``user:password@`` (for messages)."""
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def retrying(method: Callable[..., T]) -> Callable[..., T]:
@@ -64,19 +55,18 @@ def retrying(method: Callable[..., T]) -> Callable[..., T]:
 
 
 def sse_events(lines: Iterable[bytes], url: str = "") -> Iterator[dict[str, Any]]:
-    """The JSON payloads of server-sent ``data:`` lines (an OpenAI-style stream), up to ``[DONE]``;
-    EndpointError naming ``url`` for a payload that is not JSON."""
-    for raw in lines:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        try:
-            yield json.loads(payload)
-        except ValueError as exc:
-            raise EndpointError(f"{safe_url(url)}: invalid JSON in the stream: {exc}: {payload[:200]!r}") from None
+    """The JSON payloads of server-sent ``data:`` lines (an OpenAI-style stream), up to ``[DONE]``
+    (:func:`peagle.net.sse.stream_chunks`); EndpointError naming ``url`` for a payload that is not JSON."""
+    try:
+        yield from stream_chunks(lines)
+    except AnswerError as exc:
+        raise EndpointError(f"{safe_url(url)}: {exc}") from None
+
+
+def _endpoint_error(exc: HttpError) -> EndpointError:
+    """The EndpointError of a failed request: transient (retried) when no answer came, or a 429 or 5xx."""
+    transient = exc.status is None or exc.status == 429 or exc.status >= 500
+    return (_Transient if transient else EndpointError)(str(exc))
 
 
 class OpenAIClient:
@@ -91,9 +81,8 @@ class OpenAIClient:
         self.metrics_url = metrics_url or f"{self.root}/metrics"
         self.retries, self.base_delay_s, self.max_delay_s = retries, base_delay_s, max_delay_s
         self.timeout = timeout
-        self._token = token
-        # opt-in, for routes with self-signed certificates
-        self._context = None if verify_tls else ssl._create_unverified_context()  # noqa: S323
+        self._http = JsonHttpClient(timeout_s=timeout, token=token, verify_tls=verify_tls,
+                                    accept="application/json, text/plain, text/event-stream")
 
     @retrying
     def _request(self, url: str, body: dict[str, Any] | None = None) -> bytes:
@@ -103,35 +92,18 @@ class OpenAIClient:
     @contextlib.contextmanager
     def _open(self, url: str, body: dict[str, Any] | None = None) -> Iterator[Any]:
         """The open response; failures while opening or reading it map to (transient) EndpointErrors."""
-        headers = {"Accept": "application/json, text/plain, text/event-stream"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-        shown = safe_url(url)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as resp:
+            with self._http.open("GET" if body is None else "POST", url, body) as resp:
                 yield resp
-        except urllib.error.HTTPError as exc:
-            message = f"{shown}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}"
-            if exc.code == 429 or exc.code >= 500:
-                raise _Transient(message) from None
-            raise EndpointError(message) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise _Transient(f"{shown}: unreachable: {getattr(exc, 'reason', exc)}") from None
-        except http.client.HTTPException as exc:  # the server went away mid-answer (IncompleteRead, ...)
-            raise _Transient(f"{shown}: the answer was cut off: {type(exc).__name__}") from None
+        except HttpError as exc:
+            raise _endpoint_error(exc) from None
 
     def _json(self, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         raw = self._request(url, body)
         try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise EndpointError(f"{safe_url(url)}: invalid JSON: {exc}: {raw[:200]!r}") from None
-        return data
+            return self._http.decode(raw, url)
+        except InvalidJsonError as exc:
+            raise EndpointError(str(exc)) from None
 
     def models(self) -> list[str]:
         """The ids ``/v1/models`` lists, in its order."""
@@ -158,22 +130,23 @@ class OpenAIClient:
     def chat_timed(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` as a streamed chat completion, timed as a client sees it: ``{"ttft_s", "e2e_s",
         "completion_tokens", "prompt_tokens"}`` (seconds from sending to the first generated token and to the end;
-        tokens from the stream's closing usage, else the chunks that carried text). A retried request is timed
-        afresh."""
+        tokens from the stream's closing usage, else the chunks that carried choice 0's output). A retried request
+        is timed afresh."""
         start = time.perf_counter()
-        first, tokens, chunks, prompt = None, None, 0, 0
-        for event in self.stream_events(body):
-            if event.get("usage"):
-                tokens = int(event["usage"].get("completion_tokens") or 0)
-                prompt = int(event["usage"].get("prompt_tokens") or 0)
-            for choice in event.get("choices") or []:
-                if (choice.get("delta") or {}).get("content") or choice.get("token_ids"):
+        first, chunks, answer = None, 0, StreamedAnswer()
+        try:
+            for event in self.stream_events(body):
+                if answer.add(event):
                     chunks += 1
                     if first is None:
                         first = time.perf_counter()
+        except AnswerError as exc:  # content of an unknown type
+            raise EndpointError(f"{safe_url(self.api_url)}/chat/completions: {exc}") from None
         end = time.perf_counter()
+        counts = token_counts(answer.usage)
         return {"ttft_s": (first if first is not None else end) - start, "e2e_s": end - start,
-                "completion_tokens": tokens if tokens is not None else chunks, "prompt_tokens": prompt}
+                "completion_tokens": counts["completion_tokens"] if counts else chunks,
+                "prompt_tokens": counts["prompt_tokens"] if counts else 0}
 
     def metrics_text(self) -> str:
         """The Prometheus exposition text (parse it with :mod:`peagle.evaluate.counters`)."""

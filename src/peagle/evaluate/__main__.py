@@ -30,9 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="peagle evaluate", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
-    p.add_argument("--config", help="YAML run configuration (target / evaluate / work_dir sections are read)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one setting, e.g. --set evaluate.max_tokens=128 (repeatable)")
+    C.add_run_config_args(p, reads="target / evaluate / work_dir sections are read", example="evaluate.max_tokens=128")
     p.add_argument("--target", help="target directory (target.path)")
     p.add_argument("--check", metavar="REPORT_JSON",
                    help="only re-apply the gate to an existing report.json (no vLLM run)")

@@ -256,7 +256,7 @@ def rollout(refresh_uri: str, candidate_uri: str, *, routing: str, name: str, na
         stable_values, candidate_values = _serving_values(run, candidate_uri, mode, data_connection, serving)
         plan = cluster_rollout(name=name, namespace=namespace or current_namespace(), routing=routing, mode=mode,
                                stable_values=stable_values, candidate_draft=candidate_uri,
-                               candidate_values=candidate_values, gate=gate.model_dump(), lineage=lineage)
+                               candidate_values=candidate_values, gate=gate, lineage=lineage)
         if apis is None:
             from ..deploy.kube import Apis
 

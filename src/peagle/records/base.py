@@ -70,6 +70,7 @@ class Record(Part):
     WHAT: ClassVar[str] = "a record"  # "a decision record": the message when a document is not an object
     # field -> what it must be, said when a value is refused by its type (a validator's own message wins)
     WHY: ClassVar[Mapping[str, str]] = {}
+    MADE: ClassVar[str] = ""  # how an error names a record being built, from its values: "decision {id}"
 
     def __init__(self, /, **values: Any):
         # pydantic calls an overridden __init__ from model_validate too: every check and error passes here
@@ -80,8 +81,10 @@ class Record(Part):
 
     @classmethod
     def made_where(cls, values: Mapping[str, Any]) -> str:
-        """How an error names a record being built (not read from anywhere)."""
-        return cls.WHAT.removeprefix("a ")
+        """How an error names a record being built (not read from anywhere): :attr:`MADE` filled in."""
+        if not cls.MADE:
+            return cls.WHAT.removeprefix("a ")
+        return cls.MADE.format_map({name: values.get(name) for name in cls.model_fields})
 
     @classmethod
     def _message(cls, exc: ValidationError, where: str, values: Mapping[str, Any]) -> str:

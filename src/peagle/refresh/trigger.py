@@ -27,14 +27,15 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError
+from ..records.history import PROMOTION, LoopHistory
 from ..records.identity import fingerprint_of
+from ..records.promotion import PromotionRecord
 from ..records.trigger import TriggerDecision
 from ..stats import pooled_acceptance_length
 from ..traffic.record import TrafficRecord, format_time, parse_time
 from .selection import _clean
 
 if TYPE_CHECKING:
-    from ..records.history import LoopHistory
     from ..rollout.settings import TriggerSettings
     from ..run_config import RunConfig
     from ..traffic.log import TrafficLog
@@ -43,16 +44,14 @@ TRIGGER_JSON = "trigger.json"
 NOT_NEEDED = "not needed"
 
 
-def _promotion_figures(promotion: dict[str, Any] | None) -> tuple[str | None, float | None]:
-    """(fingerprint, live candidate AL) of a ``promotion`` history record (``peagle.rollout.promotion/v1``)."""
-    if promotion is None:
+def _promotion_figures(history: "LoopHistory") -> tuple[str | None, float | None]:
+    """(fingerprint, live candidate AL) of the newest promotion on record (read strictly: a damaged record is a
+    :class:`~peagle.records.promotion.PromotionError` naming it and the field); (None, None) without one."""
+    keys = history.keys(PROMOTION)
+    if not keys:
         return None, None
-    try:
-        al = promotion["live"]["candidate"]["acceptance_length"]["value"]
-        return fingerprint_of(str(promotion["draft"]["fingerprint"])), None if al is None else float(al)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"loop history: the latest promotion record has no draft.fingerprint or "
-                          f"live.candidate.acceptance_length.value ({exc!r})") from None
+    record = PromotionRecord.from_dict(history.read(keys[-1]), history.store.uri_for(keys[-1]))
+    return fingerprint_of(record.fingerprint), record.live.candidate.acceptance_length.value
 
 
 def _serving_fingerprint(served: list[TrafficRecord]) -> str | None:
@@ -83,7 +82,7 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
     records = log.records(until=now)
     usable = _clean(records, target_fingerprint, False, Counter())
     new = [r for r in usable if since is None or r.received_at_dt >= since]
-    promoted_fp, promoted_al = _promotion_figures(history.latest("promotion"))
+    promoted_fp, promoted_al = _promotion_figures(history)
     served = [r for r in records if r.status == 200 and r.spec_decode
               and r.target_fingerprint == target_fingerprint]  # received_at order
     serving_fp = promoted_fp or _serving_fingerprint(served)
@@ -123,7 +122,7 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
 
 def run_trigger(cfg: "RunConfig", *, target_fingerprint: str, now: datetime | None = None) -> TriggerDecision:
     """:func:`decide_trigger` on ``refresh.traffic`` and the loop history of ``cfg`` (``rollout.history``)."""
-    from ..records.history import LoopHistory, history_uri
+    from ..records.history import history_uri
     from ..traffic.log import TrafficLog
 
     if not cfg.refresh.traffic:

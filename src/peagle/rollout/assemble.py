@@ -12,16 +12,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..config import ConfigError
+from ..records.decision import Decision
+from ..records.gate import GateSummary
+from ..records.history import LoopHistory, history_uri
+from ..records.identity import identify_draft
 from ..records.lineage import Lineage
 from ..stage_io import join
 from ..storage import StorageError, open_store, publish
+from ..traffic.gate_report import GateResult
+from ..traffic.log import TrafficLog
+from .cluster import ClusterBackend
+from .controller import run_rollout
 from .objects import Candidate, RolloutObjects, publication_fingerprint
+from .settings import RolloutSettings
 
 if TYPE_CHECKING:
     from ..deploy.kube import Apis
-    from ..traffic.gate_report import GateResult
-    from .decision import Decision
-    from .settings import RolloutSettings
 
 DECISION_DIR, DECISION_JSON = "rollout", "decision.json"  # under the run's output (``out``), beside ``promotion/``
 PHASES = ("canary", "stable-with-canary", "promoted")  # in the order a promotion applies them
@@ -48,11 +54,6 @@ class ClusterRollout:
         log ``traffic``; the loop history is ``history_uri(settings.history, traffic)``. With ``out`` the decision is
         published under ``<out>/rollout/`` (``decision.json``; the decision is also the manifest's metadata) and a
         promotion under ``<out>/promotion/``."""
-        from ..traffic.log import TrafficLog
-        from .cluster import ClusterBackend
-        from .controller import run_rollout
-        from ..records.history import LoopHistory, history_uri
-
         backend = ClusterBackend(apis, self.objects, ready_timeout_s=settings.ready_timeout_s, say=say)
         decision = run_rollout(backend, self.candidate, traffic=TrafficLog(traffic), settings=settings,
                                history=LoopHistory(history_uri(settings.history, traffic)),
@@ -72,12 +73,12 @@ def publish_decision(decision: "Decision", out: str) -> str:
 
 
 def cluster_rollout(*, name: str, namespace: str, routing: str, mode: str, stable_values: Mapping[str, Any],
-                    candidate_draft: str, candidate_values: dict, gate: dict | None = None,
+                    candidate_draft: str, candidate_values: dict, gate: GateSummary | None = None,
                     lineage: Lineage | None = None, chart: str | None = None) -> ClusterRollout:
     """The rollout of the published draft ``candidate_draft`` (named by its fingerprint,
     :func:`peagle.records.identity.identify_draft`) on release ``name``, which serves with ``stable_values``. ``candidate_values``: the
     chart values pointing the stable's model source at the candidate (:func:`.objects.candidate_values`);
-    ``gate``: ``{"passed", "reasons", "report"}`` (:func:`.local.gate_summary_of`) or None (unvetted)."""
+    ``gate``: the gate's summary (:meth:`~peagle.traffic.gate_report.GateResult.summary`) or None (unvetted)."""
     candidate = Candidate(draft=str(candidate_draft), fingerprint=publication_fingerprint(candidate_draft),
                           values=candidate_values, gate=gate, lineage=lineage)
     objects = RolloutObjects(name=name, namespace=namespace, routing=routing, mode=mode,
@@ -87,13 +88,10 @@ def cluster_rollout(*, name: str, namespace: str, routing: str, mode: str, stabl
 
 def read_gate(location: str, candidate_draft: str) -> "GateResult":
     """The gate result at ``location`` (gate.json or a gate output), refused unless it passed the draft at
-    ``candidate_draft`` (the gate names drafts by the sha256 of their weights and config)."""
-    from ..model.adapter import Draft
-    from ..traffic.gate_report import GateResult
-
+    ``candidate_draft`` (the gate names drafts by their digest, :mod:`peagle.records.identity`)."""
     result = GateResult.read(location)
     gated = (result.candidate_draft or {}).get("sha256")
-    if gated != Draft.open(candidate_draft).fingerprint:
+    if gated != identify_draft(candidate_draft).digest:
         raise ConfigError(f"{location} is the gate of draft {(result.candidate_draft or {}).get('path')} "
                           f"(sha256 {str(gated)[:12]}...), not of the candidate {candidate_draft}")
     if not result.passed:
@@ -105,7 +103,7 @@ def read_lineage(location: str, candidate_draft: str) -> Lineage:
     """The refresh's ``lineage.json`` at ``location`` (a file or URI), read strictly
     (:class:`~peagle.records.lineage.LineageError` naming the field), refused unless its candidate is the draft at
     ``candidate_draft`` (same manifest sha256)."""
-    from ..model.adapter import Draft
+    from ..model.adapter import Draft  # torch: loaded when a lineage is checked
 
     head, _, name = str(location).rstrip("/").rpartition("/")
     try:

@@ -28,18 +28,24 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from pydantic import Field
 
 from .. import config as C
+from ..deploy.cli import add_release_flags, check_arguments, values_from_args
 from ..deploy.kube import Apis, DeployError, current_namespace
+from ..deploy.render import write_manifests
+from ..deploy.values import check_flags, check_prefix, rule_of
 from ..errors import PeagleError, report
+from ..records.lineage import Lineage
+from ..stage_io import check_writable, write_errors
+from .assemble import ClusterRollout, cluster_rollout, read_gate, read_lineage
+from .cluster import ClusterBackend
+from .controller import abort_rollout
+from .local import main_local
+from .objects import RolloutObjects, candidate_values
 from .settings import RolloutSettings
-
-if TYPE_CHECKING:
-    from ..records.lineage import Lineage
-    from .assemble import ClusterRollout
 
 T = TypeVar("T")
 
@@ -51,8 +57,6 @@ class RolloutCommandConfig(C.StrictModel):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..deploy.cli import add_release_flags
-
     doc = __doc__.split("\n\n")
     p = argparse.ArgumentParser(prog="peagle rollout", description=doc[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n\n".join(doc[1:]))
@@ -73,10 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--traffic", metavar="URI", help="traffic log both versions capture into (local directory or "
                       "s3:// URI; required unless --render-only / --abort)")
     roll.add_argument("--out", metavar="URI", help="where the decision and a promotion record are published")
-    roll.add_argument("--config",
-                      help="YAML with a 'rollout' section (a run configuration: other sections are ignored)")
-    roll.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="override one setting, e.g. --set rollout.min_requests=64 (repeatable)")
+    C.add_run_config_args(roll, reads="its 'rollout' section is read; other sections are ignored",
+                          example="rollout.min_requests=64")
     act = roll.add_mutually_exclusive_group()
     act.add_argument("--render-only", metavar="DIR", help="write every phase's objects to DIR instead of rolling out")
     act.add_argument("--abort", action="store_true", help="remove the canary (the stable is not touched)")
@@ -94,8 +96,6 @@ def load_settings(ns: argparse.Namespace) -> RolloutSettings:
 
 def check_input(ns: argparse.Namespace) -> None:
     """The flags' values and which ones this action needs (``--flag: why``, exit 2)."""
-    from ..deploy.cli import check_arguments
-    from ..deploy.values import check_flags, check_prefix, rule_of
 
     check_arguments(ns)
     # --candidate-path is what the stable's --path (or --storage-uri) is, for the candidate
@@ -113,16 +113,12 @@ def check_input(ns: argparse.Namespace) -> None:
 def assemble(ns: argparse.Namespace, namespace: str, routing: str) -> tuple["ClusterRollout", str | None]:
     """The rollout the flags describe (gate and lineage checked against the candidate), and the fingerprint
     of the target both versions serve as the lineage or the gate names it (None: neither given)."""
-    from ..deploy.cli import values_from_args
-    from .assemble import cluster_rollout, read_gate, read_lineage
-    from .local import gate_summary_of
-    from .objects import candidate_values
 
     stable_values = values_from_args(ns)
     gate = lineage = target = None
     if ns.gate:
         result = _flag("--gate", read_gate, ns.gate, ns.candidate_draft)
-        gate, target = gate_summary_of(result, ns.gate), (result.target or {}).get("fingerprint")
+        gate, target = result.summary(ns.gate), (result.target or {}).get("fingerprint")
     if ns.lineage:
         lineage = _flag("--lineage", read_lineage, ns.lineage, ns.candidate_draft)
         target = lineage.target.fingerprint or target
@@ -155,8 +151,6 @@ def stable_draft(ns: argparse.Namespace, lineage: "Lineage | None") -> str:
 
 def render_phases(rollout: "ClusterRollout", percent: int, out_dir: str) -> list[Path]:
     """``<out_dir>/<phase>/NN-kind-name.yaml`` for every phase (:data:`.assemble.PHASES`)."""
-    from ..deploy.render import write_manifests
-    from ..stage_io import check_writable, write_errors
 
     check_writable(out_dir, directory=True)
     phases = rollout.phases(percent)
@@ -170,8 +164,6 @@ def render_phases(rollout: "ClusterRollout", percent: int, out_dir: str) -> list
 def main(argv: list[str] | None = None, apis: Apis | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["local"]:
-        from .local import main_local
-
         return main_local(argv[1:])
     ns = build_parser().parse_args(argv)
     try:
@@ -179,9 +171,6 @@ def main(argv: list[str] | None = None, apis: Apis | None = None) -> int:
         check_input(ns)
         namespace = ns.namespace or current_namespace()
         if ns.abort:  # no candidate: the canary is the one the stable endpoint object names
-            from ..deploy.cli import values_from_args
-            from .objects import RolloutObjects
-
             objects = RolloutObjects(name=ns.name, namespace=namespace, routing=settings.routing, mode=ns.mode,
                                      stable_values=values_from_args(ns), chart=ns.chart)
         else:
@@ -204,9 +193,6 @@ def main(argv: list[str] | None = None, apis: Apis | None = None) -> int:
     say = partial(print, flush=True)
     try:
         if ns.abort:
-            from .cluster import ClusterBackend
-            from .controller import abort_rollout
-
             abort_rollout(ClusterBackend(apis, objects, ready_timeout_s=settings.ready_timeout_s, say=say), say=say)
             return 0
         if rollout.candidate.gate is None:

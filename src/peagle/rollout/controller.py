@@ -31,15 +31,18 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..errors import PeagleError
+from ..records.decision import Decision, DecisionError
+from ..records.history import LoopHistory
+from ..records.live import LiveComparison, VersionFigures
+from ..stats import Estimate
+from .decision import decide
+from .live import live_comparison
+from .objects import Candidate
+from .promotion import record_promotion
+from .settings import RolloutSettings
 
-if TYPE_CHECKING:  # the modules written beside this one; imported where used
-    from ..stats import Estimate
+if TYPE_CHECKING:
     from ..traffic.log import TrafficLog
-    from .decision import Decision
-    from ..records.history import LoopHistory
-    from .live import LiveComparison, VersionFigures
-    from .objects import Candidate
-    from .settings import RolloutSettings
 
 
 class RolloutError(PeagleError, RuntimeError):
@@ -94,14 +97,11 @@ def run_rollout(backend: Backend, candidate: "Candidate", *, traffic: "TrafficLo
     an earlier decision. ``on_decision`` is called with a new decision once it is on record, before it is
     applied (KFP metrics). ``out``: where the promotion record is published (manifest metadata).
     ``clock`` (aware UTC datetimes) and ``sleep`` are injectable for tests. A candidate whose gate summary is
-    not one (:func:`~.decision.gate_summary_problem`), or whose gate did not pass, is refused before anything
-    is deployed: its decision could not be recorded."""
-    from .decision import DecisionError, gate_summary_problem
-
-    problem = gate_summary_problem(candidate.gate)
-    if problem or (candidate.gate is not None and not candidate.gate["passed"]):
-        raise DecisionError(f"candidate {candidate.fingerprint}: gate {candidate.gate!r:.200}: "
-                            f"{problem or 'the gate did not pass the candidate'}: not rolled out")
+    not one (refused when the candidate is made), or whose gate did not pass, is refused before anything is
+    deployed: its decision could not be recorded."""
+    if candidate.gate is not None and not candidate.gate.passed:
+        raise DecisionError(f"candidate {candidate.fingerprint}: gate {candidate.gate.model_dump()!r:.200}: "
+                            "the gate did not pass the candidate: not rolled out")
     stable = backend.stable_fingerprint()
     if stable is None:
         raise RolloutError("no stable deployment to roll the candidate out beside: deploy it first (peagle deploy)")
@@ -160,8 +160,6 @@ def _finish_promotion(backend: Backend, candidate: "Candidate", history: "LoopHi
         backend.update_stable(candidate)  # returns once it serves, so the canary can go
     backend.remove_canary()
     if history is not None:  # once per decision: record_promotion returns the record on file
-        from .promotion import record_promotion
-
         record_promotion(decision, candidate, history=history, registry=settings.registry, out=out)
     say(f"promoted: the stable serves draft {candidate.fingerprint}; canary removed")
     return decision
@@ -171,9 +169,6 @@ def _observe(backend: Backend, candidate: "Candidate", *, traffic: "TrafficLog",
              stable: str, target_fingerprint: str, stable_draft: str, clock: Callable[[], datetime],
              sleep: Callable[[float], None], say: Callable[[str], None]) -> "Decision":
     """Deploy the canary (idempotent) and compare live acceptance every ``poll_s`` until a decision."""
-    from .decision import decide
-    from .live import live_comparison
-
     say(f"canary of draft {candidate.fingerprint} beside stable {stable}: {settings.canary_percent}% of the traffic")
     backend.deploy_canary(candidate, settings.canary_percent)
     started = backend.canary_started_at()
@@ -215,8 +210,6 @@ def _estimate(e: "Estimate", signed: bool = False) -> str:
 def _decision_on_record(history: "LoopHistory | None", candidate: str, *, stable: str | None = None,
                         verdict: str | None = None) -> "Decision | None":
     """The latest decision on record for ``candidate`` (against ``stable``, of ``verdict``, when given)."""
-    from .decision import Decision
-
     if history is None:
         return None
 

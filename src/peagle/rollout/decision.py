@@ -10,165 +10,24 @@ Rule (:func:`decide`), with ``d`` = live AL(candidate) - AL(stable) and its unpa
   fails the second check);
 * otherwise keep waiting (None), unless the canary window is over: **roll back**, not enough live traffic.
 
-Layout of a decision record (:meth:`Decision.to_dict`; every key is required, no other is allowed)::
-
-    format          "peagle.rollout.decision/v1"
-    id              32 lowercase hex digits
-    decision        "promote" | "rollback"
-    reasons         [sentence, ...]        why, with the figures
-    comparison      peagle.rollout.live.LiveComparison.to_dict()
-    window          {since, until}         record timestamps the comparison covers
-    versions        {target_fingerprint: str | null, stable: {fingerprint, draft}, candidate: {fingerprint, draft}}
-    routing         how traffic was split: rollout.routing, or "local" (``peagle rollout local``'s router)
-    canary_percent  the candidate's share of traffic
-    gate            the candidate's gate summary {passed (bool), reasons, report} | null (not gated);
-                    a promotion's gate passed
-    settings        the rollout section used, without the registry
-    decided_at      format_time of the decision
+The decision record itself (its layout, strict reading) is :class:`peagle.records.decision.Decision`.
 """
 from __future__ import annotations
 
-import json
 import math
-import re
 import uuid
-from dataclasses import dataclass, fields
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 
-from ..errors import PeagleError
+from ..records.base import format_time
+from ..records.decision import DECISION_FORMAT, DECISIONS, DecisionError, Decision, PROMOTE, ROLLBACK
+from ..records.gate import GateSummary
+from ..records.live import CANDIDATE, STABLE, LiveComparison
 from ..stats import Estimate
-from ..traffic.record import format_time, parse_time, strict_fields, timestamp_problem
-from .live import CANDIDATE, ROLES, STABLE, LiveComparison, comparison_problem
-from .settings import ROUTINGS, RolloutSettings
+from .settings import RolloutSettings
 
-DECISION_FORMAT = "peagle.rollout.decision/v1"
-PROMOTE, ROLLBACK = "promote", "rollback"
-DECISIONS = (PROMOTE, ROLLBACK)
-LOCAL = "local"  # the routing of the local loop's weighted router (peagle.rollout.local.LocalBackend)
-DECISION_ROUTINGS = (*ROUTINGS, LOCAL)
-_ID = re.compile(r"[0-9a-f]{32}")
-
-
-class DecisionError(PeagleError, ValueError):
-    """A decision record that does not follow ``peagle.rollout.decision/v1``; the message names where and the field."""
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One rollout decision and everything it was based on (see the module docstring)."""
-
-    decision: Literal["promote", "rollback"]
-    reasons: list[str]
-    comparison: dict[str, Any]
-    window: dict[str, str]
-    versions: dict[str, Any]
-    routing: str
-    canary_percent: int
-    gate: dict[str, Any] | None
-    settings: dict[str, Any]
-    decided_at: str
-    id: str
-
-    def __post_init__(self) -> None:
-        # a record is checked when it is made, by the rules its reader applies: one that could not be read
-        # back (a rerun looks at it) is refused before it is written anywhere
-        self._check(self.to_dict(), f"decision {self.id}")
-
-    @staticmethod
-    def _check(d: Any, where: str) -> dict[str, Any]:
-        """The record's fields, checked field by field and together (:class:`DecisionError` naming ``where``)."""
-        parsed = strict_fields(Decision, d, where, DECISION_FORMAT, _CHECKS, DecisionError, "a decision record")
-        problem = _record_problem(parsed)
-        if problem:
-            raise DecisionError(f"{where}: field {problem[0]!r}: {problem[1]}")
-        return parsed
-
-    @property
-    def promoted(self) -> bool:
-        return self.decision == PROMOTE
-
-    @property
-    def live(self) -> LiveComparison:
-        """The comparison as typed figures."""
-        return LiveComparison.from_dict(self.comparison)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": DECISION_FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)}}
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str) -> "Decision":
-        """Parse one record strictly; :class:`DecisionError` names ``where`` and the field."""
-        return cls(**cls._check(d, where))
-
-    @classmethod
-    def from_json(cls, text: str | bytes, where: str) -> "Decision":
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise DecisionError(f"{where}: not JSON: {exc}") from None
-        return cls.from_dict(doc, where)
-
-
-def gate_summary_problem(v: Any) -> str | None:
-    """None when ``v`` is null (not gated) or a gate summary ``{passed: bool, reasons: [str], report: str | null}``
-    (:func:`peagle.rollout.local.gate_summary_of`), else the reason: a ``"passed": "false"`` is refused, never
-    read as true further on (the promotion record)."""
-    ok = v is None or (isinstance(v, dict) and set(v) == {"passed", "reasons", "report"}
-                       and isinstance(v["passed"], bool) and isinstance(v["reasons"], list)
-                       and all(isinstance(r, str) for r in v["reasons"])
-                       and (v["report"] is None or isinstance(v["report"], str)))
-    return None if ok else "not {'passed': bool, 'reasons': [str], 'report': str | null} or null"
-
-
-def _record_problem(d: dict[str, Any]) -> tuple[str, str] | None:
-    """(field, why) when the fields of a record, each valid, contradict each other: a promotion of a candidate
-    whose gate did not pass."""
-    if d["decision"] == PROMOTE and d["gate"] is not None and not d["gate"]["passed"]:
-        return "gate", "the gate did not pass the candidate, yet the decision promotes it"
-    return None
-
-
-def _window(v: Any) -> str | None:
-    if not (isinstance(v, dict) and set(v) == {"since", "until"}):
-        return "not {'since': timestamp, 'until': timestamp}"
-    try:
-        parse_time(v["since"]), parse_time(v["until"])
-    except (TypeError, ValueError, AttributeError):
-        return "since/until are not ISO 8601 timestamps"
-    return None
-
-
-def _version(v: Any) -> bool:
-    return isinstance(v, dict) and set(v) == {"fingerprint", "draft"} and all(isinstance(x, str) for x in v.values())
-
-
-def _versions(v: Any) -> str | None:
-    ok = (isinstance(v, dict) and set(v) == {"target_fingerprint", *ROLES}
-          and (v["target_fingerprint"] is None or isinstance(v["target_fingerprint"], str))
-          and all(_version(v[role]) for role in ROLES))
-    return None if ok else ("not {'target_fingerprint': str | null, 'stable': {'fingerprint', 'draft'}, "
-                            "'candidate': {'fingerprint', 'draft'}} (strings)")
-
-
-_CHECKS = {
-    "id": lambda v: None if isinstance(v, str) and _ID.fullmatch(v) else "not 32 lowercase hex digits",
-    "decision": lambda v: None if v in DECISIONS else f"not one of {', '.join(DECISIONS)}",
-    "reasons": lambda v: (None if isinstance(v, list) and all(isinstance(x, str) for x in v)
-                          else "not a list of strings"),
-    "comparison": comparison_problem,
-    "window": _window,
-    "versions": _versions,
-    "routing": lambda v: None if v in DECISION_ROUTINGS else f"not one of {', '.join(DECISION_ROUTINGS)}",
-    "canary_percent": lambda v: (None if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100
-                                 else "not an integer 0..100"),
-    "gate": gate_summary_problem,
-    "settings": lambda v: None if isinstance(v, dict) else "not an object",
-    "decided_at": timestamp_problem,
-}
+__all__ = ["DECISION_FORMAT", "DECISIONS", "Decision", "DecisionError", "PROMOTE", "ROLLBACK", "decide",
+           "decision_metrics", "log_decision_metrics"]
 
 
 # ---- the rule ---------------------------------------------------------------------------------------
@@ -226,7 +85,7 @@ def _figures_line(c: LiveComparison) -> str:
 
 def decide(comparison: LiveComparison, settings: RolloutSettings, *, window_over: bool,
            target_fingerprint: str | None = None, stable_draft: str = "", candidate_draft: str = "",
-           gate: dict[str, Any] | None = None, canary_percent: int | None = None, routing: str | None = None,
+           gate: GateSummary | dict[str, Any] | None = None, canary_percent: int | None = None, routing: str | None = None,
            now: datetime | None = None) -> Decision | None:
     """The decision on ``comparison`` under ``settings`` (the module docstring's rule), or None: keep waiting.
 

@@ -38,20 +38,19 @@ from pydantic import Field
 from .. import config as C
 from ..engine.settings import EngineSettings
 from ..errors import PeagleError, report
-from ..traffic.replay import WeightedRouter
+from ..records.decision import Decision
+from ..records.history import LoopHistory, history_uri
+from ..traffic.log import TrafficLog
+from ..traffic.replay import ReplayResult, WeightedRouter, load_prompts, replay
 from ..traffic.serve import ServerProcess, free_port, server_command
 from ..traffic.settings import CaptureSettings
-from .objects import publication_fingerprint
+from .assemble import read_gate
+from .controller import run_rollout
+from .objects import Candidate, publication_fingerprint
 from .settings import RolloutSettings
 
 if TYPE_CHECKING:
-    from ..traffic.gate_report import GateResult
     from ..evaluate.prompts import Prompt
-    from ..traffic.log import TrafficLog
-    from ..traffic.replay import ReplayResult
-    from .decision import Decision
-    from ..records.history import LoopHistory
-    from .objects import Candidate
 
 SERVED_MODEL_NAME = "peagle"  # both servers answer to one model name, as behind one endpoint
 
@@ -220,9 +219,6 @@ def rollout_under_traffic(backend: LocalBackend, candidate: "Candidate", prompts
     not count). Returns the decision and the replays (each row says which server answered). The replay
     ends with its prompts, decided or not: without enough requests by ``settings.window_s`` the rollout
     rolls back."""
-    from ..traffic.replay import replay
-    from .controller import run_rollout
-
     results: list["ReplayResult"] = []
     failure: list[BaseException] = []
     stop = threading.Event()
@@ -286,9 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--canary-port", type=int, help="the canary's port (default: a free one)")
     p.add_argument("--num-speculative-tokens", "-k", type=int, help="K (default: the drafts' trained depths)")
     p.add_argument("--log-dir", help="server logs (default: a new temporary directory)")
-    p.add_argument("--config", help="YAML with 'engine', 'capture' and 'rollout' sections")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one setting, e.g. --set rollout.min_requests=24 (repeatable)")
+    C.add_run_config_args(p, reads="its 'engine', 'capture' and 'rollout' sections are read",
+                          example="rollout.min_requests=24")
     C.add_flags(p, RolloutSettings, "rollout")
     C.add_flags(p, EngineSettings, "engine")
     return p
@@ -323,29 +318,17 @@ def candidate_of(draft: str, gate: str | None = None) -> "Candidate":
 
     ``gate``: where its gate result is (gate.json or a gate output), verified as ``peagle rollout`` verifies
     it (:func:`.assemble.read_gate`: a gate of this draft, and passed), then summarized with the decision."""
-    from .objects import Candidate
-
     summary = None
     if gate:
-        from .assemble import read_gate
-
-        summary = gate_summary_of(read_gate(gate, draft), str(gate))
+        summary = read_gate(gate, draft).summary(str(gate))
     return Candidate(draft=str(draft), fingerprint=publication_fingerprint(draft), values={}, gate=summary)
-
-
-def gate_summary_of(result: "GateResult", location: str) -> dict:
-    """What a decision records of the candidate's gate (``peagle rollout`` and the local loop alike)."""
-    return {"passed": bool(result.passed), "reasons": list(result.reasons), "report": str(location)}
 
 
 def main_local(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         check_flags(ns)
-        from ..model.target import fingerprint as target_fingerprint
-        from ..traffic.log import TrafficLog
-        from ..traffic.replay import load_prompts
-        from ..records.history import LoopHistory, history_uri
+        from ..model.target import fingerprint as target_fingerprint  # torch: loaded when the command runs
 
         cfg = load_config(ns)
         prompts = load_prompts(ns.prompts, ns.limit)

@@ -23,7 +23,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from pydantic import ValidationError
+
 from ..deploy.render import RenderError, deep_merge, render
+from ..records.decision import DecisionError
+from ..records.gate import GATE_SUMMARY_SHAPE, GateSummary
 from ..records.identity import identify_draft
 from ..records.lineage import Lineage
 from .settings import ROUTINGS
@@ -46,13 +50,19 @@ class Candidate:
     draft: str               # URI/directory of the candidate draft
     fingerprint: str         # the draft's fingerprint (peagle.records.identity.identify_draft)
     values: dict             # chart values overriding the stable's model source (see candidate_values)
-    gate: dict | None = None     # {"passed", "reasons", "report"}, or None (unvetted)
+    gate: GateSummary | None = None  # the gate's verdict (a dict is read as one), or None (unvetted)
     lineage: Lineage | None = None  # the refresh's lineage.json, when there is one
 
     def __post_init__(self) -> None:
         if not _FINGERPRINT.fullmatch(self.fingerprint):
             raise RenderError(f"candidate fingerprint {self.fingerprint!r}: expected lower-case hex digits "
                               f"({CANARY_FINGERPRINT_DIGITS} to 40)")
+        if isinstance(self.gate, Mapping):  # typed here: a "passed": "false" is refused, never read as a pass
+            try:
+                object.__setattr__(self, "gate", GateSummary(**self.gate))
+            except (TypeError, ValidationError):
+                raise DecisionError(f"candidate {self.fingerprint}: gate {self.gate!r:.200}: {GATE_SUMMARY_SHAPE}: "
+                                    "not rolled out") from None
 
 
 def candidate_values(stable_values: Mapping, *, draft_uri: str | None = None, path: str | None = None) -> dict:

@@ -1,6 +1,6 @@
 """A client of the OpenShift AI (Kubeflow) Model Registry REST API, ``/api/model_registry/v1alpha3``.
 
-What a promotion needs, over plain HTTP (``urllib``: no SDK to pin):
+What a promotion needs, over plain HTTP (:class:`peagle.net.json_client.JsonHttpClient`: no SDK to pin):
 
 * the registered model, found by name (``GET /registered_model?name=``) or created
   (``POST /registered_models``);
@@ -15,21 +15,20 @@ Custom properties are a flat ``{name: str | int | float | bool}``: each becomes 
 
 Errors are :class:`ModelRegistryError` naming the method, the endpoint and the HTTP status (or the network
 failure); the bearer token never appears in them (it is replaced by ``***`` should a server echo it).
+No redirect is followed: urllib's would carry the Authorization header to wherever it points.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
-from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from ..config import shorten
-from ..errors import PeagleError, mask_token
+from ..errors import PeagleError
+from ..records.promotion import Registration
+from ..net.json_client import HttpError, InvalidJsonError, JsonHttpClient
 from ..storage.settings import strip_userinfo
 from .settings import RegistrySettings
 
@@ -38,7 +37,6 @@ MODEL_FORMAT_NAME = "peagle-p-eagle-draft"  # what the artifact is: a vLLM-forma
 MODEL_ARTIFACT = "model-artifact"  # the API's artifactType discriminator
 _INT32_DIGITS = 9  # MetadataIntValue.int_value: "^-?([1-9][0-9]{0,8}|0)$"
 _MESSAGE_LIMIT = 300  # characters of a server's error body shown in an error
-_BODY_LIMIT = 1 << 20  # bytes of an error body read (one without end would fill the memory)
 
 Property = str | int | float | bool | None
 
@@ -72,22 +70,6 @@ def custom_properties(flat: Mapping[str, Property]) -> dict[str, dict[str, Any]]
     return {name: metadata_value(name, value) for name, value in flat.items() if value is not None}
 
 
-@dataclass(frozen=True)
-class Registration:
-    """Where a promoted draft was registered (ids are the registry's)."""
-
-    url: str
-    registered_model_id: str
-    registered_model_name: str
-    model_version_id: str
-    model_version_name: str
-    model_artifact_id: str
-    reused_version: bool  # the version existed already (a rerun): nothing was created for it
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 class ModelRegistryClient:
     """The few calls of the Model Registry REST API a promotion makes (see the module docstring)."""
 
@@ -96,9 +78,10 @@ class ModelRegistryClient:
         if not base.startswith(("http://", "https://")):
             raise ModelRegistryError(f"Model Registry URL {strip_userinfo(url)!r} is not an http(s) URL")
         self.url = base.removesuffix(API_PREFIX)
-        self._token = token or None
         self.timeout_s = timeout_s
-        self._context = None if verify_tls else _unverified_tls()
+        # no redirect is followed: urllib's would carry the Authorization header to wherever it points
+        self._http = JsonHttpClient(timeout_s=timeout_s, token=token, verify_tls=verify_tls,
+                                    follow_redirects=False)
 
     @classmethod
     def from_settings(cls, settings: RegistrySettings, env: Mapping[str, str] | None = None) -> "ModelRegistryClient":
@@ -158,8 +141,10 @@ class ModelRegistryClient:
                                               description=description)
         artifact = self.model_artifact(str(version["id"]), name=version_name, uri=uri, properties=properties,
                                        description=description, model_format_version=model_format_version)
-        return Registration(strip_userinfo(self.url), str(model["id"]), model_name, str(version["id"]),
-                            version_name, str(artifact["id"]), not created)
+        return Registration(url=strip_userinfo(self.url), registered_model_id=str(model["id"]),
+                            registered_model_name=model_name, model_version_id=str(version["id"]),
+                            model_version_name=version_name, model_artifact_id=str(artifact["id"]),
+                            reused_version=not created)
 
     # -- HTTP -------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
@@ -168,57 +153,27 @@ class ModelRegistryClient:
         """The decoded JSON answer; ``None`` for a 404 with ``missing_ok`` or a 409 with ``conflict_ok``."""
         endpoint = API_PREFIX + path + ("?" + urllib.parse.urlencode(query) if query else "")
         shown = f"Model Registry {method} {strip_userinfo(self.url)}{endpoint}"
-        headers = {"Accept": "application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(self.url + endpoint, data=data, headers=headers, method=method)
-        # no redirect is followed: urllib's would carry the Authorization header to wherever it points
-        opener = urllib.request.build_opener(_RefuseRedirects, urllib.request.HTTPSHandler(context=self._context))
         try:
-            with opener.open(request, timeout=self.timeout_s) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as exc:
-            if (exc.code == 404 and missing_ok) or (exc.code == 409 and conflict_ok):
+            return self._http.request_json(method, self.url + endpoint, body)
+        except HttpError as exc:
+            if (exc.status == 404 and missing_ok) or (exc.status == 409 and conflict_ok):
                 return None
-            if 300 <= exc.code < 400:
-                where = strip_userinfo(str(exc.headers.get("Location", "")))
+            if exc.status is None:  # refused, DNS, TLS, timeout, cut off
+                raise ModelRegistryError(self._redact(f"{shown}: cannot reach the registry ({exc.reason})")) from None
+            if 300 <= exc.status < 400:
+                where = strip_userinfo(exc.location)
                 raise ModelRegistryError(self._redact(
-                    f"{shown}: HTTP {exc.code}, a redirect to {shorten(where, 120)!r}, not followed (the token "
+                    f"{shown}: HTTP {exc.status}, a redirect to {shorten(where, 120)!r}, not followed (the token "
                     "goes to the registry's own address only): set rollout.registry.url to the address "
                     "that answers")) from None
             # the token is masked in the whole body first: a cut could leave a prefix of it unmasked
-            message = self._redact(_server_message(exc))[:_MESSAGE_LIMIT]
-            raise ModelRegistryError(self._redact(f"{shown}: HTTP {exc.code} {exc.reason}: {message}")) from None
-        except (urllib.error.URLError, OSError) as exc:  # refused, DNS, TLS, timeout
-            reason = getattr(exc, "reason", exc)
-            raise ModelRegistryError(self._redact(f"{shown}: cannot reach the registry ({reason})")) from None
-        try:
-            return json.loads(payload)
-        except ValueError:
-            raise ModelRegistryError(f"{shown}: the answer is not JSON ({len(payload)} bytes)") from None
+            message = self._redact(_server_message(exc.body))[:_MESSAGE_LIMIT]
+            raise ModelRegistryError(self._redact(f"{shown}: HTTP {exc.status} {exc.reason}: {message}")) from None
+        except InvalidJsonError as exc:
+            raise ModelRegistryError(f"{shown}: the answer is not JSON ({exc.size} bytes)") from None
 
     def _redact(self, message: str) -> str:
-        return mask_token(message, self._token)
-
-
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """Follow no redirect: urllib then raises the 3xx as an HTTPError."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
-        return None
-
-
-def _unverified_tls() -> ssl.SSLContext:
-    """TLS without certificate checks: what ``verify_tls: false`` asks for (a registry behind a
-    cluster-internal CA the pod does not trust)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context
+        return self._http.mask(message)
 
 
 def _id(value: str) -> str:
@@ -226,15 +181,11 @@ def _id(value: str) -> str:
     return urllib.parse.quote(str(value), safe="")
 
 
-def _server_message(exc: urllib.error.HTTPError) -> str:
+def _server_message(body: str) -> str:
     """The API's ``Error.message`` when the body is one, else the body's start."""
     try:
-        raw = exc.read(_BODY_LIMIT)
-    except OSError:
-        return ""
-    try:
-        doc = json.loads(raw)
+        doc = json.loads(body)
         text = str(doc.get("message") or doc) if isinstance(doc, dict) else str(doc)
     except ValueError:
-        text = raw.decode("utf-8", "replace")
+        text = body
     return text.strip()

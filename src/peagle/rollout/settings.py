@@ -1,6 +1,7 @@
 """Settings of the rollout and of the refresh trigger: the ``rollout`` and ``trigger`` run-config sections.
 
-This module imports only pydantic and :mod:`peagle.config` (``peagle.run_config`` assembles it).
+This module imports only pydantic, :mod:`peagle.config` and the decision record's routings
+(``peagle.run_config`` assembles it).
 """
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..config import MAX_DURATION_S, StrictModel
-
-ROUTINGS = ("kserve-canary", "route", "httproute")
+from ..records.decision import ROUTINGS
 
 
 class RegistrySettings(StrictModel):
@@ -29,7 +29,7 @@ class RegistrySettings(StrictModel):
 class RolloutSettings(StrictModel):
     """Rolling a gated candidate out beside the serving draft, deciding on live acceptance."""
 
-    routing: Literal["kserve-canary", "route", "httproute"] = Field(
+    routing: Literal[ROUTINGS] = Field(
         "kserve-canary", description="how traffic is split: KServe's canary (Serverless: canaryTrafficPercent; "
         "RawDeployment/Standard: spec.canary, KServe >= 0.20), an OpenShift Route's weighted alternateBackends, "
         "or a Gateway API HTTPRoute's weighted backendRefs")

@@ -472,9 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="peagle gate", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
-    p.add_argument("--config", help="YAML run configuration (its target, gate and evaluate.engine sections are read)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one setting, e.g. --set gate.margin=0.05 (repeatable)")
+    C.add_run_config_args(p, reads="its target, gate and evaluate.engine sections are read", example="gate.margin=0.05")
     p.add_argument("--target", help="target directory or URI (default: target.path)")
     p.add_argument("--serving-draft", required=True, help="the draft serving now (directory or URI)")
     p.add_argument("--candidate-draft", required=True, help="the draft that would replace it (directory or URI)")

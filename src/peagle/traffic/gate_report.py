@@ -35,6 +35,7 @@ from typing import Any
 
 from ..errors import PeagleError
 from ..evaluate.kfp_logging import metric_name
+from ..records.gate import GateSummary
 from ..stats import Estimate
 from ..storage.base import atomic_path
 
@@ -192,6 +193,11 @@ class GateResult:
     def reasons(self) -> list[str]:
         """The failed checks, one line each."""
         return [f"{c.name}: {c.detail}" for c in self.checks if not c.passed]
+
+    def summary(self, report: str) -> GateSummary:
+        """The verdict as the loop carries it (a candidate, its lineage and decision): ``report`` is where this
+        result was read from or written to."""
+        return GateSummary(passed=bool(self.passed), reasons=list(self.reasons), report=str(report))
 
     def to_doc(self) -> dict[str, Any]:
         return {"format": self.format, "created_utc": self.created_utc, "passed": self.passed,

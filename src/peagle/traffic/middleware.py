@@ -7,7 +7,7 @@ no arguments): its settings come from the ``PEAGLE_CAPTURE_*`` environment
 On, for ``POST /v1/chat/completions`` and ``POST /v1/completions`` only, it copies the request body as
 the app reads it and the response as it is sent (a JSON body, or an SSE stream of ``data:`` chunks),
 without delaying or changing either. When the response has finished it queues a closure; the writer
-thread (:class:`~peagle.traffic.log.TrafficWriter`) parses the bytes into a
+thread (:class:`~peagle.traffic.log.TrafficWriter`) parses the bytes (:mod:`peagle.net.sse`) into a
 :class:`~peagle.traffic.record.TrafficRecord` (stream text joined from the deltas; ``usage`` and
 ``metrics.speculative_decoding`` from the chunk carrying them -- the server runs with
 ``--enable-force-include-usage`` so a stream's final chunk has them), redacts it and publishes it.
@@ -35,6 +35,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable
 
+from ..net.sse import (StreamedAnswer, UnsupportedContent, choice_text, content_text, first_choice,
+                       spec_decode_fields, speculative_decoding, token_counts)
 from .log import CaptureSkipped, TrafficWriter
 from .record import CHAT_ENDPOINT, ENDPOINTS, TrafficRecord
 from .settings import CaptureSettings
@@ -49,7 +51,6 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "max_completion_tokens", "n",
                  "presence_penalty", "frequency_penalty", "repetition_penalty")
 ROLES = ("system", "developer", "user", "assistant", "tool")  # a message's role outside these is stored as "other"
-_SPEC_KEYS = ("acceptance_histogram", "num_spec_tokens", "num_draft_tokens", "mean_acceptance_length")
 
 
 def _prometheus_counters() -> dict[str, Any] | None:
@@ -196,8 +197,11 @@ class _Capture:
         timing = {"latency_s": self.latency_s, "first_byte_s": self.first_byte_s}
         body = b"".join(self.response)
         served = self.status == 200 and ("text/event-stream" in self.content_type or stream)
-        fields: dict[str, Any] = _from_stream(body, chat) if served else (
-            _from_json(body, chat) if self.status == 200 else {})
+        try:
+            fields: dict[str, Any] = _from_stream(body, chat) if served else (
+                _from_json(body, chat) if self.status == 200 else {})
+        except UnsupportedContent as exc:
+            raise CaptureSkipped("unsupported", str(exc)) from None
         status = fields.pop("status", self.status)
         if status != 200:  # refused (400, 404, an error mid-stream): counted by the refresh, never trained on
             return TrafficRecord.new(received_at=self.received_at, endpoint=self.endpoint, model="",
@@ -218,14 +222,11 @@ def _sampling(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _text(content: Any) -> str:
-    """A message's text: a string, or the text parts of an OpenAI content list (other parts left out)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    raise CaptureSkipped("unsupported", f"message content of type {type(content).__name__}")
+    """A message's text (:func:`peagle.net.sse.content_text`); content of another type is not captured."""
+    try:
+        return content_text(content)
+    except UnsupportedContent as exc:
+        raise CaptureSkipped("unsupported", str(exc)) from None
 
 
 def _messages(messages: Any) -> list[dict[str, str]]:
@@ -243,48 +244,20 @@ def _prompt(prompt: Any) -> str:
     return prompt
 
 
-def _spec_decode(metrics: Any) -> dict[str, Any] | None:
-    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
-    return {k: spec[k] for k in _SPEC_KEYS} if isinstance(spec, dict) else None
-
-
-def _usage(usage: Any) -> dict[str, int] | None:
-    if not isinstance(usage, dict):
-        return None
-    return {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
-            "completion_tokens": int(usage.get("completion_tokens") or 0)}
-
-
-def _choice_text(choice: dict[str, Any], chat: bool, key: str) -> str:
-    if not chat:
-        return choice.get("text") or ""
-    return _text((choice.get(key) or {}).get("content"))
-
-
 def _from_json(body: bytes, chat: bool) -> dict[str, Any]:
     response = json.loads(body)
-    choice = next((c for c in response.get("choices") or () if c.get("index", 0) == 0), {})
-    return {"response_text": _choice_text(choice, chat, "message"), "finish_reason": choice.get("finish_reason"),
-            "usage": _usage(response.get("usage")), "spec_decode": _spec_decode(response.get("metrics"))}
+    choice = first_choice(response)
+    return {"response_text": choice_text(choice, chat=chat, key="message"),
+            "finish_reason": choice.get("finish_reason"), "usage": token_counts(response.get("usage")),
+            "spec_decode": spec_decode_fields(speculative_decoding(response))}
 
 
 def _from_stream(body: bytes, chat: bool) -> dict[str, Any]:
-    """Join the text of choice 0's deltas; usage and spec metrics from the chunk that carries them."""
-    parts, out = [], {"finish_reason": None, "usage": None, "spec_decode": None}
-    for line in body.decode("utf-8", errors="replace").splitlines():
-        if not line.startswith("data:") or (payload := line[5:].strip()) in ("", "[DONE]"):
-            continue
-        chunk = json.loads(payload)
-        if "error" in chunk:  # vLLM reports a failure mid-stream as a data chunk
-            code = (chunk["error"] or {}).get("code") if isinstance(chunk["error"], dict) else None
-            out["status"] = code if isinstance(code, int) and not isinstance(code, bool) else 500
-            continue
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) == 0:
-                parts.append(_choice_text(choice, chat, "delta"))
-                out["finish_reason"] = choice.get("finish_reason") or out["finish_reason"]
-        if chunk.get("usage"):
-            out["usage"] = _usage(chunk["usage"])
-        out["spec_decode"] = _spec_decode(chunk.get("metrics")) or out["spec_decode"]
-    out["response_text"] = "".join(parts)
+    """Choice 0's text joined from the deltas; usage and spec metrics from the chunk that carries them; the
+    status of an error reported in the stream."""
+    answer = StreamedAnswer.read(body.splitlines(), chat=chat)
+    out = {"response_text": answer.text, "finish_reason": answer.finish_reason,
+           "usage": token_counts(answer.usage), "spec_decode": spec_decode_fields(answer.speculative_decoding)}
+    if answer.error_status is not None:
+        out["status"] = answer.error_status
     return out

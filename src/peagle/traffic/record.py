@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ..errors import PeagleError
+from ..net.sse import SPEC_DECODE_KEYS as _SPEC_DECODE_KEYS
 
 RECORD_FORMAT = "peagle.traffic.record/v1"
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -27,7 +28,6 @@ COMPLETIONS_ENDPOINT = "/v1/completions"
 ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)
 DEFAULT_TEMPERATURE = 1.0  # vLLM's default when a request names none
 _ID = re.compile(r"[0-9a-f]{32}")
-_SPEC_DECODE_KEYS = ("acceptance_histogram", "num_spec_tokens", "num_draft_tokens", "mean_acceptance_length")
 
 
 class TrafficRecordError(PeagleError, ValueError):

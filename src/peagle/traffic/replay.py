@@ -41,6 +41,7 @@ import numpy as np
 from ..engine.client import EndpointError, OpenAIClient, safe_url
 from ..errors import PeagleError, report
 from ..evaluate.prompts import Prompt, load_prompt_sets
+from ..net.sse import StreamedAnswer, speculative_decoding
 from ..stage_io import OutputError, check_output_file, write_errors
 from ..stats import bootstrap, figures
 from ..storage.base import atomic_path
@@ -218,14 +219,13 @@ def progress_line(done: int, total: int, fig: dict[str, Any]) -> str:
     return line
 
 
-def _spec_histogram(data: dict[str, Any]) -> list[int] | None:
-    sd = ((data.get("metrics") or {}).get("speculative_decoding") or {})
-    h = sd.get("acceptance_histogram")
+def _histogram(spec: dict[str, Any] | None) -> list[int] | None:
+    """The ``acceptance_histogram`` of a ``metrics.speculative_decoding`` object, or None."""
+    h = (spec or {}).get("acceptance_histogram")
     return [int(x) for x in h] if isinstance(h, list) else None
 
 
-def _usage(row: ReplayRow, data: dict[str, Any]) -> None:
-    usage = data.get("usage") or {}
+def _usage(row: ReplayRow, usage: dict[str, Any] | None) -> None:
     if usage:
         row.prompt_tokens = usage.get("prompt_tokens")
         row.completion_tokens = usage.get("completion_tokens")
@@ -233,20 +233,15 @@ def _usage(row: ReplayRow, data: dict[str, Any]) -> None:
 
 def stream_chat(client: OpenAIClient, body: dict[str, Any], *, row: ReplayRow, t0: float) -> None:
     """Send a streamed chat request and fill ``row`` from its server-sent events
-    (:meth:`~peagle.engine.client.OpenAIClient.stream_events`): the text of the deltas, the finish reason, and
-    usage and metrics from the last chunk."""
-    parts: list[str] = []
+    (:meth:`~peagle.engine.client.OpenAIClient.stream_events`, added up by :class:`peagle.net.sse.StreamedAnswer`):
+    the text of the deltas, the finish reason, and usage and metrics from the last chunk."""
+    answer = StreamedAnswer()
     for data in client.stream_events(body):
-        for choice in data.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content")
-            if text:
-                if row.first_byte_s is None:
-                    row.first_byte_s = time.perf_counter() - t0
-                parts.append(text)
-            row.finish_reason = choice.get("finish_reason") or row.finish_reason
-        _usage(row, data)
-        row.histogram = _spec_histogram(data) or row.histogram
-    row.text = "".join(parts)
+        if answer.add(data) and row.first_byte_s is None:
+            row.first_byte_s = time.perf_counter() - t0
+    row.text, row.finish_reason = answer.text, answer.finish_reason
+    _usage(row, answer.usage)
+    row.histogram = _histogram(answer.speculative_decoding)
 
 
 class _Servers:
@@ -293,8 +288,8 @@ def _one(servers: _Servers, route: Callable[[], Any], index: int, prompt: Prompt
                 choice = data["choices"][0]
                 row.text = (choice.get("message") or {}).get("content") or ""
                 row.finish_reason = choice.get("finish_reason")
-                _usage(row, data)
-                row.histogram = _spec_histogram(data)
+                _usage(row, data.get("usage"))
+                row.histogram = _histogram(speculative_decoding(data))
     except (EndpointError, ValueError) as exc:
         row.error = str(exc)
     row.latency_s = time.perf_counter() - t0

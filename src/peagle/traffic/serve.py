@@ -31,8 +31,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ from ..engine.child import start_guard, stop_guard
 from ..engine.llm import KV_CACHE_ENV, engine_child_env, engine_kwargs
 from ..engine.settings import EngineSettings
 from ..errors import PeagleError, report
+from ..net.json_client import HttpError, JsonHttpClient
 from .settings import CaptureSettings
 
 MIDDLEWARE = "peagle.traffic.middleware.CaptureMiddleware"
@@ -175,9 +174,9 @@ class ServerProcess:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
+            with JsonHttpClient(timeout_s=5).open("GET", f"{self.url}/health") as resp:
                 return resp.status == 200
-        except (urllib.error.URLError, OSError):
+        except HttpError:
             return False
 
     def wait_healthy(self) -> None:

@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from ..config import build_config
+from ..config import add_run_config_args, build_config
 from ..errors import PeagleError, report
 from ..run_config import RunConfig
 from .loop import train
@@ -18,9 +18,8 @@ from .loop import train
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m peagle.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML file with target / draft / train / work_dir sections")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one setting, e.g. --set train.max_steps=100 (repeatable)")
+    add_run_config_args(parser, reads="target / draft / train / work_dir sections are read",
+                        example="train.max_steps=100")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -10,8 +10,8 @@ import pytest
 from peagle.model.target import fingerprint
 from peagle.refresh.trigger import decide_trigger, window_from_trigger
 from peagle.records.history import LoopHistory
-from peagle.rollout.live import LiveComparison, VersionFigures
-from peagle.rollout.promotion import PromotionRecord
+from peagle.records.live import LiveComparison, VersionFigures
+from peagle.records.promotion import PromotionRecord
 from peagle.rollout.settings import TriggerSettings
 from peagle.run_config import RunConfig
 from peagle.stats import Estimate

@@ -49,9 +49,9 @@ def test_a_better_candidate_is_promoted_without_restarting_a_stable_that_has_tra
     assert [c[0] for c in b.calls] == ["deploy_canary", "set_weight", "update_stable", "remove_canary"]
     assert b.calls[1] == ("set_weight", 100) and b.violations == []
     assert (b.stable, b.canary) == (GOOD, None)
-    assert decision.versions["stable"] == {"fingerprint": STABLE, "draft": "s3://b/stable"}
-    assert decision.versions["candidate"] == {"fingerprint": GOOD, "draft": f"s3://b/{GOOD}"}
-    comparison = decision.comparison
+    assert decision.versions.stable.model_dump() == {"fingerprint": STABLE, "draft": "s3://b/stable"}
+    assert decision.versions.candidate.model_dump() == {"fingerprint": GOOD, "draft": f"s3://b/{GOOD}"}
+    comparison = decision.comparison.to_dict()
     assert comparison["stable"]["requests"] >= 20 and comparison["candidate"]["requests"] >= 20
     assert [d["id"] for d in history.all("decision")] == [decision.id]
     (promotion,) = history.all("promotion")
@@ -165,8 +165,7 @@ def test_abort_removes_the_canary_only(served):
 def test_a_candidate_with_a_bad_or_failed_gate_summary_is_refused_before_anything_is_deployed(
         served, tmp_path, gate, why):
     history = LoopHistory(str(tmp_path / "loop"))
-    bad = Candidate(draft=f"s3://b/{GOOD}", fingerprint=GOOD, values={}, gate=gate)
-    with pytest.raises(DecisionError, match=f"candidate {GOOD}: gate .*{why}"):
-        rollout(served, bad, history)
+    with pytest.raises(DecisionError, match=f"candidate {GOOD}: gate .*{why}"):  # a bad summary: when made
+        rollout(served, Candidate(draft=f"s3://b/{GOOD}", fingerprint=GOOD, values={}, gate=gate), history)
     assert served.backend.calls == [] and served.backend.canary is None
     assert history.keys("decision") == [] and history.keys("promotion") == []

@@ -10,7 +10,8 @@ from kfp import dsl
 
 from peagle.rollout.decision import (DECISION_FORMAT, Decision, DecisionError, decide, decision_metrics,
                                      log_decision_metrics)
-from peagle.rollout.live import LiveComparison, VersionFigures, live_comparison
+from peagle.records.live import LiveComparison, VersionFigures
+from peagle.rollout.live import live_comparison
 from peagle.rollout.settings import RolloutSettings
 from peagle.stats import Estimate
 from peagle.traffic.record import TrafficRecord
@@ -121,12 +122,12 @@ def test_promote_when_the_difference_clears_the_margin_and_the_tolerance():
     assert d.reasons[:2] == ["live AL difference +0.052 [+0.010, +0.090] is at least the margin 0.000",
                              "the low end of its 95% interval +0.010 is at least -tolerance -0.050"]
     assert "over 40 requests" in d.reasons[2]
-    assert d.versions == {"target_fingerprint": "t" * 16,
+    assert d.versions.model_dump() == {"target_fingerprint": "t" * 16,
                           "stable": {"fingerprint": STABLE_FP, "draft": "s3://b/stable"},
                           "candidate": {"fingerprint": CANDIDATE_FP, "draft": "s3://b/cand"}}
-    assert (d.routing, d.canary_percent, d.gate["passed"]) == ("kserve-canary", 10, True)
+    assert (d.routing, d.canary_percent, d.gate.passed) == ("kserve-canary", 10, True)
     assert "registry" not in d.settings and d.settings["min_requests"] == 32
-    assert d.window == {"since": "2026-03-01T12:00:00.000000Z", "until": "2026-03-01T13:00:00.000000Z"}
+    assert d.window.model_dump() == {"since": "2026-03-01T12:00:00.000000Z", "until": "2026-03-01T13:00:00.000000Z"}
 
 
 def test_rollback_when_the_candidate_is_worse():

@@ -4,7 +4,6 @@ every record the loop writes (gate result, decision, promotion) reads back with 
 would refuse is refused when written."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -12,7 +11,7 @@ import pytest
 
 from peagle.rollout.decision import Decision, DecisionError, decide
 from peagle.records.history import (KINDS, LoopHistory, LoopHistoryError, history_uri)
-from peagle.rollout.live import LiveComparison, VersionFigures
+from peagle.records.live import LiveComparison, VersionFigures
 from peagle.rollout.objects import Candidate
 from peagle.rollout.promotion import PromotionError, PromotionRecord, record_promotion
 from peagle.rollout.settings import ROUTINGS, RegistrySettings, RolloutSettings
@@ -139,20 +138,22 @@ def test_every_record_the_loop_writes_reads_back_with_its_strict_reader(tmp_path
 def test_a_record_its_reader_would_refuse_is_refused_when_written(tmp_path):
     decision = decide(live(0.2), RolloutSettings(min_requests=32), window_over=False, now=T0)
     with pytest.raises(DecisionError, match="field 'routing'"):
-        dataclasses.replace(decision, routing="istio")
+        decision.replace(routing="istio")
     with pytest.raises(DecisionError, match="field 'canary_percent'"):
         decide(live(0.2), RolloutSettings(min_requests=32), window_over=False, canary_percent=101)
     with pytest.raises(DecisionError, match="field 'decided_at'"):
-        dataclasses.replace(decision, decided_at="yesterday")
+        decision.replace(decided_at="yesterday")
     with pytest.raises(DecisionError, match="field 'comparison'"):  # a count as a string: refused, not coerced
-        dataclasses.replace(decision, comparison={**decision.comparison,
-                                                  "stable": {**decision.comparison["stable"], "requests": "64"}})
+        comparison = decision.comparison.to_dict()
+        decision.replace(comparison={**comparison, "stable": {**comparison["stable"], "requests": "64"}})
     history = LoopHistory(tmp_path, clock=Clock())
-    for gate, why in (({"passed": "false", "reasons": [], "report": None}, "'passed': bool"),  # never read as true
-                      ({"passed": False, "reasons": ["worse"], "report": None}, "did not pass the promoted draft")):
-        gated = Candidate(draft="/drafts/c", fingerprint="c" * 12, values={}, gate=gate)
-        with pytest.raises(PromotionError, match=f"field 'gate': .*{why}"):
-            record_promotion(decision, gated, history=history, registry=RegistrySettings())
+    with pytest.raises(DecisionError, match="gate .*'passed': bool"):  # never read as true: refused when made
+        Candidate(draft="/drafts/c", fingerprint="c" * 12, values={}, gate={"passed": "false", "reasons": [],
+                                                                             "report": None})
+    gated = Candidate(draft="/drafts/c", fingerprint="c" * 12, values={},
+                      gate={"passed": False, "reasons": ["worse"], "report": None})
+    with pytest.raises(PromotionError, match="field 'gate': .*did not pass the promoted draft"):
+        record_promotion(decision, gated, history=history, registry=RegistrySettings())
     for kind, doc in (("decision", {**decision.to_dict(), "decided_at": "yesterday"}),
                       ("promotion", {"format": "peagle.rollout.promotion/v1"})):
         with pytest.raises(TypeError, match=f"a {kind} is appended as its record object"):

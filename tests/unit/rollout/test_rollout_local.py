@@ -264,7 +264,7 @@ def test_rollout_local_refuses_a_failed_gate_or_another_drafts_gate_before_servi
 def test_rollout_local_records_the_verified_gate(published, tmp_path):
     gate = gate_of(tmp_path / "gate", published["candidate"], True)
     candidate = L.candidate_of(published["candidate"], gate)
-    assert candidate.gate == {"passed": True, "reasons": [], "report": gate}
+    assert candidate.gate.model_dump() == {"passed": True, "reasons": [], "report": gate}
     assert L.candidate_of(published["candidate"]).gate is None
 
 
@@ -376,7 +376,7 @@ def test_the_local_loop_decides_on_the_live_records_and_the_stable_endpoint_alwa
     assert all(r.error is None for r in result.rows)  # no request failed while the split moved
     urls = {r.url for r in result.rows}
     assert urls == {backend.stable_url + "/v1", backend.canary_url + "/v1"}
-    comparison = decision.comparison
+    comparison = decision.comparison.to_dict()
     assert comparison["stable"]["fingerprint"] == stable_fp and comparison["stable"]["requests"] >= 8
     assert comparison["candidate"]["fingerprint"] == candidate.fingerprint
     assert comparison["candidate"]["requests"] >= 8

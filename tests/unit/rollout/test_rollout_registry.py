@@ -15,7 +15,7 @@ from peagle.rollout.decision import decide
 from peagle.records.history import PROMOTION, LoopHistory
 from peagle.records.lineage import Lineage
 from support.loop_records import lineage_doc
-from peagle.rollout.live import LiveComparison, VersionFigures
+from peagle.records.live import LiveComparison, VersionFigures
 from peagle.rollout.objects import Candidate
 from peagle.rollout.promotion import (PROMOTION_FORMAT, PromotionError, PromotionRecord, read_promotion,
                                       record_promotion, vllm_version)
@@ -123,8 +123,8 @@ def test_each_promotion_is_a_new_version_of_one_registered_model_with_its_lineag
     assert artifacts[0]["uri"] == "s3://bucket/refresh/222222222222/draft" and artifacts[0]["state"] == "LIVE"
     assert artifacts[0]["modelFormatName"] == "peagle-p-eagle-draft"
 
-    assert records[1].registry["model_version_id"] == versions[1]["id"]
-    assert records[1].registry["reused_version"] is False
+    assert records[1].registry.model_version_id == versions[1]["id"]
+    assert records[1].registry.reused_version is False
     assert [d["decision_id"] for d in history.all(PROMOTION)] == [first[0].id, second[0].id]
 
 
@@ -136,7 +136,7 @@ def test_a_rerun_registers_nothing_twice(tmp_path, standin):
     client = ModelRegistryClient.from_settings(settings, ENV)
     client.register(model_name="my-drafts", version_name="333333333333", uri=candidate.draft, properties={})
     again = record_promotion(decision, candidate, history=history, registry=settings, env=ENV)
-    assert again.registry["reused_version"] is True
+    assert again.registry.reused_version is True
     once_more = record_promotion(decision, candidate, history=history, registry=settings, env=ENV)
     assert once_more == again  # the recorded one: nothing written
     assert len(standin.versions_of("my-drafts")) == 1
@@ -192,11 +192,12 @@ def test_record_round_trips_and_is_published_under_out(tmp_path):
     decision, candidate = promotion_case(tmp_path, "555555555555")
     record = record_promotion(decision, candidate, history=history, registry=RegistrySettings(),
                               out=str(tmp_path / "run"))
-    assert record.registry is None and record.draft == {"uri": candidate.draft, "fingerprint": "555555555555"}
-    assert record.base_draft == {"uri": "s3://bucket/drafts/base", "fingerprint": "0123456789ab"}
+    assert record.registry is None
+    assert record.draft.model_dump() == {"uri": candidate.draft, "fingerprint": "555555555555"}
+    assert record.base_draft.model_dump() == {"uri": "s3://bucket/drafts/base", "fingerprint": "0123456789ab"}
     assert record.lineage_uri == "s3://bucket/refresh/555555555555/lineage.json"
     assert record.live == decision.comparison and record.decision_id == decision.id
-    assert record.gate["figures"]["traffic"]["prompts"] == 48
+    assert record.gate.figures["traffic"].prompts == 48
 
     doc = json.loads(json.dumps(record.to_dict()))
     assert doc["format"] == PROMOTION_FORMAT

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ...config import ConfigError, DraftSettings, add_flags, build_config, flag_values
+from ...config import ConfigError, DraftSettings, add_flags, add_run_config_args, build_config, flag_values
 from ...run_config import RunConfig, check_trainer_order
 from ..params import COVERAGE, COVERED_KEYS, PIPELINE_OWNED, config_text
 from . import embedded
@@ -113,9 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="hand data between stages through a SeaweedFS S3 server started for the run")
     p.add_argument("--run-name", help="the run's directory name; rerunning a name reuses its finished stages")
     p.add_argument("--verbose", action="store_true", help="stream every task's log to the terminal")
-    p.add_argument("--config", help="YAML run configuration")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one setting, e.g. --set draft.num_layers=2 (repeatable)")
+    add_run_config_args(p)
     add_flags(p, DraftSettings, "draft")
     p.set_defaults(func=command)
     return p
