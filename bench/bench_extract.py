@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         run_prepare(PrepareSettings(max_samples=args.samples, max_length=args.max_length, validation_fraction=0.0),
                     target, data)
     rows = read_rows(data, "train")
-    tokens = sum(len(r["input_ids"]) for r in rows)
+    tokens = sum(r.num_tokens for r in rows)
     print(f"{len(rows)} samples, {tokens} tokens (SmolLM2-135M, bf16)")
     print(banner())
 

@@ -128,30 +128,25 @@ def cmd_regenerate(ns: argparse.Namespace) -> int:
 
 
 def cmd_extract(ns: argparse.Namespace) -> int:
-    from .extract.run import check_shard_args
+    from .extract.run import check_shard_args, extract_prepared
 
     check_shard_args(ns.shard_index, ns.num_shards, ("--shard-index", "--num-shards"))  # before any work
     _check_uris(**{"--data": ns.data, "--out": ns.out})
-    from .data import read_rows
-    from .extract import run_extract
-    from .stage_io import fetched_input, is_remote, join
+    from .stage_io import join
 
     cfg = _resolve(ns)
     if not cfg.target.path:
         raise C.ConfigError("extract needs a target: --target DIR (or target.path in the config)")
-    source = ns.data or Path(cfg.work_dir) / "data"
-    data = fetched_input(source)
-    prepared = str(source) if is_remote(source) else str(data.resolve())  # recorded for a streaming trainer
     out_root = ns.out or str(Path(cfg.work_dir) / "hidden_states")
-    for split in ns.splits:
-        rows = read_rows(data, split)
-        if not rows:
-            print(f"{split}: no rows in {data}, skipped")
+    for part in extract_prepared(ns.data or Path(cfg.work_dir) / "data", cfg.target.path,
+                                 lambda split: join(out_root, split), cfg.extract, splits=ns.splits,
+                                 shard_index=ns.shard_index, num_shards=ns.num_shards):
+        res = part.result
+        if res is None:
+            print(f"{part.split}: no rows in {part.data}, skipped")
             continue
-        res = run_extract(rows, cfg.target.path, join(out_root, split), cfg.extract,
-                          shard_index=ns.shard_index, num_shards=ns.num_shards, prepared=prepared, split=split)
         state = "complete" if res.manifest else "partial (other shard sets pending)"
-        print(f"{split}: {len(res.shards_written)} shards written, {len(res.shards_skipped)} already published, "
+        print(f"{part.split}: {len(res.shards_written)} shards written, {len(res.shards_skipped)} already published, "
               f"{res.num_samples} samples -> {res.out_dir} [{state}]")
     return 0
 

@@ -8,17 +8,19 @@ Layout of an output prefix (a local directory, ``file://`` or ``s3://`` URI)::
     _MANIFEST.json      every file with size and sha256; its metadata is the dataset manifest
     _SUCCESS            written last: its presence means the prefix is complete
 
-Written through the publication protocol (:mod:`peagle.storage.publish`): :class:`PreparedWriter`
-first retracts an earlier run's publication, then removes its shards, so a prefix is never a new
-manifest over old shards or the reverse. Readers open :class:`PreparedData` (the typed
-:class:`PreparedHeader` plus the rows): it trusts only a complete publication and verifies every
-shard's sha256.
+Written through the publication protocol (:mod:`peagle.storage.publish`) by :class:`PreparedWriter`, the one
+writer of this layout (``peagle prepare`` and the refresh's merged traffic + replay rows): it first retracts
+an earlier run's publication, then removes its shards, so a prefix is never a new manifest over old shards or
+the reverse; rows go in one by one and it keeps the shards, token totals and token frequencies the manifest
+lists. Readers open :class:`PreparedData` (the typed :class:`PreparedHeader` plus the rows as
+:class:`~.rows.PreparedRow`): it trusts only a complete publication and verifies every shard's sha256.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import __version__
 from ..storage import MANIFEST, ChecksumMismatchError, ObjectInfo, PrefixWriter, Published, open_dataset, open_store
 from .errors import PrepareError
 from .rows import PreparedRow
@@ -44,6 +47,8 @@ SCHEMA = pa.schema([
     ("num_tokens", pa.int32()),
     ("num_supervised", pa.int32()),
 ])
+# Manifest fields the writer fills in (PreparedWriter.publish); the caller describes the rest.
+WRITER_FIELDS = ("format", "peagle_version", "created_at", "tokens", "shards", "token_freq", "columns")
 
 
 def shard_name(split: str, index: int) -> str:
@@ -69,16 +74,107 @@ def samples_to_table(samples: list[PreparedRow]) -> pa.Table:
     )
 
 
-class PreparedWriter:
-    """Publishes one prepared dataset at ``output`` (see the module docstring for the layout)."""
+def rows_of_table(table: pa.Table, where: str) -> list[PreparedRow]:
+    """The rows of a shard's table (columns: :data:`SCHEMA`), the inverse of :func:`samples_to_table`.
 
-    def __init__(self, output: str | os.PathLike):
+    ``split_key`` is the sample id (the conversation id is not stored). PrepareError naming ``where`` and
+    the row when a row's input_ids and loss_mask differ in length.
+    """
+    if table.num_rows == 0:
+        return []
+    sample_ids = [str(s) for s in table.column("sample_id").to_pylist()]
+    sources = [str(s) for s in table.column("source").to_pylist()]
+    ids, mask = table.column("input_ids").combine_chunks(), table.column("loss_mask").combine_chunks()
+    starts = ids.offsets.to_numpy()
+    starts = starts - starts[0]  # flatten() starts at the first row, wherever the buffer does
+    mask_lengths = np.diff(mask.offsets.to_numpy())
+    bad = np.flatnonzero(np.diff(starts) != mask_lengths)
+    if bad.size:
+        i = int(bad[0])
+        raise PrepareError(f"{where}: row {i} (sample {sample_ids[i]!r}) has {starts[i + 1] - starts[i]} input_ids "
+                           f"but {mask_lengths[i]} loss_mask entries")
+    # copies: the rows own writable arrays, not views pinning the shard's Arrow buffers
+    flat_ids = np.array(ids.flatten().to_numpy(zero_copy_only=False), dtype=np.int32)
+    flat_mask = np.array(mask.flatten().to_numpy(zero_copy_only=False), dtype=np.int8)
+    return [PreparedRow(sid, sid, source, flat_ids[a:b], flat_mask[a:b])
+            for sid, source, a, b in zip(sample_ids, sources, starts[:-1], starts[1:])]
+
+
+class PreparedWriter:
+    """Publishes one prepared dataset at ``output`` (see the module docstring for the layout).
+
+    Rows go in with :meth:`add` (buffered into shards of ``shard_rows`` rows; None: one shard per
+    :meth:`flush`); :meth:`publish` writes what is left, then ``token_freq.json``, then the manifest.
+    Used as a context manager, a failure inside the block removes what this run wrote (:meth:`discard`).
+    ``write_shard``, ``write_json`` and ``write_manifest`` are the steps these take.
+    """
+
+    def __init__(self, output: str | os.PathLike, shard_rows: int | None = None):
         self.store = store = open_store(str(output))
         self.prefix = PrefixWriter(store, "", overwrite=True)  # retracts an earlier publication
+        self.shard_rows = shard_rows
         self._written: list[str] = []
+        self._buffers: dict[str, list[PreparedRow]] = {s: [] for s in SPLITS}
+        self.shards: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}  # manifest entries, per split
+        self.tokens = {s: {"total": 0, "supervised": 0} for s in SPLITS}
+        self._freq = np.zeros(0, dtype=np.int64)  # supervised train tokens by id: the draft vocabulary's input
         for key in store.list(""):  # then its shards: they must not outlive their manifest
             if "/" not in key and (SHARD_NAME.match(key) or key == TOKEN_FREQ):
                 store.delete(key)
+
+    def __enter__(self) -> "PreparedWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
+
+    def add(self, split: str, row: PreparedRow) -> None:
+        """Append ``row`` to ``split``: counted in the split's tokens (and, in train, its supervised ids)."""
+        buf = self._buffers[_check_split(split)]
+        buf.append(row)
+        self.tokens[split]["total"] += row.num_tokens
+        self.tokens[split]["supervised"] += row.num_supervised
+        if split == "train":
+            counts = np.bincount(row.input_ids[row.loss_mask.astype(bool)], minlength=self._freq.shape[0])
+            if counts.shape[0] > self._freq.shape[0]:
+                self._freq = np.pad(self._freq, (0, counts.shape[0] - self._freq.shape[0]))
+            self._freq += counts
+        if self.shard_rows is not None and len(buf) >= self.shard_rows:
+            self.flush(split)
+
+    def flush(self, split: str) -> None:
+        """Write the rows of ``split`` added since the last shard as its next shard (none: nothing)."""
+        buf = self._buffers[split]
+        if buf:
+            self.shards[split].append(self.write_shard(split, len(self.shards[split]), buf))
+            self._buffers[split] = []
+
+    def publish(self, description: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+        """Flush every split, write ``token_freq.json`` and publish the manifest; return it.
+
+        The manifest: format, version and time, then ``description`` (target, settings, sources, counts, ...;
+        its :data:`WRITER_FIELDS` are replaced), then the tokens, shards, token frequencies and columns of
+        the rows added, then ``extra``.
+        """
+        for split in SPLITS:
+            self.flush(split)
+        present = np.flatnonzero(self._freq)
+        freq = {str(int(i)): int(self._freq[i]) for i in present}
+        entry = self.write_json(TOKEN_FREQ, freq)
+        manifest = {
+            "format": FORMAT,
+            "peagle_version": __version__,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **{k: v for k, v in description.items() if k not in WRITER_FIELDS},
+            "tokens": self.tokens,
+            "shards": self.shards,
+            "token_freq": {**entry, "split": "train", "distinct_ids": len(freq), "total": int(self._freq.sum())},
+            "columns": list(SCHEMA.names),
+            **extra,
+        }
+        self.write_manifest(manifest)
+        return manifest
 
     def write_shard(self, split: str, index: int, samples: list[PreparedRow]) -> dict[str, Any]:
         """Write one parquet shard; return its manifest entry (file, rows, tokens, sha256)."""
@@ -107,9 +203,9 @@ class PreparedWriter:
                 self.store.delete(key)
 
 
-def open_writer(output: str | os.PathLike) -> PreparedWriter:
+def open_writer(output: str | os.PathLike, shard_rows: int | None = None) -> PreparedWriter:
     """The storage back end of the prepare stage."""
-    return PreparedWriter(output)
+    return PreparedWriter(output, shard_rows)
 
 
 # -- reading back: the contract consumers open ------------------------------------------------------
@@ -209,18 +305,19 @@ class PreparedData:
         except ChecksumMismatchError as e:
             raise PrepareError(f"{e.uri}: contents do not match the manifest's sha256") from None
 
+    def _shard(self, entry: ShardEntry, verify: bool) -> pa.Table:
+        return pq.read_table(pa.BufferReader(self._read(entry.file, verify)), schema=SCHEMA)
+
     def table(self, split: str, verify: bool = True) -> pa.Table:
         """All rows of ``split`` as one table (columns: :data:`SCHEMA`), in shard order."""
-        tables = [pq.read_table(pa.BufferReader(self._read(e.file, verify)), schema=SCHEMA)
-                  for e in self.header.shards[_check_split(split)]]
+        tables = [self._shard(e, verify) for e in self.header.shards[_check_split(split)]]
         return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
-    def rows(self, split: str, verify: bool = True) -> list[dict[str, Any]]:
-        """``split`` as ``{"sample_id", "input_ids", "loss_mask"}`` rows, in shard order."""
-        table = self.table(split, verify)
-        return [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in zip(
-            table.column("sample_id").to_pylist(), table.column("input_ids").to_pylist(),
-            table.column("loss_mask").to_pylist())]
+    def rows(self, split: str, verify: bool = True) -> list[PreparedRow]:
+        """``split`` as typed rows (:func:`rows_of_table`), in shard order; PrepareError naming the shard and
+        row when a row's input_ids and loss_mask differ in length."""
+        return [row for e in self.header.shards[_check_split(split)]
+                for row in rows_of_table(self._shard(e, verify), self.published.uri_for(e.file))]
 
     def token_freq(self) -> dict[int, int]:
         """``{token id: count}`` over supervised train positions (the input of the draft vocabulary)."""
@@ -237,7 +334,7 @@ def read_split(output: str | os.PathLike, split: str, verify: bool = True) -> pa
     return PreparedData.open(output).table(split, verify)
 
 
-def read_rows(output: str | os.PathLike, split: str, verify: bool = True) -> list[dict]:
+def read_rows(output: str | os.PathLike, split: str, verify: bool = True) -> list[PreparedRow]:
     return PreparedData.open(output).rows(split, verify)
 
 

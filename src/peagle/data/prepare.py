@@ -37,11 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from .chat import ChatRenderer, tokenizer_fingerprint
 from .errors import (INVALID_JSON, INVALID_UTF8, TOO_FEW_SUPERVISED, TOO_LONG, PrepareError, RowRejected,
                      TemplateTimeout)
-from .output import FORMAT, SPLITS, TOKEN_FREQ, PreparedHeader, open_writer
+from .output import PreparedHeader, PreparedWriter, open_writer
 from .rows import Conversation, PreparedRow, parse_row
 from .settings import PrepareSettings
 from .sources import InvalidUtf8, Source, Unparsable, resolve_sources
@@ -88,7 +87,7 @@ def _target_vocab_size(target: Path, tokenizer_len: int) -> int:
 class _Stage:
     """Holds the running state of one prepare run; :meth:`run` drives it."""
 
-    def __init__(self, settings: PrepareSettings, renderer: ChatRenderer, vocab_size: int, writer):
+    def __init__(self, settings: PrepareSettings, renderer: ChatRenderer, vocab_size: int, writer: PreparedWriter):
         self.s = settings
         self.renderer = renderer
         self.vocab_size = vocab_size
@@ -99,10 +98,6 @@ class _Stage:
         self.seen_hashes: set[bytes] = set()
         self.seen_ids: set[str] = set()  # conversation-level ids handed out
         self.kept_ids: set[str] = set()  # sample ids written
-        self.buffers: dict[str, list[PreparedRow]] = {s: [] for s in SPLITS}
-        self.shards: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
-        self.tokens = {s: {"total": 0, "supervised": 0} for s in SPLITS}
-        self.freq = np.zeros(vocab_size, dtype=np.int64)
         self.per_source: list[dict[str, Any]] = []
 
     # -- rows -> samples ---------------------------------------------------------------------------
@@ -182,7 +177,7 @@ class _Stage:
             self.rejected.append({"source": source.label, "index": index, "reason": exc.reason, "detail": exc.detail})
 
     def keep(self, sample: PreparedRow) -> bool:
-        """Dedup, split and buffer one sample; False when it was a duplicate."""
+        """Dedup, split and write one sample; False when it was a duplicate."""
         if self.s.dedup:
             h = hashlib.sha256(sample.input_ids.tobytes() + b"\0" + sample.loss_mask.tobytes()).digest()
             if h in self.seen_hashes:
@@ -195,22 +190,8 @@ class _Stage:
         split = split_of(sample.split_key, self.s.seed, self.s.validation_fraction)
         self.counts["kept"] += 1
         self.counts[split] += 1
-        self.tokens[split]["total"] += sample.num_tokens
-        self.tokens[split]["supervised"] += sample.num_supervised
-        if split == "train":
-            sup = sample.input_ids[sample.loss_mask.astype(bool)]
-            self.freq += np.bincount(sup, minlength=self.vocab_size)
-        buf = self.buffers[split]
-        buf.append(sample)
-        if len(buf) >= self.s.shard_rows:
-            self.flush(split)
+        self.writer.add(split, sample)
         return True
-
-    def flush(self, split: str) -> None:
-        buf = self.buffers[split]
-        if buf:
-            self.shards[split].append(self.writer.write_shard(split, len(self.shards[split]), buf))
-            self.buffers[split] = []
 
     def report(self) -> dict[str, Any]:
         keys = ("read", "accepted", "rejected", "kept", "deduplicated", "train", "validation", "truncated",
@@ -277,8 +258,6 @@ class _Stage:
                          invalid_utf8={"chars": source.invalid_utf8_chars, "rows": source.invalid_utf8_rows},
                          held_out=source.held_out_rows, notes=source.notes)
             self._check_source(source, read, rejected, reasons)
-        for split in SPLITS:
-            self.flush(split)
         names = ", ".join(s.location for s in sources)
         if self.counts["kept"] == 0:
             raise PrepareError(
@@ -311,17 +290,12 @@ def run_prepare(
     tokenizer_sha256 = tokenizer_fingerprint(target)
     vocab_size = _target_vocab_size(target, renderer.vocab_size())
     sources = resolve_sources(settings.sources)  # fail on a missing source before touching the output
-    writer = open_writer(output_dir)
+    writer = open_writer(output_dir, settings.shard_rows)
     stage = _Stage(settings, renderer, vocab_size, writer)
-    try:
+    with writer:  # a failure removes what was written: no partial dataset, no manifest
         with renderer.time_limits():
             stage.run(sources)
-        freq = {str(i): int(c) for i, c in enumerate(stage.freq) if c}
-        freq_entry = writer.write_json(TOKEN_FREQ, freq)
-        manifest = {
-            "format": FORMAT,
-            "peagle_version": __version__,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        manifest = writer.publish({
             "target": {
                 "path": str(target),
                 "tokenizer_sha256": tokenizer_sha256,
@@ -333,15 +307,6 @@ def run_prepare(
             **stage.report(),
             "rejected": stage.rejected,
             "rejected_listed": len(stage.rejected),
-            "tokens": stage.tokens,
-            "shards": stage.shards,
-            "token_freq": {**freq_entry, "split": "train", "distinct_ids": len(freq),
-                           "total": int(stage.freq.sum())},
-            "columns": ["sample_id", "source", "input_ids", "loss_mask", "num_tokens", "num_supervised"],
-        }
-        writer.write_manifest(manifest)
-    except BaseException:
-        writer.discard()
-        raise
+        })
     log.info("prepare: %s", manifest["counts"])
     return PrepareResult(str(output_dir), manifest)

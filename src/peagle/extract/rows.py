@@ -1,8 +1,8 @@
 """Inputs and per-sample outputs of the extraction stage.
 
 Input: any iterable of rows carrying ``sample_id``, ``input_ids`` and ``loss_mask`` -- objects with
-those attributes (e.g. :class:`ExtractRow`) or mappings with those keys. :func:`prepared_rows` reads
-them from a prepared dataset (:class:`peagle.data.PreparedData`); :func:`as_extract_row` normalises one.
+those attributes (e.g. :class:`ExtractRow`, or the :class:`peagle.data.rows.PreparedRow` that
+:meth:`peagle.data.PreparedData.rows` reads) or mappings with those keys; :func:`as_extract_row` normalises one.
 
 Output of a backend: one :class:`CapturedHiddenStates` per row, in row order.
 """
@@ -12,14 +12,11 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .errors import ExtractError
-
-if TYPE_CHECKING:
-    from ..data import PreparedData
 
 
 @dataclass(frozen=True)
@@ -92,14 +89,6 @@ def as_extract_row(row: Any, vocab_size: int | None = None) -> ExtractRow:
         if bad is not None:
             raise ExtractError(f"sample {sample_id!r}: token id {bad} is outside the target vocabulary [0, {vocab_size})")
     return ExtractRow(sample_id, tuple(ids), tuple(mask))
-
-
-def prepared_rows(prepared: "PreparedData", split: str) -> list[ExtractRow]:
-    """The rows of ``split`` of a prepared dataset (shards verified), in row order."""
-    table = prepared.table(split)
-    return [ExtractRow(str(s), tuple(i), tuple(m)) for s, i, m in zip(
-        table.column("sample_id").to_pylist(), table.column("input_ids").to_pylist(),
-        table.column("loss_mask").to_pylist())]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,19 +16,25 @@ prepared data the rows come from, a worker first publishes the extraction's plan
 
 Backends: ``hf`` runs in this process; ``vllm`` runs the engine in a child interpreter, which
 receives the pending rows through job files (one per set) and writes and publishes the sets itself.
+
+``extract_prepared``: ``run_extract`` over each split of a published prepared dataset, as ``peagle extract``,
+the pipeline's extract step and the refresh's extract step run it.
 """
 from __future__ import annotations
 
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from ..data.output import SPLITS, PreparedData
 from ..model.target import fingerprint, inspect_target
 from ..progress import Progress
 from ..scratch import owned_dir
+from ..stage_io import fetched_input, is_remote
 from ..storage import Store, open_store
 from .errors import ExtractError
 from .hidden_states import ExtractionPlan, HiddenStates, Planner, sample_ids_digest, set_prefix
@@ -258,3 +264,31 @@ def run_extract(rows: Iterable[Any], target: str | os.PathLike, out_dir: str | o
              len(result.shards_skipped), len(result.shards_consumed),
              "complete" if result.manifest else "not complete yet")
     return result
+
+
+@dataclass(frozen=True)
+class SplitExtraction:
+    """One split of a prepared dataset through :func:`extract_prepared`."""
+
+    split: str
+    data: Path  # the local view of the prepared data its rows came from
+    result: ExtractResult | None  # None: the split has no rows, nothing was extracted
+
+
+def extract_prepared(data: str | os.PathLike, target: str | os.PathLike, out_of: Callable[[str], str],
+                     settings: ExtractSettings | None = None, *, splits: Iterable[str] = SPLITS,
+                     shard_index: int = 0, num_shards: int = 1) -> Iterator[SplitExtraction]:
+    """:func:`run_extract` on each of ``splits`` of the prepared dataset ``data`` (a directory or URI), into
+    ``out_of(split)``; yields each split's outcome as it is done (a split without rows is skipped).
+
+    A remote ``data`` is read through the local cache; the extraction's plan records ``data`` itself
+    when remote, else its absolute path: where a streaming trainer reads the rows.
+    """
+    local = fetched_input(data)
+    prepared = PreparedData.open(local)
+    recorded = str(data) if is_remote(data) else str(local.resolve())
+    for split in splits:
+        rows = prepared.rows(split)
+        result = run_extract(rows, target, out_of(split), settings, shard_index=shard_index, num_shards=num_shards,
+                             prepared=recorded, split=split) if rows else None
+        yield SplitExtraction(split, local, result)

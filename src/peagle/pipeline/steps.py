@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from ..config import shorten
 from ..extract.errors import DatasetMismatchError, ShardChecksumError
+from ..extract.run import extract_prepared
 from ..scratch import scratch_dir
 from ..stage_io import fetched_input, is_remote
 from ..storage import check_uri, open_store, publish_dir
@@ -202,22 +203,17 @@ def extract(shard: str, retry: str = "") -> str:
 
 
 def _extract_once(a: dict[str, Any]) -> str:
-    from ..data import read_rows
-    from ..extract import run_extract
-
     index, count = int(a["shard_index"]), int(a["num_shards"])
     summary: dict[str, Any] = {"shard_index": index, "num_shards": count}
     with stage(f"extract[{index}]") as info:
         run, layout = load_run(a["run_uri"])
-        data = fetch(layout.data)
         target = fetch(layout.target)
-        for split in SPLITS:
-            rows = read_rows(data, split)
-            if not rows:
+        for part in extract_prepared(layout.data, target, layout.hidden_states, run.config.extract,
+                                     splits=SPLITS, shard_index=index, num_shards=count):
+            res, split = part.result, part.split
+            if res is None:
                 summary[split] = {"rows": 0}
                 continue
-            res = run_extract(rows, target, layout.hidden_states(split), run.config.extract,
-                              shard_index=index, num_shards=count, prepared=layout.data, split=split)
             summary[split] = {"rows": res.num_samples, "written": len(res.shards_written),
                               "skipped": len(res.shards_skipped), "complete": res.manifest is not None}
             print(f"{split}: {res.num_samples} samples, {len(res.shards_written)} shards written, "

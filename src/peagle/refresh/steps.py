@@ -39,20 +39,19 @@ import logging
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from .. import __version__
 from .. import config as C
 from ..errors import PeagleError, report
 from ..records.lineage import Lineage
 from ..data.errors import PrepareError
-from ..data.output import FORMAT, SPLITS, TOKEN_FREQ, PreparedData, PreparedHeader, PreparedWriter
+from ..data.output import SPLITS, PreparedData, PreparedHeader, PreparedWriter
 from ..data.rows import PreparedRow
+from ..extract.run import extract_prepared
 from ..run_config import RunConfig
 from ..stage_io import fetched_input, is_remote, join
 from ..traffic.settings import RefreshSettings
@@ -234,15 +233,11 @@ def _regenerate(cfg: RunConfig, target: str, conversations: Path, out: Path) -> 
     return dict(result.counts)
 
 
-def _table_rows(data: PreparedData, split: str, indices: list[int] | None = None,
-                prefix: str = "") -> list[PreparedRow]:
-    """Rows of ``split`` (those at ``indices``, when given) as PreparedRow, sample ids prefixed."""
-    table = data.table(split)
-    if indices is not None:
-        table = table.take(indices)
-    cols = [table.column(c).to_pylist() for c in ("sample_id", "source", "input_ids", "loss_mask")]
-    return [PreparedRow(prefix + sid, prefix + sid, source, np.asarray(ids, dtype=np.int32),
-                        np.asarray(mask, dtype=np.int8)) for sid, source, ids, mask in zip(*cols)]
+def _replayed(base: PreparedData, split: str, indices: list[int]) -> list[PreparedRow]:
+    """The rows of ``split`` of the base data at ``indices``, their sample ids under ``replay/``."""
+    rows = base.rows(split)
+    return [replace(row, sample_id=f"{REPLAY_LABEL}/{row.sample_id}", split_key=f"{REPLAY_LABEL}/{row.split_key}")
+            for row in (rows[i] for i in indices)]
 
 
 def replay_count(traffic_rows: int, fraction: float) -> int:
@@ -284,11 +279,11 @@ def prepare_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> dict[
                                    "replay_fraction": s.replay_fraction, "base_data": s.base_data or None,
                                    "prepare_counts": dict(result.counts)}
         for split in SPLITS:
-            own = _table_rows(traffic, split)
+            own = traffic.rows(split)
             wanted = replay_count(len(own), s.replay_fraction) if base is not None else 0
             available = base.header.rows(split) if base is not None else 0
             n = min(wanted, available)
-            replayed = _table_rows(base, split, sorted(rng.sample(range(available), n)), REPLAY_LABEL + "/") if n else []
+            replayed = _replayed(base, split, sorted(rng.sample(range(available), n))) if n else []
             rows[split] = own + replayed
             summary["traffic_rows"][split], summary["replayed_rows"][split] = len(own), n
             summary["rows"][split] = len(rows[split])
@@ -302,57 +297,29 @@ def _write_prepared(out: str, rows: dict[str, list[PreparedRow]], header: Prepar
     """Publish ``rows`` as a prepared dataset: the traffic's manifest with the merged shards and counts."""
     from ..stage_io import staged
 
-    vocab = header.target.vocab_size
-    with staged(out, kind=PREPARED_KIND, inputs=[base.uri] if base is not None else []) as tmp:
-        _write_prepared_into(PreparedWriter(tmp), rows, header, summary, base, shard_rows, vocab)
-
-
-def _write_prepared_into(writer: PreparedWriter, rows: dict[str, list[PreparedRow]], header: PreparedHeader,
-                         summary: dict[str, Any], base: PreparedData | None, shard_rows: int, vocab: int) -> None:
-    try:
-        shards: dict[str, list[dict[str, Any]]] = {}
-        tokens: dict[str, dict[str, int]] = {}
+    description = dict(header.metadata)
+    counts = dict(description["counts"])
+    counts.update(kept=len(rows["train"]) + len(rows["validation"]), train=len(rows["train"]),
+                  validation=len(rows["validation"]), replayed=sum(summary["replayed_rows"].values()))
+    description["counts"] = counts
+    if base is not None:
+        description["sources"] = [*description["sources"], {"spec": base.uri, "label": REPLAY_LABEL,
+                                                             "location": base.uri,
+                                                             "replayed": dict(summary["replayed_rows"])}]
+    with staged(out, kind=PREPARED_KIND, inputs=[base.uri] if base is not None else []) as tmp, \
+            PreparedWriter(tmp, shard_rows) as writer:
         for split, split_rows in rows.items():
-            shards[split] = [writer.write_shard(split, i, split_rows[start:start + shard_rows])
-                             for i, start in enumerate(range(0, len(split_rows), shard_rows))]
-            tokens[split] = {"total": sum(r.num_tokens for r in split_rows),
-                             "supervised": sum(r.num_supervised for r in split_rows)}
-        freq = np.zeros(vocab, dtype=np.int64)  # supervised train tokens: the input of a draft vocabulary
-        for r in rows["train"]:
-            freq += np.bincount(r.input_ids[r.loss_mask.astype(bool)], minlength=vocab)
-        freq_map = {str(i): int(c) for i, c in enumerate(freq) if c}
-        freq_entry = writer.write_json(TOKEN_FREQ, freq_map)
-        meta = dict(header.metadata)
-        counts = dict(meta["counts"])
-        counts.update(kept=len(rows["train"]) + len(rows["validation"]), train=len(rows["train"]),
-                      validation=len(rows["validation"]), replayed=sum(summary["replayed_rows"].values()))
-        if base is not None:
-            meta["sources"] = [*meta["sources"], {"spec": base.uri, "label": REPLAY_LABEL, "location": base.uri,
-                                                   "replayed": dict(summary["replayed_rows"])}]
-        meta.update(format=FORMAT, peagle_version=__version__, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                      time.gmtime()),
-                    counts=counts, tokens=tokens, shards=shards, refresh=summary,
-                    token_freq={**freq_entry, "split": "train", "distinct_ids": len(freq_map),
-                                "total": int(freq.sum())})
-        writer.write_manifest(meta)
-    except BaseException:
-        writer.discard()
-        raise
+            for row in split_rows:
+                writer.add(split, row)
+            writer.flush(split)  # a split's shards before the next split's, as they are listed
+        writer.publish(description, refresh=summary)
 
 
 def extract_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> None:
     """Hidden states of the target on both splits of ``layout.data`` (as ``peagle extract`` does)."""
-    from ..data import read_rows
-    from ..extract import run_extract
-
-    data = fetched_input(layout.data)
-    prepared = layout.data if is_remote(layout.data) else str(data.resolve())  # read by a streaming trainer
-    for split in SPLITS:
-        rows = read_rows(data, split)
-        if not rows:
-            continue
-        res = run_extract(rows, target, layout.hidden_states_of(split), cfg.extract, prepared=prepared, split=split)
-        log.info("extract %s: %d samples -> %s", split, res.num_samples, res.out_dir)
+    for part in extract_prepared(layout.data, target, layout.hidden_states_of, cfg.extract):
+        if part.result is not None:
+            log.info("extract %s: %d samples -> %s", part.split, part.result.num_samples, part.result.out_dir)
 
 
 def train_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> str:

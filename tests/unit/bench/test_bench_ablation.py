@@ -65,7 +65,7 @@ def test_data_mix_is_the_runs_on_policy_rows_plus_the_human_replies(qwen3_target
         "prepare": prepare, "regenerate": {"sources": [str(source)], "max_conversations": 3},
         "extract": {"backend": "hf", "dtype": "float32"}}}))
     hidden = _module().mixed_dataset(run, tmp_path / "mix")
-    ids = sorted(r["sample_id"] for r in read_rows(tmp_path / "mix" / "data", "train"))
+    ids = sorted(r.sample_id for r in read_rows(tmp_path / "mix" / "data", "train"))
     assert ids == ["conv/a", "conv/b", "conversations/conv/a", "conversations/conv/b"], ids  # 2 + 2 rows
     assert open_hidden_states(hidden).num_samples == 4
     # built once: a second call reuses the published dataset

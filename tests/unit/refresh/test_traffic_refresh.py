@@ -197,13 +197,13 @@ def test_select_and_prepare_mix_the_replay_fraction(qwen3_target, base_data, tmp
     assert data["traffic_rows"]["train"] == 12
     assert data["replayed_rows"] == {"train": replay_count(12, 0.25), "validation": 0} == {"train": 4, "validation": 0}
     merged = PreparedData.open(layout.data)
-    ids = [r["sample_id"] for r in merged.rows("train")]
+    ids = [r.sample_id for r in merged.rows("train")]
     assert len(ids) == 16 and len(set(ids)) == 16
     assert sum(i.startswith("replay/") for i in ids) == 4  # a quarter of the final rows
     assert merged.header.counts["train"] == 16 and merged.header.metadata["refresh"]["replayed_rows"]["train"] == 4
     # deterministic: the same seed draws the same base rows
     prepare_step(cfg, target=str(qwen3_target), layout=layout)
-    assert [r["sample_id"] for r in PreparedData.open(layout.data).rows("train")] == ids
+    assert [r.sample_id for r in PreparedData.open(layout.data).rows("train")] == ids
 
 
 def test_replay_needs_base_data(qwen3_target, tmp_path):
@@ -364,5 +364,5 @@ def test_sampled_responses_regenerated_by_the_target_are_trained_on(qwen3_target
     assert summary["regenerated"] == {"regenerated": 4} and summary["counts"]["sampled_regenerate"] == 4
     data = prepare_step(cfg, target=str(qwen3_target), layout=layout)
     assert data["traffic_rows"]["train"] == 12 and data["replayed_rows"]["train"] == 0
-    sources = {r.split("/")[0] for r in (row["sample_id"] for row in PreparedData.open(layout.data).rows("train"))}
+    sources = {r.split("/")[0] for r in (row.sample_id for row in PreparedData.open(layout.data).rows("train"))}
     assert sources == {"train", "regenerated"}
