@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from peagle.traffic.log import TrafficWriter
-from peagle.traffic.record import TrafficRecord
+from peagle.records.traffic import TrafficRecord
 from peagle.traffic.settings import CaptureSettings
 
 CHAT = "/v1/chat/completions"

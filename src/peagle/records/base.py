@@ -1,6 +1,7 @@
 """What every loop record shares: a pydantic model checked when it is built and when it is read, one JSON form.
 
-A :class:`Record` is frozen and strict: every field is required unless it has a default, no other key is allowed,
+A :class:`Record` is frozen and strict: a document read must hold every field (a default serves only code that
+builds a record), no other key is allowed,
 and a value is taken as written, never coerced (a count ``"64"`` or a ``"passed": "false"`` is refused, not read
 as 64 or as true). Its JSON object carries ``format`` (the class's :attr:`Record.FORMAT`) beside the fields.
 
@@ -107,6 +108,9 @@ class Record(Part):
             raise cls.ERROR(f"{where}: {cls.WHAT} is a JSON object, got {type(d).__name__}")
         if d.get("format") != cls.FORMAT:
             raise cls.ERROR(f"{where}: field 'format': {d.get('format')!r} is not {cls.FORMAT!r}")
+        missing = [name for name in cls.model_fields if name not in d]  # defaults are for building, not reading
+        if missing:
+            raise cls.ERROR(f"{where}: field {missing[0]!r}: missing")
         token = _READING.set(where)
         try:
             return cls(**{k: v for k, v in d.items() if k != "format"})

@@ -1,6 +1,6 @@
 """Which captured records a refresh trains on, and which it keeps for the gate.
 
-:func:`select_traffic` turns a window of :class:`~peagle.traffic.record.TrafficRecord` into a
+:func:`select_traffic` turns a window of :class:`~peagle.records.traffic.TrafficRecord` into a
 :class:`Selection`, in this order (every record dropped is counted under one key of ``counts``):
 
 0. ``future``: received at or after the selection's ``now`` (a writer whose clock runs ahead, or a
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PeagleError
-from ..traffic.record import CHAT_ENDPOINT, TrafficRecord
+from ..records.traffic import CHAT_ENDPOINT, TrafficRecord
 from ..traffic.settings import RefreshSettings
 
 TRAIN_FILE = "train.jsonl"

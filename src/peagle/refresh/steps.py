@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from .. import config as C
 from ..errors import PeagleError, report
+from ..records.base import format_time, parse_time
 from ..records.lineage import Lineage
 from ..data.errors import PrepareError
 from ..data.output import SPLITS, PreparedData, PreparedHeader, PreparedWriter
@@ -127,8 +128,6 @@ def _with(cfg: RunConfig, **dotted: Any) -> RunConfig:
 
 def _window(settings: RefreshSettings) -> tuple[datetime | None, datetime | None]:
     """``refresh.since``/``until`` as aware UTC datetimes (None when empty); ConfigError naming the key."""
-    from ..traffic.record import parse_time
-
     out = []
     for name in ("since", "until"):
         text = getattr(settings, name)
@@ -201,7 +200,6 @@ def select_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> dict[s
     from ..model.target import fingerprint
     from ..stage_io import staged
     from ..traffic.log import TrafficLog
-    from ..traffic.record import format_time
     from .selection import select_traffic, write_selection
 
     s = cfg.refresh
@@ -401,7 +399,6 @@ def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: Lineage) -> 
 
     from ..records.history import LoopHistory, history_uri
     from ..records.refresh import RefreshEntry
-    from ..traffic.record import format_time, parse_time
 
     traffic = lineage.traffic
     until = traffic.until or format_time(parse_time(traffic.covered.last_received_at) + timedelta(microseconds=1))

@@ -32,7 +32,8 @@ from ..records.identity import fingerprint_of
 from ..records.promotion import PromotionRecord
 from ..records.trigger import TriggerDecision
 from ..stats import pooled_acceptance_length
-from ..traffic.record import TrafficRecord, format_time, parse_time
+from ..records.traffic import TrafficRecord
+from ..records.base import format_time, parse_time
 from .selection import _clean
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from ..deploy import kube
-from ..traffic.record import format_time, parse_time
+from ..records.base import format_time, parse_time
 from .controller import RolloutError
 from .objects import Candidate, RolloutObjects, endpoint_object
 

@@ -30,7 +30,8 @@ from ..records.identity import fingerprint_of
 from ..records.live import CANDIDATE, ROLES, STABLE, LiveComparison, VersionFigures
 from ..stats import (Estimate, acceptance_draws, acceptance_of_sums, finite_or_none, histogram_matrix,
                      percentile_interval, ratio_of_sums, ratio_of_sums_draws)
-from ..traffic.record import TrafficRecord, format_time
+from ..records.traffic import TrafficRecord
+from ..records.base import format_time
 
 
 

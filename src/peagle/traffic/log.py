@@ -19,7 +19,6 @@ at most the batch being built plus the queue. :class:`TrafficLog` is the reading
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -37,7 +36,8 @@ from ..errors import PeagleError
 from ..records.identity import identify_draft
 from ..storage import (MANIFEST, SUCCESS, DamagedPrefixError, IncompletePrefixError, Store, delete_published,
                        open_published, open_store, publish)
-from .record import TrafficRecord, format_time, parse_time
+from ..records.traffic import TrafficRecord
+from ..records.base import format_time, parse_time
 from .redact import Redactor
 from .settings import CaptureSettings
 
@@ -192,8 +192,8 @@ class TrafficWriter:
             built = item() if callable(item) else item
             redacted = self.redactor.apply_record(built)
             target, draft = self._fingerprint()
-            record = dataclasses.replace(redacted, target_fingerprint=built.target_fingerprint or target,
-                                         draft_fingerprint=built.draft_fingerprint or draft)
+            record = redacted.replace(target_fingerprint=built.target_fingerprint or target,
+                                      draft_fingerprint=built.draft_fingerprint or draft)
             if len(record.to_json_line()) > self.settings.max_record_bytes:
                 raise CaptureSkipped("too_large", f"record over {self.settings.max_record_bytes} bytes")
         except CaptureSkipped as e:

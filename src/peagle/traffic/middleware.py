@@ -8,7 +8,7 @@ On, for ``POST /v1/chat/completions`` and ``POST /v1/completions`` only, it copi
 the app reads it and the response as it is sent (a JSON body, or an SSE stream of ``data:`` chunks),
 without delaying or changing either. When the response has finished it queues a closure; the writer
 thread (:class:`~peagle.traffic.log.TrafficWriter`) parses the bytes (:mod:`peagle.net.sse`) into a
-:class:`~peagle.traffic.record.TrafficRecord` (stream text joined from the deltas; ``usage`` and
+:class:`~peagle.records.traffic.TrafficRecord` (stream text joined from the deltas; ``usage`` and
 ``metrics.speculative_decoding`` from the chunk carrying them -- the server runs with
 ``--enable-force-include-usage`` so a stream's final chunk has them), redacts it and publishes it.
 A body larger than ``max_record_bytes`` stops being copied and the request is counted as too large.
@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable
 from ..net.sse import (StreamedAnswer, UnsupportedContent, choice_text, content_text, first_choice,
                        spec_decode_fields, speculative_decoding, token_counts)
 from .log import CaptureSkipped, TrafficWriter
-from .record import CHAT_ENDPOINT, ENDPOINTS, TrafficRecord
+from ..records.traffic import CHAT_ENDPOINT, ENDPOINTS, TrafficRecord
 from .settings import CaptureSettings
 
 log = logging.getLogger("peagle.traffic")

@@ -47,7 +47,6 @@ This module imports only the standard library and :mod:`peagle.config`.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import unicodedata
@@ -237,7 +236,7 @@ class Redactor:
         return text, total
 
     def apply_record(self, record: Any) -> Any:
-        """A :class:`~peagle.traffic.record.TrafficRecord` with every string it stores redacted (message
+        """A :class:`~peagle.records.traffic.TrafficRecord` with every string it stores redacted (message
         contents, prompt, response text, model name, sampling values) and a sampling number of a million or
         more that a pattern matches (a card number given as a seed, an integer or a float, as written or by
         its digits) replaced by null; ``redacted`` grows by the replacements."""
@@ -262,6 +261,6 @@ class Redactor:
 
         messages = None if record.messages is None else [
             {"role": m["role"], "content": red(m["content"])} for m in record.messages]
-        return dataclasses.replace(
-            record, messages=messages, prompt=red(record.prompt), response_text=red(record.response_text),
+        return record.replace(
+            messages=messages, prompt=red(record.prompt), response_text=red(record.response_text),
             model=red(record.model), sampling=red(record.sampling), redacted=record.redacted + n)

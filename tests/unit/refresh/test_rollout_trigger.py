@@ -16,7 +16,7 @@ from peagle.rollout.settings import TriggerSettings
 from peagle.run_config import RunConfig
 from peagle.stats import Estimate
 from peagle.traffic.log import TrafficLog, TrafficWriter
-from peagle.traffic.record import format_time
+from peagle.records.base import format_time
 from peagle.traffic.settings import CaptureSettings
 from support.loop_records import refresh_entry
 from support.traffic_records import spec_decode, traffic_record

@@ -17,7 +17,7 @@ from peagle.evaluate.prompts import load_prompt_sets
 from peagle.model.target import fingerprint
 from peagle.run_config import RunConfig
 from peagle.traffic.log import TrafficWriter
-from peagle.traffic.record import TrafficRecord
+from peagle.records.traffic import TrafficRecord
 from peagle.refresh.steps import (RefreshLayout, lineage_step, main, prepare_step, refresh, replay_count,
                                     select_step)
 from peagle.refresh.selection import (TrafficSelectionError, prompt_row, select_traffic, write_selection)
@@ -325,8 +325,8 @@ def test_refresh_end_to_end_with_a_stand_in_gate(qwen3_target, base_data, servin
     again = lineage_step(cfg, target=str(qwen3_target), serving_draft=str(serving), layout=layout, gate=None)
     assert again.gate is None and again.rows == lineage["rows"]
     # each lineage step appended a refresh to the loop history: the next trigger counts new traffic from its end
+    from peagle.records.base import parse_time
     from peagle.records.history import LoopHistory
-    from peagle.traffic.record import parse_time
 
     first, second = LoopHistory(f"{traffic}/_loop").all("refresh")
     assert first["verdict"] == "rejected" and second["verdict"] is None and first["refresh_uri"] == layout.root

@@ -14,7 +14,7 @@ from peagle.records.live import LiveComparison, VersionFigures
 from peagle.rollout.live import live_comparison
 from peagle.rollout.settings import RolloutSettings
 from peagle.stats import Estimate
-from peagle.traffic.record import TrafficRecord
+from peagle.records.traffic import TrafficRecord
 from support.traffic_records import spec_decode, traffic_record
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

@@ -298,8 +298,8 @@ class CapturingStandIn:
     def start(self):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+        from peagle.records.traffic import TrafficRecord
         from peagle.traffic.log import TrafficWriter
-        from peagle.traffic.record import TrafficRecord
 
         writer = self.writer = TrafficWriter(self.capture)
         hist, fp = self.histograms[self.capture.draft_fingerprint], self.capture.draft_fingerprint

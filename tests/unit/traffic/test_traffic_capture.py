@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from peagle.config import ConfigError
 from peagle.traffic.log import TrafficLog
 from peagle.traffic.middleware import CaptureMiddleware
-from peagle.traffic.record import TrafficRecord, TrafficRecordError
+from peagle.records.traffic import TrafficRecord, TrafficRecordError
 from peagle.traffic.redact import DEFAULT_PATTERNS, Redactor, luhn_ok
 from peagle.traffic.settings import CaptureSettings
 

@@ -16,7 +16,8 @@ import pytest
 
 from peagle.storage import LocalStore, StorageError, publish
 from peagle.traffic.log import BATCH_FORMAT, TrafficLog, TrafficLogError, TrafficWriter, batch_prefix
-from peagle.traffic.record import TrafficRecord, format_time
+from peagle.records.traffic import TrafficRecord
+from peagle.records.base import format_time
 from peagle.traffic.settings import CaptureSettings
 from support.traffic_records import (SECRETS, assert_redacted, secret_record, traffic_record,
                                      write_records as write)
@@ -175,7 +176,7 @@ CHILD = """
 import os, signal, sys, time
 from peagle.storage import LocalStore
 from peagle.traffic.log import TrafficWriter
-from peagle.traffic.record import TrafficRecord
+from peagle.records.traffic import TrafficRecord
 from peagle.traffic.settings import CaptureSettings
 
 class Store(LocalStore):
