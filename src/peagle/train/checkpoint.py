@@ -15,7 +15,8 @@ A prefix without ``_SUCCESS`` (a writer killed mid-upload) is never chosen and o
 resume takes the highest step that verifies (:func:`plan_resume`). A ``_SUCCESS``-marked checkpoint
 that fails verification (size, sha256, manifest vs ``_SUCCESS``) is *damaged*: if it is newer than
 the resume point the run stops (exit 2) naming the file, unless ``train.resume_from_damaged`` is
-``previous``. Either way it is never overwritten or deleted: the loop skips saving a checkpoint at a
+``previous``. Either way it is never overwritten or deleted: the run's checkpointer
+(:mod:`peagle.train.checkpointer`, which decides when a step is saved) skips saving a checkpoint at a
 damaged step (the next checkpoint, or the final export, still happens). No pickles: tensors are
 safetensors, everything else JSON. COD draws need no saved generator: they are seeded from the data
 position (see :mod:`peagle.train.batches`).
@@ -95,7 +96,7 @@ class ResumePlan:
 
     ``start``/``prefix``: the newest intact checkpoint (0/None: start fresh). ``damaged``: step ->
     reason for every ``_SUCCESS``-marked checkpoint that failed verification; these are kept as
-    they are (evidence) and the loop skips saving at those steps. ``error``: the message to stop
+    they are (evidence) and the checkpointer skips saving at those steps. ``error``: the message to stop
     with (train.resume_from_damaged=fail and a damaged checkpoint newer than ``start``).
     """
 

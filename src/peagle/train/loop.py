@@ -8,15 +8,17 @@
    the model starts fresh from the target, or from a published draft (``train.init_from``: its
    weights and draft vocabulary, see :mod:`.warm_start`);
 3. resumes from the newest intact checkpoint under ``train.output`` if there is one (a damaged newer
-   one stops the run unless ``train.resume_from_damaged=previous``; see :mod:`.checkpoint`);
+   one stops the run unless ``train.resume_from_damaged=previous``); from here on the checkpoint policy
+   -- resume, when a step is saved, what is saved, pruning, the final export -- is the run's
+   :class:`.checkpointer.Checkpointer`'s (layout and formats: :mod:`.checkpoint`);
 4. trains: per step, each rank runs its rows as micro-batches and accumulates gradients; the loss of
    every row is normalised by the supervised-element count of the *global* batch, so W processes
    with B/W rows each compute the same update as one process with B rows;
    progress and metrics lines (:mod:`.metrics_log`) report tokens/s, model TFLOP/s per device and, on
    a GPU of known peak, MFU (:mod:`peagle.train.flops`); what happens to the data besides reading it
    (read accounting, streaming deletion and announcements) is the data lifecycle's (:mod:`.lifecycle`);
-5. validates, checkpoints every ``checkpoint_every`` steps and at the end, and finally publishes the
-   vLLM-servable draft as ``final/``.
+5. validates, checkpoints every ``checkpoint_every`` steps and at the end (and where the data
+   lifecycle needs one), and finally publishes the vLLM-servable draft as ``final/``.
 
 A step whose loss or gradient norm is not finite (NaN or inf: a learning rate far too high, or data
 that overflows) stops the run on every rank with :class:`TrainError`, before that step's update;
@@ -27,7 +29,6 @@ Runs single-process or under ``torchrun`` (DDP or FSDP2; gloo on CPU, NCCL on CU
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,6 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError
-from ..errors import PeagleError
 from ..model import init_draft, inspect_target, resolve_spec
 from ..model.attention_mask import layer_masks
 from ..model.factory import load_tokenizer
@@ -43,24 +43,19 @@ from ..model.target import fingerprint, read_target_tensors
 from ..model.teacher import Teacher
 from ..storage import check_uri, open_store
 from .batches import Prefetcher, RowMaker, RunPlan, TrainingRow, pack_rows, rank_rows, row_seed
-from .checkpoint import (ResumeError, export_final, load_checkpoint, prune_checkpoints, resume_plan, save_checkpoint,
-                         step_prefix)
+from .checkpointer import Checkpointer, TrainError  # TrainError: defined beside the finite-state check it raises
 from .data import (DatasetError, SampleDataset, check_dataset_matches, check_sample, open_dataset,
                    split_indices)
-from .distributed import (DistEnv, all_gather_objects, all_reduce_sum, gradient_sync, init_distributed,
-                          local_tensor, shutdown, wrap_model)
+from .distributed import (DistEnv, all_gather_objects, all_reduce_sum, gradient_sync, init_distributed, local_tensor,
+                          shutdown, wrap_model)
 from .flops import prepared_row_flops
 from .lifecycle import data_lifecycle
 from .loss import EPS, LossStats, metrics_from_stats, row_loss
-from .metrics_log import TrainLog, json_safe, log_line, start_metrics_file
+from .metrics_log import TrainLog, log_line
 from .optim import build_optimizer, build_scheduler
 from .settings import TrainRunConfig, TrainSettings
 from .stream import StreamedExtraction
-from .warm_start import InitDraft, check_resumed_init, open_init_draft
-
-
-class TrainError(PeagleError, RuntimeError):
-    """Training diverged (a non-finite loss, gradient or weight): the run stops and publishes no draft."""
+from .warm_start import InitDraft, open_init_draft
 
 
 @dataclass
@@ -86,18 +81,8 @@ def train(cfg: TrainRunConfig, dataset: SampleDataset | None = None) -> TrainRes
 
 def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> TrainResult:
     s = cfg.train
-    check_uri(s.output, "train.output")  # bad URIs stop the run here, not after the data scan
-    check_uri(s.data, "train.data")
-    check_uri(s.init_from, "train.init_from")
-    device = env.device
-    cuda = device.type == "cuda"
-    attention = s.attention if s.attention != "auto" else ("flex" if cuda else "dense")
-    bf16 = use_bf16(s.precision, device)
-    if attention == "flex" and not cuda:
-        raise ConfigError("train.attention=flex needs CUDA (flex attention has no backward pass on CPU); use dense")
-    if s.global_batch_rows % env.world_size:
-        raise ConfigError(f"train.global_batch_rows={s.global_batch_rows} is not divisible by the world size "
-                         f"{env.world_size}; every rank must train the same number of rows per step")
+    attention, bf16 = check_settings(s, env)  # bad URIs and settings stop the run here, not after the data scan
+    device, cuda = env.device, env.device.type == "cuda"
 
     # ---- 1. Target, draft and data checks (cheap first, then one pass over the samples) --------
     info = inspect_target(cfg.target.path, cfg.target.trust_remote_code)
@@ -134,26 +119,17 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     optimizer = build_optimizer(wrapped, s)
     scheduler = build_scheduler(optimizer, s, total_steps)
 
-    # ---- 3. Resume --------------------------------------------------------------------------
-    store = open_store(s.output)
-    work = Path(cfg.work_dir)
-    metrics_path, staging = work / "metrics.jsonl", work / "staging"
-    plan = resume_plan(store, resume=s.resume, on_damaged=s.resume_from_damaged, env=env)
-    start = plan.start if plan.prefix else 0
-    if plan.prefix:
-        if start > total_steps:
-            raise ResumeError(f"{store.uri_for(plan.prefix)} is past the {total_steps} planned steps "
-                              "(train.max_steps lowered?); use another train.output")
-        resumed = load_checkpoint(store=store, prefix=plan.prefix, model=wrapped, optimizer=optimizer,
-                                  scheduler=scheduler, env=env, spec=spec, plan_fingerprint=full_plan.fingerprint,
-                                  metrics_path=metrics_path)
-        check_resumed_init(resumed, init, store.uri_for(plan.prefix))
-    elif env.is_main:
-        start_metrics_file(metrics_path)
+    # ---- 3. Resume (the checkpointer: when a step is saved, what is saved and kept; checkpointer.py) ----
+    metrics_path = Path(cfg.work_dir) / "metrics.jsonl"
+    checkpoints = Checkpointer(store=open_store(s.output), settings=s, env=env, spec=spec,
+                               plan_fingerprint=full_plan.fingerprint, total_steps=total_steps, model=wrapped,
+                               optimizer=optimizer, scheduler=scheduler, metrics_path=metrics_path,
+                               staging=Path(cfg.work_dir) / "staging", init=init, data_steps=data.checkpoint_steps)
+    start = checkpoints.restore()
     data.on_start(start)
     if env.is_main:
         log_line(describe_run(s, env, total_steps, len(train_idx), len(val_idx), attention, bf16)
-                 + (f"; resuming after step {start} from {store.uri_for(plan.prefix)}" if start else "")
+                 + (f"; resuming after step {start} from {checkpoints.resumed_uri}" if start else "")
                  + (f"; warm start from {init.uri}" if init and not start else ""))
         if (order := data.describe(train_idx)) is not None:
             log_line(order)
@@ -180,7 +156,6 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
 
     K = spec.num_depths
     val_metrics: dict = {}
-    final_sd, saved_last = None, False
     prefetcher = Prefetcher(range(start, total_steps), rows_of_step, s.prefetch)
     log = TrainLog(metrics_path, env=env, device=device, start=start, total_steps=total_steps, num_depths=K,
                    log_every=s.log_every)
@@ -211,41 +186,14 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
             if val_idx and (is_last or (s.eval_every and done % s.eval_every == 0)):
                 val_metrics = validate(wrapped, forward_row, make_row, dataset, val_idx, s, env, K)
                 log.validation(done, val_metrics)
-            checkpoint_due = is_last or done % s.checkpoint_every == 0 or done in data.checkpoint_steps
-            if checkpoint_due:  # never a checkpoint (or draft) holding NaN: it would resume or serve garbage
-                check_finite_state(wrapped, optimizer, env, done)
-            if checkpoint_due and done in plan.damaged:
-                if env.is_main:  # kept as evidence: never published over (see peagle.train.checkpoint)
-                    log_line(f"not saving step {done}: {store.uri_for(step_prefix(done))} is a damaged checkpoint, "
-                             "kept as it is")
-            elif checkpoint_due:
-                state = {"epoch": epoch, "total_steps": total_steps, "plan_fingerprint": full_plan.fingerprint,
-                         "scheduler": scheduler.state_dict(), "spec": json.loads(spec.model_dump_json()),
-                         "settings": json.loads(s.model_dump_json()), "metrics": json_safe(log.metrics),
-                         "init_from": init.record() if init else None}
-                final_sd = save_checkpoint(store=store, step=done, model=wrapped, optimizer=optimizer,
-                                           trainer_state=state, metrics_path=metrics_path, staging=staging, env=env)
-                saved_last = is_last
-                if env.is_main and s.keep_checkpoints:
-                    prune_checkpoints(store, s.keep_checkpoints)
+            if checkpoints.save_if_due(done, epoch=epoch, metrics=log.metrics):
                 data.after_checkpoint(done)
     finally:
         prefetcher.close()
 
     # ---- 5. The servable draft ----------------------------------------------------------------
-    if not saved_last:  # resumed at the very end (killed between the last checkpoint and this export)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        check_finite_state(wrapped, optimizer, env, total_steps)
-        final_sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    final_uri = ""
+    final_uri = checkpoints.publish_final(metrics=log.metrics, val_metrics=val_metrics)
     if env.is_main:
-        # how this draft was trained, for lineage (and tests): no log parsing
-        lineage = {"step": total_steps, "kind": "peagle-draft", "world_size": env.world_size,
-                   "distributed": s.distributed if env.distributed else None, "resumed_after_step": start,
-                   "metrics": json_safe(log.metrics), "val_metrics": json_safe(val_metrics),
-                   "init_from": init.record() if init else None}
-        final_uri = export_final(store=store, model_sd=final_sd, spec=spec, staging=staging, metadata=lineage)
         log_line(f"done: {total_steps} steps; servable draft at {final_uri}")
     data.on_finish()
     return TrainResult(total_steps, start, final_uri, log.metrics, val_metrics, log.data_reads)
@@ -259,6 +207,22 @@ def open_training_data(s: TrainSettings) -> SampleDataset:
     if not s.data:
         raise DatasetError("no training data: set train.data")
     return StreamedExtraction(s.data, s.stream) if s.data_mode == "streaming" else open_dataset(s.data)
+
+
+def check_settings(s: TrainSettings, env: DistEnv) -> tuple[str, bool]:
+    """The run's attention kernel (``dense`` or ``flex``) and whether it computes under bf16 autocast; refuses
+    URIs that do not parse and settings this world cannot run."""
+    check_uri(s.output, "train.output")
+    check_uri(s.data, "train.data")
+    check_uri(s.init_from, "train.init_from")
+    cuda = env.device.type == "cuda"
+    attention = s.attention if s.attention != "auto" else ("flex" if cuda else "dense")
+    if attention == "flex" and not cuda:
+        raise ConfigError("train.attention=flex needs CUDA (flex attention has no backward pass on CPU); use dense")
+    if s.global_batch_rows % env.world_size:
+        raise ConfigError(f"train.global_batch_rows={s.global_batch_rows} is not divisible by the world size "
+                         f"{env.world_size}; every rank must train the same number of rows per step")
+    return attention, use_bf16(s.precision, env.device)
 
 
 def split_checked(dataset: SampleDataset, s: TrainSettings, spec, target_fingerprint: str | None,
@@ -345,27 +309,6 @@ def divergence_error(step: int, total_steps: int, loss: float, grad_norm: float,
     return TrainError(f"step {step}/{total_steps}: the training loss is {loss:.4g} and the gradient norm "
                       f"{grad_norm:.4g}: not finite, training diverged; stopping without publishing a draft. "
                       f"Lower train.lr ({s.lr:g}) or train.weight_decay ({s.weight_decay:g}), or check the data")
-
-
-def check_finite_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv, step: int) -> None:
-    """Raise :class:`TrainError` on every rank if a weight or optimiser state tensor of any rank holds NaN
-    or inf after ``step`` (collective: every rank calls). Reads each rank's own shard (FSDP2)."""
-    def local(t: torch.Tensor) -> torch.Tensor:
-        return t.to_local() if hasattr(t, "to_local") else t
-
-    def finite(t) -> bool:
-        return not isinstance(t, torch.Tensor) or not t.is_floating_point() or bool(torch.isfinite(local(t)).all())
-
-    names = {p: n.removeprefix("module.") for n, p in model.named_parameters()}
-    bad = next((f"weight {names[p]}" for p in names if not finite(p.detach())), None)
-    if bad is None:
-        bad = next((f"optimizer state {names.get(p, '?')}/{key}" for p, state in optimizer.state.items()
-                    for key, value in state.items() if not finite(value)), None)
-    found = [b for b in all_gather_objects(bad, env) if b]
-    if found:
-        raise TrainError(f"after step {step}: {found[0]} holds NaN or infinite values: training diverged; "
-                         "stopping without publishing this checkpoint or a draft. Lower train.lr or "
-                         "train.weight_decay, or check the data")
 
 
 def scan_samples(dataset: SampleDataset, train_idx: list[int], val_idx: list[int], spec, *, validate: bool,
