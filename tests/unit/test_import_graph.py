@@ -24,7 +24,8 @@ subpackage standing for everything inside it, its entry point ``__main__`` inclu
 that use each other through different modules are a cycle too (``peagle.evaluate`` <-> ``peagle.vllm_run``
 was one).
 
-Entry points (every ``__main__`` and the console scripts of ``pyproject.toml``) depend on the
+Entry points (every ``__main__``, the console scripts of ``pyproject.toml`` and every module of the
+commands package ``peagle.commands``, the command lines ``peagle`` dispatches to) depend on the
 assembly (``peagle.run_config``, where every package's settings section meets); the assembly and the
 library do not depend on them: only an entry point imports an entry point. An entry point reaching
 the assembly reaches every package the assembly imports, so in the package graphs its import of the
@@ -53,6 +54,7 @@ PROJECT = REPO
 SRC = PROJECT / "src"
 ROOT = "peagle"
 ASSEMBLY = "peagle.run_config"
+COMMANDS = "peagle.commands"  # command modules: entry points, like the __main__ modules
 
 # Each entry is the exact set of modules in one allowed strongly connected component (none now).
 ALLOWED_CYCLES: list[frozenset[str]] = []
@@ -79,10 +81,12 @@ def package_of(module: str) -> str:
 
 
 def entry_points() -> set[str]:
-    """Every ``__main__`` module and the modules of the console scripts (``[project.scripts]``)."""
+    """Every ``__main__`` module, the modules of the console scripts (``[project.scripts]``) and every module
+    of the commands package (:data:`COMMANDS`)."""
     scripts = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"].get("scripts", {})
     return ({m for m in MODULES if m.rsplit(".", 1)[-1] == "__main__"}
-            | {target.split(":")[0] for target in scripts.values()})
+            | {target.split(":")[0] for target in scripts.values()}
+            | {m for m in MODULES if m == COMMANDS or m.startswith(COMMANDS + ".")})
 
 
 ENTRY_POINTS = entry_points()

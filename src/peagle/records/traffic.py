@@ -161,6 +161,14 @@ class TrafficRecord(Record):
         value = self.sampling.get("temperature")
         return DEFAULT_TEMPERATURE if value is None else float(value)
 
+    @property
+    def live_histogram(self) -> list[int] | None:
+        """The acceptance histogram when the request counts as live traffic (answered, status 200, with vLLM's
+        per-request acceptance), else None: what the live comparison and the trigger pool."""
+        if self.status != 200 or self.spec_decode is None:
+            return None
+        return list(self.spec_decode["acceptance_histogram"])
+
     def chat(self) -> list[dict[str, str]]:
         """The conversation: the chat messages, or a single user turn holding a completions prompt."""
         if self.messages is not None:

@@ -33,35 +33,34 @@ configuration or input (too little usable traffic in the window: the message nam
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
-import sys
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import __version__
 from .. import config as C
-from ..errors import PeagleError, report
 from ..records.base import format_time, parse_time
 from ..records.lineage import Lineage
 from ..data.errors import PrepareError
 from ..data.output import SPLITS, PreparedData, PreparedHeader, PreparedWriter
 from ..data.rows import PreparedRow
 from ..extract.run import extract_prepared
-from ..run_config import RunConfig
 from ..stage_io import fetched_input, is_remote, join
 from ..traffic.settings import RefreshSettings
+from .sections import RefreshRunConfig
 from .selection import COUNTS_FILE, HELDOUT_FILE, REGENERATE_FILE, TRAIN_FILE, describe_counts
 
 if TYPE_CHECKING:
     from ..traffic.gate import GateResult
 
 log = logging.getLogger(__name__)
+
+RunConfigT = TypeVar("RunConfigT", bound=RefreshRunConfig)  # _with returns the caller's type
 
 SELECTION_KIND = "peagle-traffic-selection"
 PREPARED_KIND = "peagle-prepared"  # as ``peagle prepare`` publishes it
@@ -114,14 +113,15 @@ class RefreshOutcome:
 # Helpers
 
 
-def _with(cfg: RunConfig, **dotted: Any) -> RunConfig:
-    """``cfg`` with ``section__key=value`` settings changed, validated again (a bad value names the key)."""
+def _with(cfg: RunConfigT, **dotted: Any) -> RunConfigT:
+    """``cfg`` with ``section__key=value`` settings changed, validated again as its own type (the caller's run
+    configuration, its validators included; a bad value names the key)."""
     data = cfg.model_dump()
     for key, value in dotted.items():
         section, name = key.split("__", 1)
         data[section][name] = value
     try:
-        return RunConfig.model_validate(data)
+        return type(cfg).model_validate(data)
     except ValueError as exc:
         raise C.ConfigError(f"refresh: {exc}") from None
 
@@ -153,7 +153,7 @@ def _draft_identity(uri: str) -> dict[str, Any]:
     return {"uri": str(uri), "fingerprint": draft.identity.fingerprint, "manifest_sha256": draft.manifest_sha256}
 
 
-def check_outputs(cfg: RunConfig, *, serving_draft: str, out: str) -> RefreshLayout:
+def check_outputs(cfg: RefreshRunConfig, *, serving_draft: str, out: str) -> RefreshLayout:
     """The output check of the other stages (:func:`peagle.stage_io.check_output`), before any work, on
     every output of a refresh into ``out``: none is, holds or lies inside an input (the target, the
     serving draft, the traffic log, ``refresh.base_data``); each published output there (selection,
@@ -190,7 +190,7 @@ def _read_selection_summary(layout: RefreshLayout) -> dict[str, Any]:
 # Steps
 
 
-def select_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> dict[str, Any]:
+def select_step(cfg: RefreshRunConfig, *, target: str, layout: RefreshLayout) -> dict[str, Any]:
     """Select the training and held-out traffic of ``refresh.traffic`` in the window into ``layout.selection``.
 
     Returns the selection summary (``counts``, ``window``, ``sampled_responses``; ``regenerated`` when
@@ -219,7 +219,7 @@ def select_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> dict[s
     return summary
 
 
-def _regenerate(cfg: RunConfig, target: str, conversations: Path, out: Path) -> dict[str, int]:
+def _regenerate(cfg: RefreshRunConfig, target: str, conversations: Path, out: Path) -> dict[str, int]:
     """The target answers the sampled conversations again, greedily (the regenerate stage)."""
     from ..data.regenerate import run_regenerate
 
@@ -243,7 +243,7 @@ def replay_count(traffic_rows: int, fraction: float) -> int:
     return round(fraction * traffic_rows / (1.0 - fraction))
 
 
-def prepare_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> dict[str, Any]:
+def prepare_step(cfg: RefreshRunConfig, *, target: str, layout: RefreshLayout) -> dict[str, Any]:
     """Prepare the selected conversations with the run's ``prepare`` settings, mix in the replay rows and
     publish the merged prepared data at ``layout.data``; returns the rows per split and origin.
 
@@ -313,14 +313,14 @@ def _write_prepared(out: str, rows: dict[str, list[PreparedRow]], header: Prepar
         writer.publish(description, refresh=summary)
 
 
-def extract_step(cfg: RunConfig, *, target: str, layout: RefreshLayout) -> None:
+def extract_step(cfg: RefreshRunConfig, *, target: str, layout: RefreshLayout) -> None:
     """Hidden states of the target on both splits of ``layout.data`` (as ``peagle extract`` does)."""
     for part in extract_prepared(layout.data, target, layout.hidden_states_of, cfg.extract):
         if part.result is not None:
             log.info("extract %s: %d samples -> %s", part.split, part.result.num_samples, part.result.out_dir)
 
 
-def train_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> str:
+def train_step(cfg: RefreshRunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> str:
     """Train the candidate on ``layout.hidden_states`` warm-started from ``serving_draft``
     (``train.init_from``: its weights and draft vocabulary); publish it at ``layout.draft``, return that."""
     from ..model.adapter import DRAFT_KIND
@@ -338,7 +338,7 @@ def train_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Refre
     return copy_published(result.final_uri, layout.draft, kind=DRAFT_KIND)
 
 
-def gate_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> "GateResult":
+def gate_step(cfg: RefreshRunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> "GateResult":
     """Compare the candidate at ``layout.draft`` with ``serving_draft`` (:func:`peagle.traffic.gate.run_gate`)
     on the held-out traffic prompts and ``gate.general``; writes ``layout.gate``."""
     from ..traffic.gate import run_gate
@@ -348,7 +348,7 @@ def gate_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Refres
                     traffic_prompts=str(prompts), general=cfg.gate.general, settings=cfg.gate, out=layout.gate)
 
 
-def lineage_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: RefreshLayout,
+def lineage_step(cfg: RefreshRunConfig, *, target: str, serving_draft: str, layout: RefreshLayout,
                  gate: "GateResult | None") -> Lineage:
     """Write ``layout.lineage`` (``peagle.traffic.lineage/v1``) and return it: the traffic window asked for and
     covered, the selection counts, rows from traffic and replayed, the base draft and data, the target, the
@@ -389,7 +389,7 @@ def lineage_step(cfg: RunConfig, *, target: str, serving_draft: str, layout: Ref
     return lineage
 
 
-def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: Lineage) -> str:
+def _record_refresh(cfg: RefreshRunConfig, layout: RefreshLayout, lineage: Lineage) -> str:
     """Append this refresh to the loop history (kind ``refresh``): its window, counts, candidate and verdict.
 
     ``window.until`` is where the next refresh's new traffic starts (:mod:`.trigger`): ``refresh.until``, else
@@ -415,7 +415,7 @@ def _record_refresh(cfg: RunConfig, layout: RefreshLayout, lineage: Lineage) -> 
     return LoopHistory(history_uri(cfg.rollout.history, cfg.refresh.traffic)).append("refresh", entry)
 
 
-def refresh(cfg: RunConfig, *, target: str, serving_draft: str, out: str, gate: bool = True,
+def refresh(cfg: RefreshRunConfig, *, target: str, serving_draft: str, out: str, gate: bool = True,
             say=print) -> RefreshOutcome:
     """Run every step in order into ``out`` (see the module docstring); ``gate=False`` skips the gate.
 
@@ -446,76 +446,3 @@ def refresh(cfg: RunConfig, *, target: str, serving_draft: str, out: str, gate: 
     lineage = lineage_step(cfg, target=target, serving_draft=serving_draft, layout=layout, gate=result)
     done(f"lineage: {layout.lineage}")
     return RefreshOutcome(layout, selection, data, candidate, result, lineage)
-
-
-# ----------------------------------------------------------------------------------------------
-# Command line
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="peagle refresh", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[2:]))
-    p.add_argument("--config", help="YAML run configuration (the one the serving draft was trained with)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one setting, e.g. --set refresh.replay_fraction=0.5 (repeatable)")
-    p.add_argument("--target", help="target directory (target.path): the serving target")
-    p.add_argument("--serving-draft", required=True, help="the serving draft (directory or URI): warm start, base")
-    p.add_argument("--traffic", help="traffic log root (refresh.traffic)")
-    p.add_argument("--base-data", help="prepared data the serving draft was trained on (refresh.base_data)")
-    p.add_argument("--since", help="window start, ISO 8601 UTC, inclusive (refresh.since)")
-    p.add_argument("--until", help="window end, ISO 8601 UTC, exclusive (refresh.until)")
-    p.add_argument("--out", required=True, help="output directory or URI of this refresh")
-    p.add_argument("--no-gate", action="store_true", help="stop after training (no gate: the candidate is unvetted)")
-    p.add_argument("--trigger", action="store_true",
-                   help="first decide whether a refresh is needed (trigger.* settings; writes <out>/trigger.json): "
-                   "'not needed' exits 0 without refreshing; an empty --since starts where the last refresh ended")
-    p.add_argument("-v", "--verbose", action="store_true")
-    return p
-
-
-def _triggered(cfg: RunConfig, out: str) -> RunConfig | None:
-    """``--trigger``: the trigger's decision printed and written to ``<out>/trigger.json``; None when the refresh
-    is not needed, else ``cfg`` with the window the trigger sets (:func:`.trigger.window_from_trigger`)."""
-    from ..model.target import fingerprint
-    from .trigger import NOT_NEEDED, run_trigger, trigger_document, window_from_trigger, write_trigger
-
-    decision = run_trigger(cfg, target_fingerprint=fingerprint(cfg.target.path))
-    cfg, note = window_from_trigger(cfg, decision)
-    where = write_trigger(trigger_document(decision, cfg, note), out)
-    for reason in decision.reasons:
-        print(f"trigger: {reason}")
-    if note:
-        print(f"trigger: {note}")
-    print(f"trigger: {'refresh needed' if decision.go else NOT_NEEDED} ({where})")
-    return cfg if decision.go else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    values = {key: value for key, value in (("target.path", ns.target), ("refresh.traffic", ns.traffic),
-                                             ("refresh.base_data", ns.base_data), ("refresh.since", ns.since),
-                                             ("refresh.until", ns.until)) if value}
-    try:
-        cfg: RunConfig = C.build_config(RunConfig, ns.config, ns.overrides, values)  # type: ignore[assignment]
-        if not cfg.target.path:
-            raise C.ConfigError("refresh needs the serving target: --target DIR (or target.path in the config)")
-        check_outputs(cfg, serving_draft=ns.serving_draft, out=ns.out)  # trigger.json is written there too
-        if ns.trigger:
-            cfg = _triggered(cfg, ns.out)
-            if cfg is None:
-                return 0
-        outcome = refresh(cfg, target=cfg.target.path, serving_draft=ns.serving_draft, out=ns.out,
-                          gate=not ns.no_gate)
-    except PeagleError as exc:
-        return report(exc)
-    print(f"candidate draft: {outcome.candidate_draft}; lineage: {outcome.layout.lineage}")
-    if outcome.passed is False:
-        print(f"gate REJECTED the candidate: see {outcome.layout.gate}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

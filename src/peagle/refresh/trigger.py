@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..config import ConfigError
 from ..records.history import PROMOTION, LoopHistory
@@ -34,15 +34,17 @@ from ..records.trigger import TriggerDecision
 from ..stats import pooled_acceptance_length
 from ..records.traffic import TrafficRecord
 from ..records.base import format_time, parse_time
+from ..rollout.settings import TriggerSettings
+from .sections import RefreshRunConfig
 from .selection import _clean
 
 if TYPE_CHECKING:
-    from ..rollout.settings import TriggerSettings
-    from ..run_config import RunConfig
     from ..traffic.log import TrafficLog
 
 TRIGGER_JSON = "trigger.json"
 NOT_NEEDED = "not needed"
+
+RunConfigT = TypeVar("RunConfigT", bound=RefreshRunConfig)  # window_from_trigger returns the caller's type
 
 
 def _promotion_figures(history: "LoopHistory") -> tuple[str | None, float | None]:
@@ -64,7 +66,7 @@ def _serving_fingerprint(served: list[TrafficRecord]) -> str | None:
     return max(counts, key=lambda fp: (counts[fp], newest[fp]))
 
 
-def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "TriggerSettings", *,
+def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: TriggerSettings, *,
                    target_fingerprint: str, now: datetime | None = None) -> TriggerDecision:
     """Whether the refresh goes on (see the module docstring); reads the log's records received before ``now``."""
     now = now or datetime.now(timezone.utc)
@@ -84,11 +86,11 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
     usable = _clean(records, target_fingerprint, False, Counter())
     new = [r for r in usable if since is None or r.received_at_dt >= since]
     promoted_fp, promoted_al = _promotion_figures(history)
-    served = [r for r in records if r.status == 200 and r.spec_decode
+    served = [r for r in records if r.live_histogram is not None
               and r.target_fingerprint == target_fingerprint]  # received_at order
     serving_fp = promoted_fp or _serving_fingerprint(served)
     recent = [r for r in served if fingerprint_of(r.draft_fingerprint) == serving_fp][-settings.recent_records:]
-    recent_al = (pooled_acceptance_length(r.spec_decode["acceptance_histogram"] for r in recent)
+    recent_al = (pooled_acceptance_length(r.live_histogram for r in recent)
                  if len(recent) >= settings.min_recent_records else None)
 
     where = f"since the last refresh's window ended ({format_time(since)})" if since else "(no refresh recorded yet)"
@@ -121,7 +123,7 @@ def decide_trigger(log: "TrafficLog", history: "LoopHistory", settings: "Trigger
                            decided_at=format_time(now))
 
 
-def run_trigger(cfg: "RunConfig", *, target_fingerprint: str, now: datetime | None = None) -> TriggerDecision:
+def run_trigger(cfg: RefreshRunConfig, *, target_fingerprint: str, now: datetime | None = None) -> TriggerDecision:
     """:func:`decide_trigger` on ``refresh.traffic`` and the loop history of ``cfg`` (``rollout.history``)."""
     from ..records.history import history_uri
     from ..traffic.log import TrafficLog
@@ -133,7 +135,7 @@ def run_trigger(cfg: "RunConfig", *, target_fingerprint: str, now: datetime | No
                           target_fingerprint=target_fingerprint, now=now)
 
 
-def window_from_trigger(cfg: "RunConfig", decision: TriggerDecision) -> tuple["RunConfig", str | None]:
+def window_from_trigger(cfg: RunConfigT, decision: TriggerDecision) -> tuple[RunConfigT, str | None]:
     """``cfg`` with ``refresh.since`` set to where the last refresh's window ended, when the refresh goes on,
     ``refresh.since`` is empty and a refresh was recorded; and the sentence saying so (None: unchanged)."""
     if not decision.go or cfg.refresh.since or decision.since is None:
@@ -146,7 +148,7 @@ def window_from_trigger(cfg: "RunConfig", decision: TriggerDecision) -> tuple["R
     return cfg.model_copy(update={"refresh": cfg.refresh.model_copy(update={"since": decision.since})}), note
 
 
-def trigger_document(decision: TriggerDecision, cfg: "RunConfig", note: str | None) -> dict[str, Any]:
+def trigger_document(decision: TriggerDecision, cfg: RefreshRunConfig, note: str | None) -> dict[str, Any]:
     """``trigger.json``: the decision, the settings it used, the history it read and the window it set."""
     from ..records.history import history_uri
 

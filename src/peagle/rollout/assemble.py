@@ -23,7 +23,7 @@ from ..traffic.gate_report import GateResult
 from ..traffic.log import TrafficLog
 from .cluster import ClusterBackend
 from .controller import run_rollout
-from .objects import Candidate, RolloutObjects, publication_fingerprint
+from .objects import Candidate, RolloutObjects
 from .settings import RolloutSettings
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def cluster_rollout(*, name: str, namespace: str, routing: str, mode: str, stabl
     :func:`peagle.records.identity.identify_draft`) on release ``name``, which serves with ``stable_values``. ``candidate_values``: the
     chart values pointing the stable's model source at the candidate (:func:`.objects.candidate_values`);
     ``gate``: the gate's summary (:meth:`~peagle.traffic.gate_report.GateResult.summary`) or None (unvetted)."""
-    candidate = Candidate(draft=str(candidate_draft), fingerprint=publication_fingerprint(candidate_draft),
+    candidate = Candidate(draft=str(candidate_draft), fingerprint=identify_draft(candidate_draft).fingerprint,
                           values=candidate_values, gate=gate, lineage=lineage)
     objects = RolloutObjects(name=name, namespace=namespace, routing=routing, mode=mode,
                              stable_values=stable_values, chart=chart)

@@ -43,7 +43,6 @@ from ..stage_io import check_writable, write_errors
 from .assemble import ClusterRollout, cluster_rollout, read_gate, read_lineage
 from .cluster import ClusterBackend
 from .controller import abort_rollout
-from .local import main_local
 from .objects import RolloutObjects, candidate_values
 from .settings import RolloutSettings
 
@@ -163,8 +162,6 @@ def render_phases(rollout: "ClusterRollout", percent: int, out_dir: str) -> list
 
 def main(argv: list[str] | None = None, apis: Apis | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["local"]:
-        return main_local(argv[1:])
     ns = build_parser().parse_args(argv)
     try:
         settings = load_settings(ns)

@@ -35,13 +35,6 @@ from ..records.base import format_time
 
 
 
-def live_histogram(record: TrafficRecord) -> list[int] | None:
-    """The record's acceptance histogram when it counts as a live request (answered, status 200), else None."""
-    if record.status != 200 or record.spec_decode is None:
-        return None
-    return list(record.spec_decode["acceptance_histogram"])
-
-
 @dataclass
 class _Group:
     """One version's requests: histograms padded to one width, latencies."""
@@ -54,7 +47,7 @@ class _Group:
     def of(cls, records: Sequence[TrafficRecord]) -> "_Group":
         timed = np.array([[float(r.timing["latency_s"]), float(r.usage["completion_tokens"])] for r in records
                           if r.usage and r.usage.get("completion_tokens", 0) > 0], dtype=np.float64).reshape(-1, 2)
-        return cls(histogram_matrix([live_histogram(r) for r in records]),
+        return cls(histogram_matrix([r.live_histogram for r in records]),
                    [float(r.timing["latency_s"]) for r in records], timed)
 
     @property
@@ -77,7 +70,7 @@ def live_comparison(records: Iterable[TrafficRecord], *, stable_fingerprint: str
     role_of = {fingerprint_of(stable_fingerprint): STABLE, fingerprint_of(candidate_fingerprint): CANDIDATE}
     for r in records:
         role = role_of.get(fingerprint_of(r.draft_fingerprint) or "")
-        if role and live_histogram(r) is not None and since <= r.received_at_dt < until:
+        if role and r.live_histogram is not None and since <= r.received_at_dt < until:
             by_role[role].append(r)
     groups = {role: _Group.of(rs) for role, rs in by_role.items()}
     rng = np.random.default_rng(seed)

@@ -28,7 +28,6 @@ from pydantic import ValidationError
 from ..deploy.render import RenderError, deep_merge, render
 from ..records.decision import DecisionError
 from ..records.gate import GATE_SUMMARY_SHAPE, GateSummary
-from ..records.identity import identify_draft
 from ..records.lineage import Lineage
 from .settings import ROUTINGS
 
@@ -218,9 +217,3 @@ def endpoint_object(objs: list[dict]) -> dict[str, Any]:
             if o["kind"] in kinds:
                 return o
     raise RenderError("no endpoint object (Route, HTTPRoute or InferenceService) among the rendered objects")
-
-
-def publication_fingerprint(draft: str) -> str:
-    """A draft's fingerprint (:func:`peagle.records.identity.identify_draft`): the chart's
-    ``speculative.draftFingerprint``, ``Candidate.fingerprint``, what its served records carry."""
-    return identify_draft(draft).fingerprint

@@ -24,36 +24,32 @@ Outputs (``--out``, a directory or URI, published as a ``peagle-gate``): ``gate.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from pydantic import Field
 
-from .. import config as C
 from ..config import ConfigError
 from ..engine.settings import EngineSettings
-from ..errors import PeagleError, report
+from ..errors import PeagleError
 from ..evaluate.live import Sampling, Workload, fp32_check_workload
 from ..evaluate.prompts import Prompt, PromptSet, PromptSetError, jsonl_rows, load_prompt_sets, messages_of
 from ..evaluate.settings import EvaluateEngineSettings, EvaluateSettings
 from ..records.identity import identify_draft
 from ..storage.settings import strip_userinfo
-from .gate_report import (GATE_HTML, GATE_JSON, GATE_KIND, GENERAL, TRAFFIC, DraftFigures, GateCheck, GateResult,
-                          PairedComparison, log_gate_metrics, summary_lines, write_gate)
+from .gate_report import (GATE_KIND, GENERAL, TRAFFIC, DraftFigures, GateCheck, GateResult, PairedComparison,
+                          log_gate_metrics, write_gate)
 from ..speed.table import TARGET
 from ..stats import (Estimate, acceptance_of_sums, finite_or_none, histogram_matrix, paired_acceptance_draws,
                      percentile_interval)
 from .settings import GateSettings
 
-__all__ = ["GateError", "GateResult", "GateRunConfig", "choose_k", "gate_checks", "general_prompt_set",
-           "log_gate_metrics", "main", "paired_comparison", "run_gate", "traffic_prompt_set"]
+__all__ = ["GateError", "GateResult", "choose_k", "gate_checks", "general_prompt_set", "log_gate_metrics",
+           "paired_comparison", "run_gate", "traffic_prompt_set"]
 
 log = logging.getLogger(__name__)
 
@@ -464,52 +460,3 @@ def run_gate(*, target: str, serving_draft: str, candidate_draft: str, traffic_p
             timing={"checks_s": round(t_checks, 3), "vllm_s": round(total - t_checks, 3), "total_s": round(total, 3)})
         write_gate(result, stage)
     return result
-
-
-# ---- command line -----------------------------------------------------------------------------------
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="peagle gate", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[2:]))
-    C.add_run_config_args(p, reads="its target, gate and evaluate.engine sections are read", example="gate.margin=0.05")
-    p.add_argument("--target", help="target directory or URI (default: target.path)")
-    p.add_argument("--serving-draft", required=True, help="the draft serving now (directory or URI)")
-    p.add_argument("--candidate-draft", required=True, help="the draft that would replace it (directory or URI)")
-    p.add_argument("--traffic-prompts", required=True, metavar="FILE",
-                   help="held-out traffic prompts, oldest first (.jsonl rows {id, messages, category})")
-    p.add_argument("--out", required=True, help="output directory or URI for gate.json and gate.html")
-    p.add_argument("-v", "--verbose", action="store_true")
-    C.add_flags(p, GateSettings, "gate")
-    return p
-
-
-class GateRunConfig(C.StrictModel):
-    """What ``peagle gate`` reads of a run configuration: the target, the gate and the evaluate engines."""
-
-    target: C.TargetSettings = Field(default_factory=C.TargetSettings)
-    gate: GateSettings = Field(default_factory=GateSettings)
-    evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)  # its engine section runs the gate
-
-
-def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    try:
-        cfg = C.build_config(GateRunConfig, ns.config, ns.overrides, C.flag_values(ns), own_sections_only=True)
-        target = ns.target or cfg.target.path
-        if not target:
-            raise ConfigError("no target: give --target or target.path")
-        result = run_gate(target=target, serving_draft=ns.serving_draft, candidate_draft=ns.candidate_draft,
-                          traffic_prompts=ns.traffic_prompts, settings=cfg.gate, engine=cfg.evaluate.engine,
-                          out=ns.out)
-    except PeagleError as exc:
-        return report(exc)
-    for line in summary_lines(result):
-        print(line)
-    print(f"gate: {strip_userinfo(ns.out)}/{GATE_JSON} and {GATE_HTML}")
-    return 0 if result.passed else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

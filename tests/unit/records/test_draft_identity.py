@@ -19,7 +19,8 @@ from peagle.rollout.assemble import cluster_rollout
 from peagle.rollout.local import candidate_of
 from peagle.storage import LocalStore, publish_dir
 from peagle.traffic.log import TrafficLog
-from peagle.traffic.serve import ServeConfig, server_command
+from peagle.commands.serve import ServeConfig
+from peagle.traffic.serve import server_command
 from peagle.traffic.settings import CaptureSettings
 from support.traffic_records import traffic_record, write_records
 

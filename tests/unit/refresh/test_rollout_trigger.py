@@ -166,7 +166,7 @@ def test_force_always_goes(loop):
 
 
 def test_refresh_trigger_option_exits_0_when_not_needed(tmp_path, capsys):
-    from peagle.refresh.steps import main
+    from peagle.commands.refresh import main
 
     target = tmp_path / "target"
     target.mkdir()

@@ -18,8 +18,8 @@ from peagle.model.target import fingerprint
 from peagle.run_config import RunConfig
 from peagle.traffic.log import TrafficWriter
 from peagle.records.traffic import TrafficRecord
-from peagle.refresh.steps import (RefreshLayout, lineage_step, main, prepare_step, refresh, replay_count,
-                                    select_step)
+from peagle.commands.refresh import main
+from peagle.refresh.steps import RefreshLayout, lineage_step, prepare_step, refresh, replay_count, select_step
 from peagle.refresh.selection import (TrafficSelectionError, prompt_row, select_traffic, write_selection)
 from peagle.traffic.settings import CaptureSettings, RefreshSettings
 from support.traffic_records import traffic_record

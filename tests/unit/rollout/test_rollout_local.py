@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from peagle.commands import rollout_local as local_command
 from peagle.rollout import local as L
 from peagle.traffic.settings import CaptureSettings
 
@@ -187,22 +188,22 @@ def test_the_canary_needs_its_own_port_and_a_traffic_log(tmp_path):
 
 
 def test_rollout_local_flags_become_settings(tmp_path):
-    ns = L.build_parser().parse_args(["--target", "t", "--stable-draft", "s", "--candidate-draft", "c",
-                                      "--traffic", str(tmp_path / "log"), "--prompts", "humaneval",
-                                      "--canary-percent", "50", "--min-requests", "24", "--max-num-seqs", "4",
-                                      "--set", "rollout.poll_s=5", "--set", "capture.flush_interval_s=2"])
-    cfg = L.load_config(ns)
+    ns = local_command.build_parser().parse_args([
+        "--target", "t", "--stable-draft", "s", "--candidate-draft", "c", "--traffic", str(tmp_path / "log"),
+        "--prompts", "humaneval", "--canary-percent", "50", "--min-requests", "24", "--max-num-seqs", "4",
+        "--set", "rollout.poll_s=5", "--set", "capture.flush_interval_s=2"])
+    cfg = local_command.load_config(ns)
     assert cfg.capture.enabled and cfg.capture.uri == str(tmp_path / "log") and cfg.capture.flush_interval_s == 2
     assert cfg.rollout.canary_percent == 50 and cfg.rollout.min_requests == 24 and cfg.rollout.poll_s == 5
     assert cfg.engine.max_num_seqs == 4
-    help_text = " ".join(L.build_parser().format_help().split())
+    help_text = " ".join(local_command.build_parser().format_help().split())
     assert "stands in for the cluster's router" in help_text and "same port" in help_text
 
 
 def test_rollout_local_refuses_bad_input(tmp_path, capsys):
     args = ["--target", str(tmp_path), "--stable-draft", str(tmp_path / "none"), "--candidate-draft",
             str(tmp_path / "none2"), "--traffic", str(tmp_path / "log"), "--prompts", "humaneval"]
-    assert L.main_local(args) == 2
+    assert local_command.main(args) == 2
     assert "peagle: error:" in capsys.readouterr().err
 
 
@@ -229,7 +230,7 @@ def never_started(monkeypatch):
         made.append(args)
         raise L.LocalRolloutError("a server would start here")
 
-    monkeypatch.setattr(L, "LocalBackend", refuse)
+    monkeypatch.setattr(local_command, "LocalBackend", refuse)
     return made
 
 
@@ -255,7 +256,7 @@ def gate_of(directory, draft: str, passed: bool) -> str:
 def test_rollout_local_refuses_a_failed_gate_or_another_drafts_gate_before_serving(
         published, tmp_path, capsys, never_started, gated, passed, message):
     gate = gate_of(tmp_path / "gate", published[gated], passed)
-    assert L.main_local(local_args(published, tmp_path, "--gate", gate)) == 2
+    assert local_command.main(local_args(published, tmp_path, "--gate", gate)) == 2
     err = capsys.readouterr().err
     assert f"peagle: error: --gate: {gate}" in err and message in err, err
     assert never_started == []
@@ -276,7 +277,7 @@ def test_rollout_local_records_the_verified_gate(published, tmp_path):
 ])
 def test_rollout_local_bad_numbers_exit_2_naming_the_flag_before_anything_starts(
         published, tmp_path, capsys, never_started, flags, flag):
-    assert L.main_local(local_args(published, tmp_path, *flags)) == 2
+    assert local_command.main(local_args(published, tmp_path, *flags)) == 2
     assert capsys.readouterr().err.startswith(f"peagle: error: {flag}: ")
     assert never_started == []
 

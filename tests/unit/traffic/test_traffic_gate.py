@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from peagle.evaluate.prompts import PromptSetError
-from peagle.traffic.gate import gate_checks, main, paired_comparison, run_gate, traffic_prompt_set
+from peagle.commands.gate import main
+from peagle.traffic.gate import gate_checks, paired_comparison, run_gate, traffic_prompt_set
 from peagle.traffic.gate_report import (GATE_FORMAT, GateCheck, GateReportError, GateResult, gate_metrics,
                                         log_gate_metrics, render_gate_html, summary_lines, write_gate)
 from peagle.traffic.settings import GateSettings

@@ -11,6 +11,7 @@ import pytest
 
 from support.bench_scripts import load_bench
 from peagle.evaluate.prompts import HUMANEVAL, PromptSetError, load_prompt_sets
+from peagle.commands import replay as replay_command
 from peagle.traffic import replay as R
 
 HISTOGRAMS = [[3, 1, 0], [1, 1, 2], [2, 0, 2], [0, 2, 1]]  # K = 2
@@ -106,7 +107,8 @@ def test_replay_counts_failures_and_cli_exit_status(fake_server, tmp_path, capsy
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(4)))
     out = tmp_path / "rows.jsonl"
-    assert R.main(["--url", fake_server + "/v1", "--prompts", str(prompts), "--limit", "3", "--out", str(out)]) == 0
+    assert replay_command.main(["--url", fake_server + "/v1", "--prompts", str(prompts), "--limit", "3",
+                                "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["text"] for r in rows] == ["echo: q0", "echo: q1", "echo: q2"]
     assert "replay: 3/3 AL" in capsys.readouterr().out
@@ -115,7 +117,7 @@ def test_replay_counts_failures_and_cli_exit_status(fake_server, tmp_path, capsy
     rows = R.replay(dead, _prompts(1), model="m", retries=0, timeout=2, progress=None).rows
     assert rows[0].error and "unreachable" in rows[0].error
     assert R.summarise(rows, 1.0)["failed"] == 1
-    assert R.main(["--url", fake_server, "--prompts", "no-such-set"]) == 2
+    assert replay_command.main(["--url", fake_server, "--prompts", "no-such-set"]) == 2
 
 
 @pytest.mark.parametrize("out", ["prompts", "dir", "under_a_file", "ends_with_a_slash"])
@@ -126,7 +128,7 @@ def test_a_bad_out_is_refused_before_any_request_and_the_prompts_stay(fake_serve
     (tmp_path / "dir").mkdir()
     where = {"prompts": prompts, "dir": tmp_path / "dir", "under_a_file": prompts / "rows.jsonl",
              "ends_with_a_slash": f"{tmp_path / 'new'}/"}[out]
-    assert R.main(["--url", fake_server, "--prompts", str(prompts), "--out", str(where)]) == 2
+    assert replay_command.main(["--url", fake_server, "--prompts", str(prompts), "--out", str(where)]) == 2
     assert capsys.readouterr().err.startswith("peagle: error: --out: ")
     assert FakeVLLM.calls == 0  # refused before sending: nothing to lose
     assert prompts.read_bytes() == before and not any((tmp_path / "dir").iterdir())
@@ -136,7 +138,7 @@ def test_a_bad_out_is_refused_before_any_request_and_the_prompts_stay(fake_serve
 def test_a_limit_below_one_is_refused_not_read_as_all(fake_server, tmp_path, capsys, limit):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(3)))
-    assert R.main(["--url", fake_server, "--prompts", str(prompts), "--limit", limit]) == 2
+    assert replay_command.main(["--url", fake_server, "--prompts", str(prompts), "--limit", limit]) == 2
     assert "--limit" in capsys.readouterr().err and FakeVLLM.calls == 0
 
 
@@ -145,7 +147,7 @@ def test_rows_replace_an_earlier_rows_file_atomically(fake_server, tmp_path):
     prompts.write_text(json.dumps({"prompt": "q0"}) + "\n")
     out = tmp_path / "rows.jsonl"
     out.write_text("an earlier replay's rows\n")
-    assert R.main(["--url", fake_server, "--prompts", str(prompts), "--out", str(out)]) == 0
+    assert replay_command.main(["--url", fake_server, "--prompts", str(prompts), "--out", str(out)]) == 0
     assert [json.loads(line)["text"] for line in out.read_text().splitlines()] == ["echo: q0"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "rows.jsonl"]  # no temporary file left
 
@@ -259,19 +261,19 @@ def test_cli_split_sends_by_weight_and_reports_each_url(two_servers, tmp_path, c
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(8)))
     out = tmp_path / "rows.jsonl"
-    assert R.main(["--split", f"{stable}=1", "--split", f"{canary}/v1=1", "--prompts", str(prompts),
-                   "--out", str(out)]) == 0
+    assert replay_command.main(["--split", f"{stable}=1", "--split", f"{canary}/v1=1", "--prompts", str(prompts),
+                                "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["url"] for r in rows] == [stable + "/v1", canary + "/v1"] * 4
     text = capsys.readouterr().out
     assert f"replay: {stable}/v1 4/4 AL" in text and f"replay: {canary}/v1 4/4 AL" in text
-    assert R.main(["--split", f"{stable}=0", "--prompts", str(prompts)]) == 2
+    assert replay_command.main(["--split", f"{stable}=0", "--prompts", str(prompts)]) == 2
     assert "every --split weight is 0" in capsys.readouterr().err
     for bad in (["--split", "nourl"], ["--split", f"{stable}=x"], ["--url", stable, "--split", f"{stable}=1"]):
         with pytest.raises(SystemExit) as exc:
-            R.main([*bad, "--prompts", str(prompts)])
+            replay_command.main([*bad, "--prompts", str(prompts)])
         assert exc.value.code == 2
-    assert "stands in for the cluster's router" in " ".join(R.build_parser().format_help().split())
+    assert "stands in for the cluster's router" in " ".join(replay_command.build_parser().format_help().split())
 
 
 def test_humaneval_prompt_set_reads_the_wheel():

@@ -13,6 +13,7 @@ import pytest
 
 from peagle.config import ConfigError
 from peagle.engine.settings import EngineSettings
+from peagle.commands import serve as serve_command
 from peagle.traffic import serve as S
 from peagle.traffic.settings import ENV_PREFIX, CaptureSettings
 
@@ -90,18 +91,19 @@ def test_server_command_refuses(qwen3_target, ladder_init_draft, kwargs, match):
 
 
 def test_serve_flags_become_settings():
-    ns = S.build_parser().parse_args(["--target", "t", "--draft", "d", "--capture", "/tmp/log",
-                                      "--capture-sample-rate", "0.25", "--capture-redact", "email", "re:x+",
-                                      "--max-num-seqs", "4", "--set", "capture.batch_records=7"])
-    cfg = S.load_config(ns)
+    ns = serve_command.build_parser().parse_args(["--target", "t", "--draft", "d", "--capture", "/tmp/log",
+                                                  "--capture-sample-rate", "0.25", "--capture-redact", "email",
+                                                  "re:x+", "--max-num-seqs", "4", "--set", "capture.batch_records=7"])
+    cfg = serve_command.load_config(ns)
     assert cfg.capture.enabled and cfg.capture.uri == "/tmp/log" and cfg.capture.sample_rate == 0.25
     assert cfg.capture.redact == ["email", "re:x+"] and cfg.capture.batch_records == 7
     assert cfg.engine.max_num_seqs == 4
-    assert not S.load_config(S.build_parser().parse_args(["--target", "t", "--draft", "d"])).capture.enabled
+    bare = serve_command.build_parser().parse_args(["--target", "t", "--draft", "d"])
+    assert not serve_command.load_config(bare).capture.enabled
 
 
 def test_serve_bad_draft_exits_2(tmp_path, capsys):
-    assert S.main(["--target", str(tmp_path), "--draft", str(tmp_path / "none")]) == 2
+    assert serve_command.main(["--target", str(tmp_path), "--draft", str(tmp_path / "none")]) == 2
     assert "peagle: error:" in capsys.readouterr().err
 
 
@@ -232,8 +234,8 @@ def test_a_bad_redaction_pattern_stops_serve_before_anything_starts(tmp_path, ca
     from peagle.traffic import serve
 
     monkeypatch.setattr(serve.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
-    rc = serve.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "--capture",
-                     str(tmp_path / "log"), "--capture-redact", "re:(", "-k", "1"])
+    rc = serve_command.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "--capture",
+                             str(tmp_path / "log"), "--capture-redact", "re:(", "-k", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "capture.redact" in err[0] and "re:(" in err[0], err
 
@@ -255,6 +257,6 @@ def test_a_bad_serve_flag_stops_serve_before_anything_starts(tmp_path, capsys, m
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         flags = [{"FILE": str(tmp_path / "file"), "BUSY": str(busy.getsockname()[1])}.get(f, f) for f in flags]
-        rc = S.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "-k", "1", *flags])
+        rc = serve_command.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "-k", "1", *flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"peagle: error: {named}: "), err
