@@ -85,14 +85,14 @@ TOO_LITTLE_RECORDS = 8
 def paired_figures(before: Mapping[str, Sequence[int]], after: Mapping[str, Sequence[int]], *,
                    level: float = 0.95, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Before/after acceptance on the prompts both sides answered, paired per prompt, as the gate pairs
-    them (:func:`peagle.traffic.gate.paired_comparison`: the same resampled prompts on both sides).
+    them (:func:`peagle.gate.run.paired_comparison`: the same resampled prompts on both sides).
 
     ``before``/``after``: prompt key -> that request's acceptance histogram. Returns ``prompts``,
     ``excluded`` (a side returned no histogram), ``unpaired`` (answered on one side only), ``level``,
     ``resamples``, ``before`` and ``after`` (``acceptance_length``, ``first_position_acceptance``: each
     ``{value, interval}``; ``steps``) and ``difference`` (after - before, the same two estimates).
     """
-    from peagle.traffic.gate import paired_comparison
+    from peagle.gate.run import paired_comparison
 
     keys = sorted(before.keys() & after.keys())
     doc = paired_comparison([before[k] or None for k in keys], [after[k] or None for k in keys],

@@ -12,7 +12,8 @@ from .data.settings import PrepareSettings, RegenerateSettings
 from .evaluate.settings import EvaluateSettings
 from .extract.settings import ExtractSettings
 from .rollout.settings import RolloutSettings, TriggerSettings
-from .traffic.settings import GateSettings, RefreshSettings
+from .gate.settings import GateSettings
+from .traffic.settings import RefreshSettings
 from .train.settings import TrainSettings
 
 

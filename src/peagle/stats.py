@@ -1,7 +1,7 @@
 """Acceptance figures of vLLM's per-request acceptance histograms, and their percentile bootstrap intervals.
 
 The one home of these statistics: ``peagle evaluate`` (:mod:`peagle.evaluate.report`), ``peagle replay``, the
-gate (:mod:`peagle.traffic.gate`), the live canary comparison (:mod:`peagle.rollout.live`) and the refresh
+gate (:mod:`peagle.gate.run`), the live canary comparison (:mod:`peagle.rollout.live`) and the refresh
 trigger all use it. numpy only, below every package that uses it.
 
 vLLM (``per_request_spec_decode_metrics="summary"``) returns, for every finished request, an

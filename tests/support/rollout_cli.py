@@ -7,7 +7,7 @@ import io
 
 from peagle.deploy import Apis
 from peagle.rollout.cli import main
-from peagle.traffic.gate_report import GateCheck, GateResult, write_gate
+from peagle.gate.report import GateCheck, GateResult, write_gate
 
 NAME, NS, HOST = "qwen3-peagle", "ml", "llm.apps.example.com"
 STABLE = ["--name", NAME, "-n", NS, "--data-connection", "models", "--path", "runs/stable/", "--gpus", "0",

@@ -8,7 +8,7 @@ packages, which import no command. Command modules are entry points, as every ``
 Their ``--help`` is the docstring of the library module they run, which describes what the command does.
 
 * :mod:`.refresh` -- ``peagle refresh`` (:mod:`peagle.refresh.steps`);
-* :mod:`.gate` -- ``peagle gate`` (:mod:`peagle.traffic.gate`);
+* :mod:`.gate` -- ``peagle gate`` (:mod:`peagle.gate.run`);
 * :mod:`.serve` -- ``peagle serve`` (:mod:`peagle.traffic.serve`);
 * :mod:`.replay` -- ``peagle replay`` (:mod:`peagle.traffic.replay`);
 * :mod:`.rollout_local` -- ``peagle rollout local`` (:mod:`peagle.rollout.local`).

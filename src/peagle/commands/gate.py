@@ -1,5 +1,5 @@
 """``peagle gate``: its flags, the run configuration sections it reads (:class:`GateRunConfig`) and the verdict
-printed; the gate is :func:`peagle.traffic.gate.run_gate`, whose module docstring is this command's ``--help``.
+printed; the gate is :func:`peagle.gate.run.run_gate`, whose module docstring is this command's ``--help``.
 
 Exit status: 0 passed, 1 rejected, 2 bad input, 3 the measurement failed.
 """
@@ -16,9 +16,9 @@ from ..config import ConfigError
 from ..errors import PeagleError, report
 from ..evaluate.settings import EvaluateSettings
 from ..storage.settings import strip_userinfo
-from ..traffic import gate
-from ..traffic.gate_report import GATE_HTML, GATE_JSON, summary_lines
-from ..traffic.settings import GateSettings
+from ..gate import run as gate
+from ..gate.report import GATE_HTML, GATE_JSON, summary_lines
+from ..gate.settings import GateSettings
 
 
 def build_parser() -> argparse.ArgumentParser:

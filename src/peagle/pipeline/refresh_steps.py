@@ -171,8 +171,8 @@ def gate(refresh_uri: str, metrics: Any = None, html: Any = None) -> bool:
 
     A rejected candidate is a verdict, not a failure: the step succeeds and returns False.
     """
-    from ..traffic.gate import log_gate_metrics
-    from ..traffic.gate_report import GATE_HTML
+    from ..gate.run import log_gate_metrics
+    from ..gate.report import GATE_HTML
     from ..refresh.steps import gate_step, lineage_step
 
     with stage("refresh.gate") as info:

@@ -15,7 +15,8 @@ from ..config import DraftSettings, TargetSettings
 from ..data.settings import PrepareSettings, RegenerateSettings
 from ..extract.settings import ExtractSettings
 from ..rollout.settings import RolloutSettings, TriggerSettings
-from ..traffic.settings import GateSettings, RefreshSettings
+from ..gate.settings import GateSettings
+from ..traffic.settings import RefreshSettings
 from ..train.settings import TrainSettings
 
 

@@ -16,7 +16,7 @@ pipeline calls the same functions):
 3. :func:`extract_step` -- the target's hidden states of both splits into ``hidden_states/``;
 4. :func:`train_step` -- training warm-started from the serving draft (``train.init_from``), the
    candidate published at ``draft/`` (checkpoints in ``train/``);
-5. :func:`gate_step` -- :func:`peagle.traffic.gate.run_gate` on the held-out newest traffic and the
+5. :func:`gate_step` -- :func:`peagle.gate.run.run_gate` on the held-out newest traffic and the
    general set, into ``gate/``;
 6. :func:`lineage_step` -- ``lineage.json``: the window covered, row counts, replay, base draft, verdict;
    and a ``refresh`` record in the loop history (``rollout.history``), where the next trigger starts counting.
@@ -56,7 +56,7 @@ from .sections import RefreshRunConfig
 from .selection import COUNTS_FILE, HELDOUT_FILE, REGENERATE_FILE, TRAIN_FILE, describe_counts
 
 if TYPE_CHECKING:
-    from ..traffic.gate import GateResult
+    from ..gate.run import GateResult
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def check_outputs(cfg: RefreshRunConfig, *, serving_draft: str, out: str) -> Ref
     nothing but a refresh's outputs. OutputError (exit 2) naming the output otherwise."""
     from ..model.adapter import DRAFT_KIND
     from ..stage_io import OutputError, check_not_an_input, check_output, output_dir
-    from ..traffic.gate_report import GATE_KIND
+    from ..gate.report import GATE_KIND
 
     layout = RefreshLayout.of(out)
     inputs = [cfg.target.path, serving_draft, cfg.refresh.traffic, cfg.refresh.base_data]
@@ -339,9 +339,9 @@ def train_step(cfg: RefreshRunConfig, *, target: str, serving_draft: str, layout
 
 
 def gate_step(cfg: RefreshRunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> "GateResult":
-    """Compare the candidate at ``layout.draft`` with ``serving_draft`` (:func:`peagle.traffic.gate.run_gate`)
+    """Compare the candidate at ``layout.draft`` with ``serving_draft`` (:func:`peagle.gate.run.run_gate`)
     on the held-out traffic prompts and ``gate.general``; writes ``layout.gate``."""
-    from ..traffic.gate import run_gate
+    from ..gate.run import run_gate
 
     prompts = fetched_input(layout.selection) / HELDOUT_FILE
     return run_gate(target=target, serving_draft=serving_draft, candidate_draft=layout.draft,

@@ -19,7 +19,7 @@ from ..records.identity import identify_draft
 from ..records.lineage import Lineage
 from ..stage_io import join
 from ..storage import StorageError, open_store, publish
-from ..traffic.gate_report import GateResult
+from ..gate.report import GateResult
 from ..traffic.log import TrafficLog
 from .cluster import ClusterBackend
 from .controller import run_rollout
@@ -78,7 +78,7 @@ def cluster_rollout(*, name: str, namespace: str, routing: str, mode: str, stabl
     """The rollout of the published draft ``candidate_draft`` (named by its fingerprint,
     :func:`peagle.records.identity.identify_draft`) on release ``name``, which serves with ``stable_values``. ``candidate_values``: the
     chart values pointing the stable's model source at the candidate (:func:`.objects.candidate_values`);
-    ``gate``: the gate's summary (:meth:`~peagle.traffic.gate_report.GateResult.summary`) or None (unvetted)."""
+    ``gate``: the gate's summary (:meth:`~peagle.gate.report.GateResult.summary`) or None (unvetted)."""
     candidate = Candidate(draft=str(candidate_draft), fingerprint=identify_draft(candidate_draft).fingerprint,
                           values=candidate_values, gate=gate, lineage=lineage)
     objects = RolloutObjects(name=name, namespace=namespace, routing=routing, mode=mode,

@@ -27,7 +27,7 @@ from ..records.live import CANDIDATE, STABLE
 from ..records.promotion import PROMOTION_FORMAT, PromotionError, PromotionRecord, Registration
 from ..stage_io import is_remote, join
 from ..storage import open_dataset, open_store, publish
-from ..traffic.gate_report import TRAFFIC, GateResult
+from ..gate.report import TRAFFIC, GateResult
 from .registry import ModelRegistryClient, Property
 from .settings import RegistrySettings
 

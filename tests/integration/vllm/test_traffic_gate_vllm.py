@@ -1,4 +1,4 @@
-"""The gate (peagle.traffic.gate) on a real vLLM engine: the whole gate on the tiny target with the same
+"""The gate (peagle.gate.run) on a real vLLM engine: the whole gate on the tiny target with the same
 untrained draft as serving and candidate: nothing can differ, so the traffic gain fails with a difference
 of exactly 0 while the float32 check and loading pass. (The gate's statistics, verdict and reports without
 vLLM: tests/unit/traffic/test_traffic_gate.py.)"""
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from peagle.evaluate.settings import EvaluateEngineSettings
-from peagle.traffic.gate import run_gate
-from peagle.traffic.gate_report import GateResult, summary_lines
-from peagle.traffic.settings import GateSettings
+from peagle.gate.run import run_gate
+from peagle.gate.report import GateResult, summary_lines
+from peagle.gate.settings import GateSettings
 from support.traffic_prompts import prompt_file
 
 # the engines: a short context, a small batch, in-process (on CPU an engine starts in seconds)

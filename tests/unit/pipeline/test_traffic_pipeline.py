@@ -290,7 +290,7 @@ class Artifact(SimpleNamespace):
 def test_the_components_call_the_refresh_steps_in_order(tmp_path, monkeypatch):
     """A dry run: the step functions of peagle.refresh.steps replaced by recorders (no model, no vLLM)."""
     import components.refresh as comp
-    from peagle.traffic import gate as gate_module
+    from peagle.gate import run as gate_module
     from peagle.refresh import steps
 
     target, draft, traffic = tmp_path / "target", tmp_path / "draft", tmp_path / "traffic"

@@ -1,7 +1,7 @@
 """The refresh (peagle.refresh.selection, peagle.refresh.steps): a traffic window into a candidate draft.
 
 Selection on synthetic records; the steps on the tiny target (hf extraction, a few training steps, the
-gate replaced by a stand-in: the real one is a vLLM job, tested with peagle.traffic.gate).
+gate replaced by a stand-in: the real one is a vLLM job, tested with peagle.gate.run).
 """
 from __future__ import annotations
 
@@ -287,7 +287,7 @@ def test_a_refresh_out_that_would_replace_data_is_refused_before_any_work(qwen3_
 
 def test_refresh_end_to_end_with_a_stand_in_gate(qwen3_target, base_data, serving_draft, tmp_path, monkeypatch):
     """select -> prepare -> extract (hf) -> train warm-started from the serving draft -> gate -> lineage."""
-    import peagle.traffic.gate as gate_module
+    import peagle.gate.run as gate_module
     from peagle.model.adapter import Draft
 
     serving = serving_draft

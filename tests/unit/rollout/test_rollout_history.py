@@ -16,7 +16,7 @@ from peagle.rollout.objects import Candidate
 from peagle.rollout.promotion import PromotionError, PromotionRecord, record_promotion
 from peagle.rollout.settings import ROUTINGS, RegistrySettings, RolloutSettings
 from peagle.stats import Estimate
-from peagle.traffic.gate_report import GateCheck, GateResult, write_gate
+from peagle.gate.report import GateCheck, GateResult, write_gate
 from peagle.traffic.log import TrafficLog, TrafficWriter
 from support.loop_records import refresh_entry
 from support.traffic_records import traffic_record

@@ -242,7 +242,7 @@ def local_args(published, tmp_path, *extra):
 def gate_of(directory, draft: str, passed: bool) -> str:
     """A gate.json of ``draft`` as ``peagle gate`` writes it (one check, no figures)."""
     from peagle.model.adapter import Draft
-    from peagle.traffic.gate_report import GateCheck, GateResult, write_gate
+    from peagle.gate.report import GateCheck, GateResult, write_gate
 
     result = GateResult(passed, (GateCheck("traffic_gain", passed, 0.3 if passed else -0.2, 0.0, "AL"),),
                         {"path": "/models/target", "fingerprint": "f" * 64}, {"path": "/s", "sha256": "0" * 64},

@@ -23,7 +23,7 @@ from peagle.rollout.registry import ModelRegistryClient, ModelRegistryError, cus
 from peagle.rollout.settings import RegistrySettings, RolloutSettings
 from peagle.storage import open_published, open_store
 from peagle.stats import Estimate
-from peagle.traffic.gate_report import DraftFigures, GateCheck, GateResult, PairedComparison, write_gate
+from peagle.gate.report import DraftFigures, GateCheck, GateResult, PairedComparison, write_gate
 
 TOKEN = "s3cr3t-bearer-token"
 TARGET_FP = "ab" * 32

@@ -1,4 +1,4 @@
-"""The gate (peagle.traffic.gate): paired statistics, verdict, gate.json/.html, KFP metrics, without vLLM.
+"""The gate (peagle.gate.run): paired statistics, verdict, gate.json/.html, KFP metrics, without vLLM.
 
 The tests build synthetic acceptance histograms (h[j]: steps with j drafts accepted) and the tiny
 target of tests/conftest.py; the gate on a real vLLM engine: tests/integration/vllm/test_traffic_gate_vllm.py.
@@ -14,10 +14,10 @@ import pytest
 
 from peagle.evaluate.prompts import PromptSetError
 from peagle.commands.gate import main
-from peagle.traffic.gate import gate_checks, paired_comparison, run_gate, traffic_prompt_set
-from peagle.traffic.gate_report import (GATE_FORMAT, GateCheck, GateReportError, GateResult, gate_metrics,
+from peagle.gate.run import gate_checks, paired_comparison, run_gate, traffic_prompt_set
+from peagle.gate.report import (GATE_FORMAT, GateCheck, GateReportError, GateResult, gate_metrics,
                                         log_gate_metrics, render_gate_html, summary_lines, write_gate)
-from peagle.traffic.settings import GateSettings
+from peagle.gate.settings import GateSettings
 from support.traffic_prompts import prompt_file as _prompt_file
 
 def _k1_histograms(rates: np.ndarray, steps: int, rng: np.random.Generator) -> list[list[int]]:
@@ -246,7 +246,7 @@ def _ladder(e2e: float, c: int = 4, n: int = 12) -> list[dict]:
 
 
 def test_the_speed_check_rejects_a_candidate_slower_than_the_serving_draft_or_the_target_alone():
-    from peagle.traffic.gate import speed_check, speed_figures
+    from peagle.gate.run import speed_check, speed_figures
 
     settings = GateSettings()  # 3% tolerance
     fast = speed_figures({"target": [_ladder(1.0)], "serving": [_ladder(0.9)], "candidate": [_ladder(0.85)]}, 4)
@@ -267,7 +267,7 @@ def test_the_speed_check_rejects_a_candidate_slower_than_the_serving_draft_or_th
 def test_the_speed_rounds_alternate_the_three_engines_and_pool_every_round():
     from peagle.engine.settings import EngineSettings
     from peagle.evaluate.live import Sampling, Workload
-    from peagle.traffic.gate import _jobs, speed_check, speed_figures
+    from peagle.gate.run import _jobs, speed_check, speed_figures
 
     w = Workload("traffic", Sampling("greedy", 0.0, 1.0, 0), ["p0"], [[{"role": "user", "content": "hi"}]], 8, False)
     settings = GateSettings(speed_rounds=3, lossless_prompts=0)

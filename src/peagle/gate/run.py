@@ -20,7 +20,7 @@ and drafted). A candidate that cannot
 be read or whose engine fails is rejected with the reason, not raised.
 
 Outputs (``--out``, a directory or URI, published as a ``peagle-gate``): ``gate.json``, ``gate.html``
-(:mod:`.gate_report`). Exit status: 0 passed, 1 rejected, 2 bad input, 3 the measurement failed.
+(:mod:`.report`). Exit status: 0 passed, 1 rejected, 2 bad input, 3 the measurement failed.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from ..evaluate.prompts import Prompt, PromptSet, PromptSetError, jsonl_rows, lo
 from ..evaluate.settings import EvaluateEngineSettings, EvaluateSettings
 from ..records.identity import identify_draft
 from ..storage.settings import strip_userinfo
-from .gate_report import (GATE_KIND, GENERAL, TRAFFIC, DraftFigures, GateCheck, GateResult, PairedComparison,
+from .report import (GATE_KIND, GENERAL, TRAFFIC, DraftFigures, GateCheck, GateResult, PairedComparison,
                           log_gate_metrics, write_gate)
 from ..speed.table import TARGET
 from ..stats import (Estimate, acceptance_of_sums, finite_or_none, histogram_matrix, paired_acceptance_draws,
