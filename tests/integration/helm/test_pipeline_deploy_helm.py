@@ -4,8 +4,8 @@
   deployment mode) and the TrainJob carry ``kueue.x-k8s.io/queue-name``, and the pool's OpenShift AI
   hardware (3.x) or accelerator (2.x) profile goes on the InferenceService; everything validates against
   the CRDs.
-* The deploy step names the draft it serves by the published draft's manifest sha256 (what its ``_SUCCESS``
-  records), so the smoke test proves that the pipeline's own draft answered.
+* The deploy step names the draft it serves by its fingerprint (read from the publication's manifest), so the
+  smoke test proves that the pipeline's own draft answered.
 """
 from __future__ import annotations
 
@@ -55,15 +55,17 @@ def load(tmp_path: Path, text: str):
 
 def publish_draft(run: Path, weights: bytes = b"weights") -> str:
     """A published ``<run>/models/draft`` (the files a trained draft has; the deploy step reads only its
-    publication). Returns the sha256 of its ``_MANIFEST.json``."""
+    publication). Returns its fingerprint (:func:`peagle.records.identity.identify_draft`: the weights and config)."""
     from peagle.storage import open_store, publish_dir
 
     src = run.parent / f"draft-src-{hashlib.sha256(weights).hexdigest()[:8]}"
     src.mkdir(parents=True, exist_ok=True)
     (src / "config.json").write_text('{"architectures": ["Eagle3Speculator"]}')
     (src / "model.safetensors").write_bytes(weights)
+    from peagle.records.identity import identify_draft
+
     publish_dir(open_store(str(run / "models" / "draft")), "", src, overwrite=True)
-    return hashlib.sha256((run / "models" / "draft" / "_MANIFEST.json").read_bytes()).hexdigest()
+    return identify_draft(run / "models" / "draft").fingerprint
 
 
 def rendered(run: Path) -> dict[str, dict]:
@@ -149,19 +151,18 @@ def test_the_deploy_step_fingerprints_the_published_draft(tmp_path):
     from peagle.pipeline.profile import ClusterProfile
 
     run = tmp_path / "runs" / "r1"
-    sha = publish_draft(run)
-    assert json.loads((run / "models" / "draft" / "_SUCCESS").read_text())["manifest_sha256"] == sha
+    fp = publish_draft(run)
     deploy(str(run), "qwen3-peagle", "render", "aws-connection-peagle", 4, ClusterProfile().serving_json(),
            namespace="ml")
     objs = rendered(run)
-    assert objs["InferenceService"]["spec"]["predictor"]["labels"][FP_LABEL] == sha[:12]
-    assert f"qwen3-peagle:draft-{sha[:12]}" in served_names([objs["ServingRuntime"]])  # the name the smoke test asks for
+    assert objs["InferenceService"]["spec"]["predictor"]["labels"][FP_LABEL] == fp
+    assert f"qwen3-peagle:draft-{fp}" in served_names([objs["ServingRuntime"]])  # the name the smoke test asks for
 
-    new_sha = publish_draft(run, b"retrained weights")  # a new draft: a new name, so a redeploy waits for it
+    new_fp = publish_draft(run, b"retrained weights")  # a new draft: a new name, so a redeploy waits for it
     deploy(str(run), "qwen3-peagle", "render", "aws-connection-peagle", 4, ClusterProfile().serving_json(),
            namespace="ml")
-    assert new_sha != sha
-    assert rendered(run)["InferenceService"]["spec"]["predictor"]["labels"][FP_LABEL] == new_sha[:12]
+    assert new_fp != fp
+    assert rendered(run)["InferenceService"]["spec"]["predictor"]["labels"][FP_LABEL] == new_fp
 
 
 def test_render_accepts_the_bounds(capsys, tmp_path):
