@@ -61,7 +61,6 @@ import inspect
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -315,11 +314,12 @@ def distributed(ctx: Context) -> None:
             return True
 
     backend = "nccl" if ctx.cuda else "gloo"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # A file store of its own: a free TCP port picked here can be taken by another group before the store binds
+    # it (a test run had one process join another's store and wait there).
+    store = ctx.work / "process-group-store"
+    store.unlink(missing_ok=True)
     # The same call init_distributed makes under torchrun (backend, device_id), for a group of one.
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1,
                             timeout=datetime.timedelta(minutes=5), device_id=ctx.device if ctx.cuda else None)
     try:
         env = GroupOfOne(0, 1, 0, ctx.device)
