@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import config as C
-from .data.settings import RegenerateSettings
-from .data.settings import PrepareSettings
+from .data.settings import PrepareSettings, RegenerateSettings
 from .errors import PeagleError, report
 from .extract.settings import ExtractSettings
 from .pipeline.local.job import add_arguments as add_run_arguments

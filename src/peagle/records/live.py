@@ -11,7 +11,7 @@ Computed by :func:`peagle.rollout.live.live_comparison` from the traffic log; re
                                       [, seconds_per_token_ratio: EST]}     EST = {value, interval}
 
 The bracketed keys are absent from records written before time per output token was measured. Read back, a
-comparison must be exactly as written (:func:`comparison_problem`): a request count ``"64"`` is refused, not
+comparison must be exactly as written (:func:`read_comparison`): a request count ``"64"`` is refused, not
 coerced.
 """
 from __future__ import annotations
@@ -95,31 +95,24 @@ class LiveComparison:
                    Estimate(None) if ratio is None else Estimate.from_dict(ratio))
 
 
-def comparison_problem(v: Any) -> str | None:
-    """None when ``v`` is a :meth:`LiveComparison.to_dict` exactly as it is written -- every key, no other, each
-    value of its type (a request count ``"64"`` or ``-5`` is refused, not coerced) -- else the reason. The one
-    rule of a recorded comparison (a decision's ``comparison``, a promotion's ``live``), made or read."""
+def read_comparison(v: Any) -> "LiveComparison":
+    """``v`` as a comparison: one already, or a :meth:`LiveComparison.to_dict` exactly as it is written -- every
+    key, no other, each value of its type (a request count ``"64"`` or ``-5`` is refused, not coerced). The one
+    rule of a recorded comparison (a decision's ``comparison``, a promotion's ``live``), made or read; ValueError
+    says what is wrong."""
+    if isinstance(v, LiveComparison):
+        return v
     try:
         c = LiveComparison.from_dict(v)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        return f"not a live comparison ({type(exc).__name__}: {exc})"
+        raise ValueError(f"not a live comparison ({type(exc).__name__}: {exc})") from None
     if c.to_dict() != v:
-        return "not a live comparison as written (a key too many, or a value of another type)"
+        raise ValueError("not a live comparison as written (a key too many, or a value of another type)")
     if min(c.stable.requests, c.candidate.requests, c.stable.steps, c.candidate.steps) < 0:
-        return "a negative request or step count"
-    return None
+        raise ValueError("a negative request or step count")
+    return c
 
 
-def _comparison(v: Any) -> "LiveComparison":
-    if isinstance(v, LiveComparison):
-        return v
-    problem = comparison_problem(v)
-    if problem:
-        raise ValueError(problem)
-    return LiveComparison.from_dict(v)
-
-
-# A record's field holding a comparison: given as one, or as its dict (checked by comparison_problem); written as
-# its dict
-Comparison = Annotated[SkipValidation[LiveComparison], BeforeValidator(_comparison),
+# A record's field holding a comparison: given as one, or as its dict (read_comparison); written as its dict
+Comparison = Annotated[SkipValidation[LiveComparison], BeforeValidator(read_comparison),
                        PlainSerializer(lambda c: c.to_dict(), return_type=dict)]
