@@ -10,6 +10,9 @@ predictor or a ``spec.canary`` entry) carry their predictor's pod labels. ``inte
 write (create, patch, delete) takes effect and then :class:`Interrupted` is raised, as when the process
 that sent it is killed before it sees the answer. ``on_write(call)``, when set, is called after every
 write has taken effect (before an interruption), so a test can check what clients would see in between.
+``admission[kind]``: a validating webhook ``(old or None, new) -> None`` raising
+:class:`support.kserve_admission.Refused` (answered as HTTP 400 with its message);
+``prune_canary``: an InferenceService CRD without ``spec.canary`` (KServe < 0.20), pruned on every write.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import json
 from typing import Any
 
 from kubernetes.client import ApiException
+
+from support.kserve_admission import Refused
 
 PLURAL_KINDS = {"inferenceservices": "InferenceService", "servingruntimes": "ServingRuntime", "routes": "Route",
                 "httproutes": "HTTPRoute", "servicemonitors": "ServiceMonitor", "podmonitors": "PodMonitor"}
@@ -55,6 +60,23 @@ class FakeCluster:
         self.interrupt_at: int | None = None
         self.on_write = None
         self.writes = 0
+        self.admission: dict = {}
+        self.prune_canary = False
+
+    def _admit(self, kind, old, new):
+        """What the API server stores for ``new``: pruned to the schema, then past the kind's webhook."""
+        if self.prune_canary and kind == "InferenceService":
+            (new.get("spec") or {}).pop("canary", None)
+        hook = self.admission.get(kind)
+        if hook is None:
+            return
+        try:
+            hook(old, new)
+        except Refused as refused:
+            e = ApiException(status=400, reason="BadRequest")
+            e.body = json.dumps({"kind": "Status", "status": "Failure", "code": 400, "reason": "BadRequest",
+                                 "message": f'admission webhook denied the request: {refused}'})
+            raise e from None
 
     def _written(self, result):
         self.writes += 1
@@ -78,6 +100,7 @@ class FakeCluster:
             raise ApiException(status=409, reason="AlreadyExists")
         obj = copy.deepcopy(body)
         obj["metadata"]["generation"] = 1
+        self._admit(kind, None, obj)
         self.store[(kind, ns, name)] = obj
         return self._written(copy.deepcopy(obj))
 
@@ -87,6 +110,7 @@ class FakeCluster:
             raise ApiException(status=404, reason="NotFound")
         old = self.store[(kind, ns, name)]
         new = merge_patch(old, body)
+        self._admit(kind, old, new)
         if new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = old["metadata"]["generation"] + 1
         self.store[(kind, ns, name)] = new

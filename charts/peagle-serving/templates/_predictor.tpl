@@ -17,7 +17,11 @@ canaryTrafficPercent: {{ int .Values.kserve.canaryTrafficPercent }}
 labels:
   peagle.io/draft-fingerprint: {{ include "peagle-serving.draftFingerprint" . }}
 minReplicas: {{ .Values.kserve.minReplicas }}
+{{- if not .Values.kserve.asCanary }}
+{{- /* KServe refuses a spec.canary predictor that sets maxReplicas: the stable's bounds scale the canary
+       (v0.20 pkg/apis/serving/v1beta1/inference_service_validation.go, "must not set maxReplicas"). */}}
 maxReplicas: {{ .Values.kserve.maxReplicas }}
+{{- end }}
 {{- if has .Values.kserve.deploymentMode (list "RawDeployment" "Standard") }}
 # A rolling update would wait for GPUs the old pod still holds: replace it instead.
 deploymentStrategy:

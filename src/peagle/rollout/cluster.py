@@ -99,17 +99,20 @@ class ClusterBackend:
         self._apply_endpoint(self.objects.stable(candidate, percent))
 
     def update_stable(self, candidate: Candidate) -> None:
-        """Apply the stable release serving the candidate and wait until it serves. route/httproute: its
-        serving objects only -- the split stays as :meth:`set_weight` left it (all to the canary while the
-        stable restarts) or as :meth:`remove_canary` left it (all to the stable, which served already);
-        kserve-canary: ``spec.predictor`` becomes the canary's predictor and ``spec.canary`` goes in the same
-        write, so KServe retargets to the running canary pods."""
-        promoted = self.objects.promoted(candidate)
-        if self.routing == "kserve-canary":  # a merge patch keeps keys the render leaves out
-            promoted = [_without_canary(o) if o["kind"] == "InferenceService" else o for o in promoted]
+        """Apply the stable release serving the candidate and wait until it serves: its serving objects only --
+        the split stays as :meth:`set_weight` left it (all to the canary while the stable restarts) or as
+        :meth:`remove_canary` left it (all to the stable, which served already). kserve-canary: the stable
+        predictor keeps its name (KServe refuses a rename without a storageUri change) and the canary stays
+        in ``spec.canary`` at 100 % in the same write, while it runs (a rerun after the canary was removed
+        must not bring it back)."""
+        if self.routing == "kserve-canary":
+            canary_runs = self.canary_fingerprint() == candidate.fingerprint
+            promoted = self.objects.promoted(candidate, weight_to_canary=100 if canary_runs else 0)
+            kube.apply(self.apis, [o for o in promoted if o["kind"] == "ServingRuntime"])  # the stable's own, first
+            self._apply_endpoint(promoted)
         else:
-            promoted = [o for o in promoted if o["kind"] not in ROUTING_KINDS]
-        kube.apply(self.apis, promoted)
+            promoted = [o for o in self.objects.promoted(candidate) if o["kind"] not in ROUTING_KINDS]
+            kube.apply(self.apis, promoted)
         main = next(o for o in promoted if o["kind"] in SERVING_KINDS)
         self._wait_serving(main, candidate.fingerprint)
 
@@ -120,14 +123,13 @@ class ClusterBackend:
             return
         # Only the canary's names are needed (they derive from the fingerprint), not its model source.
         candidate = Candidate(draft="", fingerprint=fingerprint, values={})
-        promoted = self.stable_fingerprint() == fingerprint
         if self.routing == "kserve-canary":  # drop spec.canary only: the stable predictor stays as it is
             e = self._endpoint
             kube.patch(self.apis, e["apiVersion"], e["kind"], e["metadata"]["name"], self.ns,
                        {"spec": {"canary": None}})
         else:  # the routing object does not depend on the draft the stable serves
             kube.apply(self.apis, [_without_canary(self._endpoint)])
-        for api_version, kind, name in self.objects.canary_refs(candidate, promoted=promoted):
+        for api_version, kind, name in self.objects.canary_refs(candidate):
             kube.delete(self.apis, api_version, kind, name, self.ns)
         kube.delete(self.apis, "v1", "ConfigMap", self._record, self.ns)
 
@@ -149,7 +151,13 @@ class ClusterBackend:
             "data": data}])
 
     def _apply_endpoint(self, release: list[dict]) -> None:
-        kube.apply(self.apis, [endpoint_object(release)])
+        obj = endpoint_object(release)
+        kube.apply(self.apis, [obj])
+        if (obj.get("spec") or {}).get("canary") and not ((self._read(obj) or {}).get("spec") or {}).get("canary"):
+            # An API server whose InferenceService CRD has no spec.canary prunes it without an error: the
+            # canary would never serve, and the rollout would wait ready_timeout_s for it.
+            raise RolloutError(f"InferenceService/{self.objects.name} in {self.ns}: the API server dropped "
+                               "spec.canary (its KServe is older than 0.20): use routing route or httproute")
 
     def _wait_serving(self, obj: dict, fingerprint: str, predictor: str | None = None) -> None:
         """Wait until ``obj`` serves ``fingerprint``. A named KServe predictor (``predictor``, or the

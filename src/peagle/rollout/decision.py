@@ -101,6 +101,11 @@ def decide(comparison: LiveComparison, settings: RolloutSettings, *, window_over
     elif window_over:
         promote, reasons = False, [f"not enough live traffic: stable {n_stable}, candidate {n_candidate}, need "
                                    f"{need} each (window {comparison.since} to {comparison.until})"]
+        if n_candidate == 0 and n_stable >= need:
+            reasons.append(f"the canary answered no request while the stable answered {n_stable}: routing "
+                           f"{routing or settings.routing} did not split the requests that reached the stable "
+                           "(kserve-canary splits only through KServe's Gateway API ingress; docs/traffic.md, "
+                           "Routing options)")
     else:
         return None
     return Decision(

@@ -9,10 +9,15 @@ draft fingerprint merged over the stable's). How the traffic is split decides wh
   Promotion re-renders the stable release with the candidate's values while the canary serves.
 * ``kserve-canary``: the canary is a predictor of the stable InferenceService, using a ServingRuntime of
   its own (``<name>-c<fp8>``, so its served model name carries the candidate's fingerprint).
-  RawDeployment/Standard (KServe >= 0.20): ``spec.canary``; promotion sets ``spec.predictor`` to the
-  canary's predictor, its name included, and drops ``spec.canary`` (KServe retargets without a restart).
-  Serverless/Knative: the stable predictor becomes the candidate's with ``canaryTrafficPercent``
-  (KServe keeps the previous revision for the rest); promotion drops ``canaryTrafficPercent``.
+  RawDeployment/Standard (KServe >= 0.20): ``spec.canary``. Promotion keeps the stable predictor's name and
+  changes its model source: KServe's webhook refuses a ``predictor.name`` change unless the predictor's
+  ``storageUri`` changes too, and it reads "" for ``storage.key`` and ``storageUris`` (v0.20
+  ``pkg/apis/serving/v1beta1/inference_service_validation.go``); a renamed predictor would also rename the
+  stable's Service (``<name>-<predictor>-predictor``), the in-cluster URL clients call. So the canary takes
+  100 % while the stable predictor restarts with the candidate, as with the two other routings. KServe
+  v0.20 splits the requests by ``trafficPercent`` only through its Gateway API ingress (docs/traffic.md,
+  "Routing options"). Serverless/Knative: the stable predictor becomes the candidate's with
+  ``canaryTrafficPercent`` (KServe keeps the previous revision for the rest); promotion drops it.
 
 In every phase the stable endpoint object (Route, HTTPRoute or InferenceService ``<name>``) keeps its
 name and host, so clients never see the URL change.
@@ -139,12 +144,27 @@ class RolloutObjects:
         return {"routing": {"kind": kind, "canary": {"service": service, "weight": weight if service else 0}}}
 
     def promoted_values(self, candidate: Candidate) -> dict:
-        """The stable release's values once it serves ``candidate`` (the next rollout's ``stable_values``)."""
+        """The stable release's values once it serves ``candidate`` (the next rollout's ``stable_values``): its
+        own names (predictor, runtime, Service) with the candidate's model source. Serverless: the runtime is
+        the canary's (``canaryTrafficPercent`` made the candidate's revision on it)."""
         v = deep_merge(self._values, self._candidate(candidate))
-        if self.routing == "kserve-canary":
-            cname = self.canary_name(candidate)  # the canary's runtime (and, raw, its predictor) live on
-            v = deep_merge(v, {"runtimeName": cname, "kserve": {"predictorName": "" if self.serverless else cname}})
-        return v
+        return deep_merge(v, {"runtimeName": self.canary_name(candidate)}) if self.serverless else v
+
+    def _canary_values(self, candidate: Candidate) -> dict:
+        """kserve-canary: what the canary predictor differs by (its model source and fingerprint)."""
+        overrides = self._candidate(candidate)
+        if empty := _empty_leaves(overrides):
+            # Helm's mergeOverwrite skips them: the canary predictor would not be the promoted one.
+            raise RenderError(f"candidate values {', '.join(empty)} are empty: kserve.canary.values cannot "
+                              "override with an empty value")
+        return overrides
+
+    def _with_canary(self, values: dict, candidate: Candidate, weight: int) -> dict:
+        """kserve-canary (raw): ``values`` with ``spec.canary`` serving ``candidate`` at ``weight`` percent."""
+        cname = self.canary_name(candidate)
+        return deep_merge(values, {"kserve": {"canary": {
+            "enabled": True, "name": cname, "trafficPercent": weight, "runtime": cname,
+            "values": self._canary_values(candidate)}}})
 
     def _render(self, values: dict, name: str | None = None) -> list[dict]:
         return render(values, name or self.name, self.namespace, self.chart)
@@ -162,20 +182,16 @@ class RolloutObjects:
         if self.serverless:
             return self._render(deep_merge(deep_merge(self._values, self._candidate(canary)),
                                            {"runtimeName": cname, "kserve": {"canaryTrafficPercent": weight}}))
-        overrides = self._candidate(canary)
-        if empty := _empty_leaves(overrides):
-            # Helm's mergeOverwrite skips them: the canary predictor would not be the promoted one.
-            raise RenderError(f"candidate values {', '.join(empty)} are empty: kserve.canary.values cannot "
-                              "override with an empty value")
-        return self._render(deep_merge(self._values, {"kserve": {"canary": {
-            "enabled": True, "name": cname, "trafficPercent": weight, "runtime": cname, "values": overrides}}}))
+        return self._render(self._with_canary(self._values, canary, weight))
 
     def canary(self, candidate: Candidate) -> list[dict]:
         """The objects of the canary to create before the stable sends it traffic: route/httproute, the
         canary release (Deployment + Service, or ServingRuntime + InferenceService); kserve-canary, its
         ServingRuntime."""
-        if self.routing == "kserve-canary":  # the same runtime the stable release renders once it serves the candidate
-            return [o for o in self._render(self.promoted_values(candidate)) if o["kind"] == "ServingRuntime"]
+        if self.routing == "kserve-canary":  # the stable release's runtime, renamed, serving the candidate
+            cname = self.canary_name(candidate)
+            values = deep_merge(self.promoted_values(candidate), {"runtimeName": cname})
+            return [o for o in self._render(values) if o["kind"] == "ServingRuntime"]
         cname = self.canary_name(candidate)
         values = deep_merge(deep_merge(self._values, _OWN_RELEASE), self._candidate(candidate))
         # Clients name the stable's model; the canary answers to it too (and to <model>:draft-<fingerprint>).
@@ -183,20 +199,20 @@ class RolloutObjects:
         return self._render(values, cname)
 
     def promoted(self, candidate: Candidate, weight_to_canary: int = 0) -> list[dict]:
-        """The stable release serving ``candidate``. route/httproute: ``weight_to_canary`` percent still go
-        to the canary (100 while the stable restarts with the candidate, 0 before the canary is removed);
-        kserve-canary: no canary any more (raw: ``spec.predictor`` is the canary's predictor, name included)."""
+        """The stable release serving ``candidate``, ``weight_to_canary`` percent still going to the canary (100
+        while the stable restarts with the candidate, 0: no canary any more)."""
         values = self.promoted_values(candidate)
         if self.routing != "kserve-canary":
             service = self.canary_service(candidate) if weight_to_canary else ""
             values = deep_merge(values, self._routing(service, weight_to_canary))
+        elif weight_to_canary and not self.serverless:
+            self._routing(weight=weight_to_canary)  # checks the weight
+            values = self._with_canary(values, candidate, weight_to_canary)
         return self._render(values)
 
-    def canary_refs(self, candidate: Candidate, *, promoted: bool = False) -> list[tuple[str, str, str]]:
-        """(apiVersion, kind, name) of the canary's objects to delete when it is removed; ``promoted``: after
-        a promotion, leaving out what the stable release now uses (kserve-canary: the canary's runtime)."""
-        if promoted and self.routing == "kserve-canary":
-            return []
+    def canary_refs(self, candidate: Candidate) -> list[tuple[str, str, str]]:
+        """(apiVersion, kind, name) of the canary's objects to delete when it is removed (promoted or not:
+        the stable release never uses them)."""
         return [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in self.canary(candidate)]
 
 

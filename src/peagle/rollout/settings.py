@@ -30,9 +30,10 @@ class RolloutSettings(StrictModel):
     """Rolling a gated candidate out beside the serving draft, deciding on live acceptance."""
 
     routing: Literal[ROUTINGS] = Field(
-        "kserve-canary", description="how traffic is split: KServe's canary (Serverless: canaryTrafficPercent; "
-        "RawDeployment/Standard: spec.canary, KServe >= 0.20), an OpenShift Route's weighted alternateBackends, "
-        "or a Gateway API HTTPRoute's weighted backendRefs")
+        "route", description="how traffic is split: an OpenShift Route's weighted alternateBackends (the default: "
+        "the split that works on OpenShift AI), a Gateway API HTTPRoute's weighted backendRefs, or KServe's "
+        "canary (RawDeployment/Standard spec.canary, KServe >= 0.20; it splits requests only through KServe's "
+        "Gateway API ingress). docs/traffic.md, Routing options, says what each needs")
     canary_percent: int = Field(10, ge=1, le=99, description="share of traffic sent to the candidate (percent)")
     min_requests: int = Field(200, ge=1, description="live requests each version must have answered before deciding "
                               "(the interval of the AL difference narrows as 1/sqrt(n): +-0.04 measured at 64 per version on "

@@ -14,10 +14,11 @@ import json
 import pytest
 
 from support.fake_kube import FakeCluster, Interrupted
+from support.kserve_admission import kserve_inferenceservice_webhook, served_split
 from support.rollout_fakes import BAD, GOOD, SETTINGS, STABLE, TARGET, Served
 from peagle.deploy import Apis, kube
 from peagle.rollout.cluster import ClusterBackend, phase_record_name
-from peagle.rollout.controller import run_rollout
+from peagle.rollout.controller import RolloutError, run_rollout
 from peagle.records.history import LoopHistory
 from peagle.rollout.objects import Candidate, RolloutObjects, candidate_values
 from peagle.traffic.log import TrafficLog
@@ -30,6 +31,8 @@ ROUTED = {"route": {"allowUnauthenticated": True},
 # case -> (routing, chart mode, stable values beyond BASE)
 CASES = {"route": ("route", "deployment", ROUTED), "httproute": ("httproute", "kserve", ROUTED),
          "kserve-canary-raw": ("kserve-canary", "kserve", {})}
+# KServe splits by spec.canary's trafficPercent only through its Gateway API ingress (support.kserve_admission)
+GATEWAY_INGRESS = {"kserve-canary-raw": True}
 
 
 def merged(a: dict, b: dict) -> dict:
@@ -147,6 +150,7 @@ def setup(tmp_path, case: str, tag: str):
     """The stable release deployed on a fresh stand-in, its traffic, loop history and watch."""
     objects = objects_for(case)
     cluster = FakeCluster(reconcile=True)
+    cluster.admission["InferenceService"] = kserve_inferenceservice_webhook
     apis = Apis(core=cluster, apps=cluster, custom=cluster)
     kube.apply(apis, objects.stable())
     served = Served(tmp_path / f"traffic-{tag}")
@@ -154,22 +158,31 @@ def setup(tmp_path, case: str, tag: str):
     return cluster, apis, served, LoopHistory(str(tmp_path / f"loop-{tag}"))
 
 
-def backend_on(apis, case: str, served: Served) -> ClusterBackend:
+def backend_on(apis, case: str, served: Served, *, gateway_ingress: bool | None = None) -> ClusterBackend:
     """A backend as a fresh process builds it. The stand-in reconciles at once: what is not ready on the
-    first read never will be (ready_timeout_s=0)."""
+    first read never will be (ready_timeout_s=0). The requests ``served`` sends are split as the cluster
+    would split them (support.kserve_admission.served_split)."""
     backend = ClusterBackend(apis, objects_for(case), ready_timeout_s=0, interval=0, now=served.clock,
                              say=lambda _: None)
-    served.backend = ClusterTraffic(backend)
+    ingress = GATEWAY_INGRESS.get(case, False) if gateway_ingress is None else gateway_ingress
+    served.backend = ClusterTraffic(backend, apis.core, ingress)
     return backend
 
 
 class ClusterTraffic:
     """What :class:`Served` needs to split the requests, read from the cluster: the stable's and the
-    canary's drafts and the canary's share."""
+    canary's drafts and the share of the requests the canary's backend actually answers."""
 
-    def __init__(self, backend: ClusterBackend):
-        self.b = backend
-        self.weight = SETTINGS.canary_percent
+    def __init__(self, backend: ClusterBackend, cluster: FakeCluster, gateway_ingress: bool):
+        self.b, self.cluster, self.gateway_ingress = backend, cluster, gateway_ingress
+
+    @property
+    def weight(self) -> int:
+        o = self.b.objects
+        kind = {"route": "Route", "httproute": "HTTPRoute"}.get(o.routing, "InferenceService")
+        split = served_split(self.cluster.store, NS, (kind, NAME), gateway_ingress=self.gateway_ingress)
+        fp = self.canary
+        return 0 if fp is None else sum(w for backend, w in split.items() if f"-c{fp[:8]}" in backend)
 
     @property
     def stable(self):
@@ -236,8 +249,31 @@ def test_an_interrupted_rollout_leaves_the_stable_serving_and_a_rerun_converges(
             assert not left, f"canary objects left after the rerun (killed after write {kill_at}): {left}"
         else:
             assert backend.stable_fingerprint() == fingerprint
-            # kserve-canary: the stable now runs on the canary's runtime (KServe retargeted to its pods)
-            kept = {("ServingRuntime", NS, objects_for(case).canary_name(cand))} if routing == "kserve-canary" else set()
-            assert left == kept, f"canary objects left after the rerun (killed after write {kill_at}): {left}"
+            assert not left, f"canary objects left after the rerun (killed after write {kill_at}): {left}"
     else:
         pytest.fail("the rollout never finished")
+
+
+def test_kserve_canary_without_a_traffic_splitter_rolls_back_for_lack_of_canary_traffic(tmp_path):
+    """KServe v0.20 without its Gateway API ingress (OpenShift AI) sends in-cluster callers to the stable
+    predictor only: the canary gets no request, the window ends in a rollback that says why, and nothing of
+    the canary is left. (Why route is the default routing.)"""
+    case = "kserve-canary-raw"
+    cluster, apis, served, history = setup(tmp_path, case, "no-split")
+    backend = backend_on(apis, case, served, gateway_ingress=False)
+    decision = rollout(backend, served, history, candidate_for(case, GOOD))
+    assert decision.decision == "rollback"
+    assert decision.live.candidate.requests == 0 and decision.live.stable.requests >= SETTINGS.min_requests
+    assert any("the canary answered no request" in r for r in decision.reasons), decision.reasons
+    assert backend.canary_fingerprint() is None and backend.stable_fingerprint() == STABLE
+    assert not {k for k in cluster.store if GOOD[:8] in k[2]}
+
+
+def test_a_kserve_without_spec_canary_fails_the_rollout_at_once(tmp_path):
+    """An InferenceService CRD without spec.canary (KServe < 0.20) prunes it silently: the rollout stops at
+    the first write instead of waiting ready_timeout_s for a canary that never comes, and says why."""
+    case = "kserve-canary-raw"
+    cluster, apis, served, history = setup(tmp_path, case, "old-kserve")
+    cluster.prune_canary = True
+    with pytest.raises(RolloutError, match="dropped spec.canary"):
+        rollout(backend_on(apis, case, served), served, history, candidate_for(case, GOOD))

@@ -4,9 +4,12 @@ endpoint keeps its name and host, and combinations that cannot split traffic are
 what needs no render: tests/unit/rollout/test_rollout_objects.py)."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from support.k8s_schemas import validate
+from support.kserve_admission import Refused, kserve_inferenceservice_webhook
 from support.rollout_objects import (BASE, CANDIDATE_FP, CASES, CHART, HOST, NAME, NS, ROUTED, STABLE_FP,
                                      candidate, merged, rollout)
 from peagle.deploy.render import RenderError, render
@@ -128,7 +131,29 @@ def test_route_canary_release_is_apart_from_the_stable_one():
     assert ro.canary_refs(c) == [("v1", "Service", cname), ("apps/v1", "Deployment", cname)]
 
 
-def test_kserve_raw_canary_is_promoted_by_retargeting_the_predictor():
+@pytest.mark.parametrize("case", ["route-deployment", "route-kserve-raw"])
+def test_route_splits_each_request_by_weight_without_sticky_cookies(case):
+    """OpenShift's router (openshift/router images/router/haproxy/conf/haproxy-config.template, commit
+    4b401a86dccc657a8a5254c2794a312241f40e87): unless haproxy.router.openshift.io/disable_cookies is true, a
+    Route's backend gets `cookie <name> insert indirect nocache`, so a client sending the cookie back stays
+    on the pod that answered first, whatever the weights; its `balance` is haproxy.router.openshift.io/balance,
+    else roundrobin only while more than one Service has a non-zero weight (ActiveServiceUnits > 1), else
+    ROUTER_LOAD_BALANCE_ALGORITHM or random. Every phase carries both annotations: the rollout applies the
+    Route as a merge patch, so one set only beside a canary would stay on the live Route anyway."""
+    ro, c = rollout(case), candidate()
+    for phase, objs in phases(ro, c).items():
+        if phase == "canary":  # the canary release renders no Route
+            continue
+        annotations = endpoint_object(objs)["metadata"]["annotations"]
+        assert annotations["haproxy.router.openshift.io/balance"] == "roundrobin", phase
+        assert annotations["haproxy.router.openshift.io/disable_cookies"] == "true", phase
+        assert annotations["haproxy.router.openshift.io/timeout"] == "10m", phase
+
+
+def test_kserve_raw_canary_is_promoted_in_place_and_every_phase_passes_kserves_webhook():
+    """The canary predictor sets no maxReplicas, and promotion keeps the stable predictor's name (and so
+    its Service, the in-cluster URL): KServe v0.20's webhook (support.kserve_admission) refuses a canary
+    with maxReplicas and a predictor rename without a storageUri change -- what this chart rendered before."""
     ro, c = rollout("kserve-canary-raw"), candidate()
     cname = ro.canary_name(c)
     isvc = by_kind(ro.stable(c, 10))["InferenceService"]
@@ -137,16 +162,43 @@ def test_kserve_raw_canary_is_promoted_by_retargeting_the_predictor():
     assert canary["predictor"]["model"]["runtime"] == cname
     assert canary["predictor"]["model"]["storage"] == {"key": "models", "path": "runs/candidate/"}
     assert canary["predictor"]["labels"] == {"peagle.io/draft-fingerprint": CANDIDATE_FP}
+    assert "maxReplicas" not in canary["predictor"] and isvc["spec"]["predictor"]["maxReplicas"] == 1
     assert isvc["spec"]["predictor"]["model"]["storage"]["path"] == "runs/stable/"
     assert [(o["kind"], o["metadata"]["name"]) for o in ro.canary(c)] == [("ServingRuntime", cname)]
+    promoting = by_kind(ro.promoted(c, 100))["InferenceService"]["spec"]
     promoted = by_kind(ro.promoted(c))
-    # Exactly the canary's predictor: KServe keeps the canary's Deployment (no restart).
-    assert promoted["InferenceService"]["spec"] == {"predictor": canary["predictor"]}
-    assert promoted["ServingRuntime"] == ro.canary(c)[0]
+    pred = promoted["InferenceService"]["spec"]["predictor"]
+    assert "name" not in pred and pred["model"]["runtime"] == NAME  # the stable's own names
+    assert pred["model"]["storage"] == canary["predictor"]["model"]["storage"]
+    assert pred["labels"] == canary["predictor"]["labels"]
+    assert promoting["predictor"] == pred and promoting["canary"][0]["trafficPercent"] == 100
+    assert "canary" not in promoted["InferenceService"]["spec"]
+    assert promoted["ServingRuntime"]["metadata"]["name"] == NAME
     assert ro.canary_refs(c) == [("serving.kserve.io/v1alpha1", "ServingRuntime", cname)]
-    assert ro.canary_refs(c, promoted=True) == []  # the promoted stable runs on it
     assert split(ro.stable(c, 10)) == {"predictor": 90, cname: 10}
     assert "canary" not in by_kind(ro.stable())["InferenceService"]["spec"]
+    # every InferenceService write of a promotion, in order, passes the webhook
+    writes = [ro.stable(), ro.stable(c, 0), ro.stable(c, 10), ro.stable(c, 100), ro.promoted(c, 100), ro.promoted(c)]
+    old = None
+    for objs in writes:
+        new = by_kind(objs)["InferenceService"]
+        kserve_inferenceservice_webhook(old, new)
+        old = new
+
+
+def test_kserves_webhook_refuses_what_the_chart_rendered_before():
+    """The two renders issue #39 found refused, through the stand-in: a canary with maxReplicas, and the
+    predictor renamed to the canary's with only storage.path changed."""
+    ro, c = rollout("kserve-canary-raw"), candidate()
+    isvc = by_kind(ro.stable(c, 10))["InferenceService"]
+    with_max = copy.deepcopy(isvc)
+    with_max["spec"]["canary"][0]["predictor"]["maxReplicas"] = 1
+    with pytest.raises(Refused, match="must not set maxReplicas"):
+        kserve_inferenceservice_webhook(None, with_max)
+    renamed = copy.deepcopy(isvc)
+    renamed["spec"] = {"predictor": isvc["spec"]["canary"][0]["predictor"]}
+    with pytest.raises(Refused, match="predictor.name change requires a model change"):
+        kserve_inferenceservice_webhook(by_kind(ro.stable())["InferenceService"], renamed)
 
 
 def test_kserve_serverless_canary_is_the_candidate_predictor_with_a_traffic_percent():

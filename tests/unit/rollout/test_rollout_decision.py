@@ -125,7 +125,7 @@ def test_promote_when_the_difference_clears_the_margin_and_the_tolerance():
     assert d.versions.model_dump() == {"target_fingerprint": "t" * 16,
                           "stable": {"fingerprint": STABLE_FP, "draft": "s3://b/stable"},
                           "candidate": {"fingerprint": CANDIDATE_FP, "draft": "s3://b/cand"}}
-    assert (d.routing, d.canary_percent, d.gate.passed) == ("kserve-canary", 10, True)
+    assert (d.routing, d.canary_percent, d.gate.passed) == ("route", 10, True)
     assert "registry" not in d.settings and d.settings["min_requests"] == 32
     assert d.window.model_dump() == {"since": "2026-03-01T12:00:00.000000Z", "until": "2026-03-01T13:00:00.000000Z"}
 
