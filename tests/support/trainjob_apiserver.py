@@ -2,12 +2,15 @@
 
 No Kubernetes API server runs on these machines. :class:`StandInKubeApiServer` STANDS IN for one: a
 loopback HTTP server that answers the few requests the real kubernetes client makes for the launcher
-(TrainJob create/get/patch, ClusterTrainingRuntime get, pods, events, pod logs) the way the API server
-does -- 404/409 Status bodies, JSON merge patches, label and field selectors -- while what the cluster's
-controllers would do (Trainer's conditions, JobSet's pods, events) is played from a script. The
-launcher runs unchanged with the real ``kubernetes`` client (:func:`api_launcher`); the clock is
-scripted (:class:`ScriptedClock`) where a timeline spans hours. Used by tests/unit/pipeline/test_trainjob.py
-and tests/integration/processes/test_trainjob_processes.py (fixture ``stand_in``: import it).
+(TrainJob create/get/patch/delete, ClusterTrainingRuntime get, pods, events, pod logs, the launcher's
+verdict ConfigMaps) the way the API server does -- 404/409/403 Status bodies, JSON merge patches
+(strategic merge patches for ConfigMaps), label and field selectors, deletion with a propagation
+policy -- while what the cluster's controllers would do (Trainer's conditions, JobSet's
+pods, events, the garbage collector) is played from a script. ``kueue=``:class:`StandInKueue` adds
+Kueue's rules for jobs with the queue label. The launcher runs unchanged with the real ``kubernetes``
+client (:func:`api_launcher`); the clock is scripted (:class:`ScriptedClock`) where a timeline spans
+hours. Used by tests/unit/pipeline/test_trainjob.py, test_trainjob_gpu_release.py and
+tests/integration/processes/test_trainjob_processes.py (fixture ``stand_in``: import it).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from support.fake_kube import merge_patch
-from peagle.pipeline.trainjob import RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob
+from peagle.pipeline.trainjob import QUEUE_LABEL, RUN_LABEL, TrainJobLauncher, TrainJobSpec, build_trainjob
 
 
 NS = "team-a"
@@ -64,19 +67,84 @@ def pod(job: str, index: int = 0, phase: str = "Running", waiting: tuple[str, st
 RUNNING = {"conditions": [], "jobsStatus": [{"name": "node", "active": 1}], "pods": [pod(NAME)]}
 
 
+DELETION_RECONCILES = 2  # by default, reconciles the garbage collector takes to remove a deleted job's pods
+
+
+class StandInKueue:
+    """STANDS IN for Kueue's TrainJob integration (upstream kubernetes-sigs/kueue), for jobs with the
+    :data:`QUEUE_LABEL` label only (``manageJobsWithoutQueueName: false``, Kueue's default):
+
+    * pkg/controller/jobs/trainjob/trainjob_webhook.go, ``TrainJobWebhook.Default``: such a job is
+      created suspended; a job without the label gets it when the namespace has a LocalQueue named
+      "default" (``default_queue``; pkg/controller/jobframework/defaults.go, ``ApplyDefaultLocalQueue``);
+    * pkg/controller/jobframework/reconciler.go, ``JobReconciler.ReconcileGenericJob``: one Workload per
+      job, admitted after ``admit_after`` reconciles (quota); step 7 ("handle job is suspended"): a
+      suspended job whose Workload is admitted is started (``startJob`` unsuspends it), whoever
+      suspended it -- the rule that undid the launcher's suspension; step 8: a running job whose
+      Workload is not admitted is suspended (``stopJob``); a job with a deletionTimestamp is only
+      finalized (``loadJob`` says so), never started;
+    * the Workload is owned by its job (``ctrl.SetControllerReference`` in ``ConstructWorkload``) and
+      goes with it (:meth:`forget`, called when the job is removed).
+    """
+
+    def __init__(self, admit_after: int = 0, default_queue: str = ""):
+        self.admit_after, self.default_queue = admit_after, default_queue
+        self.workloads: dict[str, dict[str, Any]] = {}  # by job name: {"admitted": bool, "pending": reconciles}
+        self.started: list[str] = []  # jobs it unsuspended, in order
+
+    @staticmethod
+    def manages(obj: dict[str, Any]) -> bool:
+        return bool(((obj.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL))
+
+    def on_create(self, obj: dict[str, Any]) -> None:
+        if self.default_queue and not self.manages(obj):
+            obj["metadata"].setdefault("labels", {})[QUEUE_LABEL] = self.default_queue
+        if self.manages(obj):
+            obj.setdefault("spec", {})["suspend"] = True
+
+    def reconcile(self, name: str, obj: dict[str, Any]) -> None:
+        if not self.manages(obj) or obj["metadata"].get("deletionTimestamp"):
+            return
+        wl = self.workloads.setdefault(name, {"admitted": False, "pending": 0})
+        if not wl["admitted"]:
+            wl["pending"] += 1
+            wl["admitted"] = wl["pending"] > self.admit_after
+        suspended = bool(obj["spec"].get("suspend"))
+        if suspended and wl["admitted"]:
+            obj["spec"]["suspend"] = False
+            self.started.append(name)
+        elif not suspended and not wl["admitted"]:
+            obj["spec"]["suspend"] = True
+
+    def forget(self, name: str) -> None:
+        self.workloads.pop(name, None)
+
+
 class StandInKubeApiServer:
     """STAND-IN for the Kubernetes API server (see the module docstring): not a real one, none runs here.
 
     ``timeline[name]``: the states TrainJob ``name`` goes through, one per read (the last repeats); a
     state may set ``conditions``, ``jobsStatus``, ``pods`` and ``events``. Suspending a job (a patch
     with ``spec.suspend: true``) does what Trainer and JobSet do: a ``Suspended`` condition, no pods;
-    resuming continues the timeline. ``requests`` records every request."""
+    resuming continues the timeline. Deleting one does what the garbage collector does for the
+    propagation policy: ``Foreground`` marks it (deletionTimestamp) and removes it with its pods after
+    ``deletion_reconciles`` reconciles; ``Background`` (the default) removes it at once and its pods
+    after those reconciles; ``Orphan`` leaves its pods running. A job created again after its removal
+    starts its timeline anew. :meth:`reconcile` runs before every request (the controllers act between
+    the launcher's requests) and when a test calls it. ``forbidden``: resources answered with 403
+    (a Role without them). ``requests`` records every request."""
 
     def __init__(self, timeline: dict[str, list[dict[str, Any]]], wall: Callable[[], float] = time.time,
-                 runtimes: tuple[str, ...] = ("peagle-torch",)):
+                 runtimes: tuple[str, ...] = ("peagle-torch",), kueue: StandInKueue | None = None,
+                 forbidden: tuple[str, ...] = (), deletion_reconciles: int = DELETION_RECONCILES):
         self.timeline, self.wall, self.runtimes = timeline, wall, set(runtimes)
+        self.kueue, self.forbidden, self.deletion_reconciles = kueue, set(forbidden), deletion_reconciles
         self.objects: dict[str, dict[str, Any]] = {}
+        self.config_maps: dict[str, dict[str, Any]] = {}
         self.reads: dict[str, int] = {}
+        self.deleting: dict[str, int] = {}  # Foreground: reconciles left before the job and its pods are gone
+        self.lingering: dict[str, int] = {}  # Background: reconciles left before the pods of a removed job are gone
+        self.orphaned: list[str] = []  # Orphan: removed jobs whose pods stay
         self.requests: list[tuple[str, str, dict, Any]] = []
         self.unexpected: list[str] = []
         self.logs: dict[str, bytes] = {}
@@ -90,6 +158,7 @@ class StandInKubeApiServer:
                 body = json.loads(self.rfile.read(length)) if length else None
                 with stand_in.lock:
                     stand_in.requests.append((method, url.path, parse_qs(url.query), body))
+                    stand_in.reconcile_locked()
                     code, payload = stand_in.handle(method, url.path.strip("/").split("/"), parse_qs(url.query),
                                                     body, self.headers.get("Content-Type", ""))
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -107,6 +176,9 @@ class StandInKubeApiServer:
 
             def do_PATCH(self):  # noqa: N802
                 self._answer("PATCH")
+
+            def do_DELETE(self):  # noqa: N802
+                self._answer("DELETE")
 
             def log_message(self, *a):
                 pass
@@ -141,7 +213,14 @@ class StandInKubeApiServer:
                         return self.read(rest[3])
                     if method == "PATCH":
                         return self.patch(rest[3], body, content_type)
+                    if method == "DELETE":
+                        return self.delete(rest[3], query)
         if parts[:2] == ["api", "v1"] and len(parts) >= 5 and parts[2] == "namespaces":
+            if parts[4] in self.forbidden:
+                return self.status(403, "Forbidden", f'{parts[4]} is forbidden: User "system:serviceaccount:'
+                                   f'{parts[3]}:pipeline-runner-dspa" cannot {method.lower()} resource "{parts[4]}"')
+            if parts[4] == "configmaps":
+                return self.config_map(method, parts[5] if len(parts) == 6 else None, body, content_type)
             if method == "GET" and parts[4] == "pods" and len(parts) == 5:
                 return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": self.pods(query)}
             if method == "GET" and parts[4] == "events" and len(parts) == 5:
@@ -160,11 +239,15 @@ class StandInKubeApiServer:
         if name in self.objects:
             return self.status(409, "AlreadyExists", f'trainjobs.trainer.kubeflow.org "{name}" already exists')
         obj = copy.deepcopy(body)
-        obj["metadata"]["creationTimestamp"] = datetime.fromtimestamp(self.wall(), timezone.utc).strftime(
-            "%Y-%m-%dT%H:%M:%SZ")
+        obj["metadata"]["creationTimestamp"] = self.timestamp()
         obj["metadata"]["uid"] = f"uid-{name}"
+        if self.kueue:
+            self.kueue.on_create(obj)
         self.objects[name] = obj
         return 201, obj
+
+    def timestamp(self) -> str:
+        return datetime.fromtimestamp(self.wall(), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def state(self, name: str) -> dict[str, Any]:
         """The scripted state TrainJob ``name`` is in now (suspended: no pods, a Suspended condition)."""
@@ -191,6 +274,81 @@ class StandInKubeApiServer:
             return self.status(404, "NotFound", f'trainjobs.trainer.kubeflow.org "{name}" not found')
         self.objects[name] = merge_patch(self.objects[name], body)
         return 200, copy.deepcopy(self.objects[name])
+
+    def delete(self, name: str, query: dict) -> tuple[int, Any]:
+        if name not in self.objects:
+            return self.status(404, "NotFound", f'trainjobs.trainer.kubeflow.org "{name}" not found')
+        policy = (query.get("propagationPolicy") or ["Background"])[0]
+        obj = self.objects[name]
+        if policy == "Foreground":
+            if not obj["metadata"].get("deletionTimestamp"):
+                obj["metadata"]["deletionTimestamp"] = self.timestamp()
+                obj["metadata"]["finalizers"] = [*obj["metadata"].get("finalizers", []), "foregroundDeletion"]
+                self.deleting[name] = self.deletion_reconciles
+            return 200, copy.deepcopy(obj)
+        held = bool(self.state(name).get("pods"))
+        self.remove(name)
+        if held and policy == "Orphan":
+            self.orphaned.append(name)
+        elif held:
+            self.lingering[name] = self.deletion_reconciles
+        return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                     "details": {"name": name, "group": "trainer.kubeflow.org", "kind": "trainjobs"}}
+
+    def remove(self, name: str) -> None:
+        """The job is gone (with its Kueue Workload, which it owns); one created again starts anew."""
+        del self.objects[name]
+        self.reads.pop(name, None)
+        self.deleting.pop(name, None)
+        if self.kueue:
+            self.kueue.forget(name)
+
+    def config_map(self, method: str, name: str | None, body: Any, content_type: str) -> tuple[int, Any]:
+        if method == "POST" and name is None:
+            name = body["metadata"]["name"]
+            if name in self.config_maps:
+                return self.status(409, "AlreadyExists", f'configmaps "{name}" already exists')
+            self.config_maps[name] = {**copy.deepcopy(body), "apiVersion": "v1", "kind": "ConfigMap"}
+            return 201, copy.deepcopy(self.config_maps[name])
+        if name not in self.config_maps:
+            return self.status(404, "NotFound", f'configmaps "{name}" not found')
+        if method == "GET":
+            return 200, copy.deepcopy(self.config_maps[name])
+        if method == "PATCH":
+            # CoreV1Api sends a dict as a strategic merge patch (kubernetes/client/rest.py): for a ConfigMap's
+            # data, a merge
+            if content_type != "application/strategic-merge-patch+json":
+                self.unexpected.append(f"ConfigMap patch as {content_type}")
+            self.config_maps[name] = merge_patch(self.config_maps[name], body)
+            return 200, copy.deepcopy(self.config_maps[name])
+        self.unexpected.append(f"{method} configmaps/{name}")
+        return self.status(405, "MethodNotAllowed", "the stand-in does not serve this")
+
+    # -- what the cluster's controllers do between requests
+    def reconcile(self, times: int = 1) -> None:
+        """Let the controllers act ``times`` times (Kueue, the garbage collector)."""
+        for _ in range(times):
+            with self.lock:
+                self.reconcile_locked()
+
+    def reconcile_locked(self) -> None:
+        if self.kueue:
+            for name, obj in self.objects.items():
+                self.kueue.reconcile(name, obj)
+        for name in list(self.deleting):
+            self.deleting[name] -= 1
+            if self.deleting[name] <= 0:
+                self.remove(name)
+        for name in list(self.lingering):
+            self.lingering[name] -= 1
+            if self.lingering[name] <= 0:
+                del self.lingering[name]
+
+    def gpu_holders(self) -> list[str]:
+        """The jobs whose pods hold GPUs now: ones that exist with pods (running, or terminating while
+        they are deleted), and removed ones whose pods the garbage collector has not removed yet or never will."""
+        running = [name for name in self.objects if self.state(name).get("pods")]
+        return sorted({*running, *self.lingering, *self.orphaned})
 
     def pods(self, query: dict) -> list[dict]:
         key, _, value = query["labelSelector"][0].partition("=")

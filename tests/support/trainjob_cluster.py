@@ -22,7 +22,8 @@ class FakeCluster:
 
     ``lifecycle(name, obj, polls)`` returns the conditions a TrainJob shows at its ``polls``-th read;
     ``on_create(obj)`` runs when a TrainJob is created (e.g. runs its command, like a node would).
-    Pods: one node-0 pod per TrainJob once it has a condition; its log is ``logs[name]``.
+    Pods: one node-0 pod per TrainJob once it has a condition; its log is ``logs[name]``. Deleting a
+    TrainJob removes it at once; the launcher's verdict ConfigMaps live in ``config_maps``.
     """
 
     def __init__(self, lifecycle: Callable[[str, dict, int], list] | None = None, runtimes=("peagle-torch",),
@@ -34,6 +35,7 @@ class FakeCluster:
         self.calls: list[tuple] = []
         self.logs: dict[str, list[bytes]] = {}
         self.events: dict[str, list[dict]] = {}  # by involvedObject.name
+        self.config_maps: dict[tuple[str, str], dict] = {}
 
     # -- CustomObjectsApi
     def get_cluster_custom_object(self, group, version, plural, name):
@@ -71,7 +73,34 @@ class FakeCluster:
         self.objects[(namespace, name)]["spec"].update(body["spec"])
         return copy.deepcopy(self.objects[(namespace, name)])
 
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name, propagation_policy=None):
+        self.calls.append(("delete", name, propagation_policy))
+        if self.objects.pop((namespace, name), None) is None:
+            raise ApiException(status=404, reason="Not Found")
+        return {"kind": "Status", "status": "Success"}
+
     # -- CoreV1Api
+    def read_namespaced_config_map(self, name, namespace):
+        self.calls.append(("get_configmap", name))
+        if (namespace, name) not in self.config_maps:
+            raise ApiException(status=404, reason="Not Found")
+        return copy.deepcopy(self.config_maps[(namespace, name)])
+
+    def create_namespaced_config_map(self, namespace, body):
+        name = body["metadata"]["name"]
+        self.calls.append(("create_configmap", name))
+        if (namespace, name) in self.config_maps:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.config_maps[(namespace, name)] = copy.deepcopy(body)
+        return copy.deepcopy(body)
+
+    def patch_namespaced_config_map(self, name, namespace, body):
+        self.calls.append(("patch_configmap", name, body))
+        if (namespace, name) not in self.config_maps:
+            raise ApiException(status=404, reason="Not Found")
+        self.config_maps[(namespace, name)]["data"].update(body["data"])  # the only field the launcher patches
+        return copy.deepcopy(self.config_maps[(namespace, name)])
+
     def list_namespaced_pod(self, namespace, label_selector):
         name = label_selector.split("=", 1)[1]
         obj = self.objects.get((namespace, name))

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from support.k8s_schemas import CLUSTER_SCOPED, CRD_SETS, ROOT, kustomize_build, validate
+from support.rbac import EXTRA_OVERLAYS, MANIFESTS, ROLLOUT_OVERLAYS, grants, role_of
 
-MANIFESTS = ROOT / "manifests"
 NAMESPACE = "peagle"
 RUNNER_SA = "pipeline-runner-dspa"
 
@@ -35,7 +35,7 @@ def admin() -> dict[tuple[str, str], dict]:
 @pytest.fixture(scope="module")
 def extra() -> dict[tuple[str, str], dict]:
     """The optional overlays with the rights a project admin cannot grant (rbac-extra/*)."""
-    return {(o["kind"], o["metadata"]["name"]): o for d in ("trainjob", "monitoring", "rollout")
+    return {(o["kind"], o["metadata"]["name"]): o for d in EXTRA_OVERLAYS
             for o in kustomize_build(MANIFESTS / "rbac-extra" / d)}
 
 
@@ -102,12 +102,16 @@ def test_role_verbs_are_the_ones_the_code_calls(objs):
 def test_rbac_is_least_privilege(objs, admin, extra):
     rules = [r for o in (*objs.values(), *admin.values(), *extra.values()) if o["kind"] in ("Role", "ClusterRole")
              for r in o["rules"]]
-    rollout = extra[("Role", "peagle-pipeline-runner-rollout")]["rules"]
+    rollout = [r for d in ROLLOUT_OVERLAYS for r in role_of(MANIFESTS / "rbac-extra" / d)["rules"]]
+    trainjob_delete = {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"],
+                       "verbs": ["create", "get", "patch", "delete"]}
     for r in rules:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in r[field], r
-        # delete only where a rollout removes its canary (rbac-extra/rollout)
-        forbidden = {"deletecollection", "escalate", "bind", "impersonate"} | ({"delete"} if r not in rollout else set())
+        # delete only where a rollout removes its canary (rbac-extra/rollout*), and where the TrainJob launcher
+        # removes a job Kueue would start again (rbac-extra/trainjob)
+        deletes = r in rollout or r == trainjob_delete
+        forbidden = {"deletecollection", "escalate", "bind", "impersonate"} | ({"delete"} if not deletes else set())
         assert not set(r["verbs"]) & forbidden, r
         assert not set(r["resources"]) & {"secrets", "roles", "rolebindings", "clusterroles"}, r
     grants: dict[tuple[str, str], set[str]] = {}
@@ -116,7 +120,7 @@ def test_rbac_is_least_privilege(objs, admin, extra):
             for res in r["resources"]:
                 grants.setdefault((g, res), set()).update(r["verbs"] if r not in rollout else set())
     write = {"create", "get", "patch"}
-    assert grants[("trainer.kubeflow.org", "trainjobs")] == write
+    assert grants[("trainer.kubeflow.org", "trainjobs")] == write | {"delete"}
     assert grants[("serving.kserve.io", "inferenceservices")] == write
     assert grants[("serving.kserve.io", "servingruntimes")] == write
     assert grants[("", "pods/log")] == {"get"}
@@ -138,7 +142,7 @@ def test_runner_may_apply_every_kind_the_serving_chart_renders(objs, extra):
     plural = {kind: res for (_, kind), res in CUSTOM_PLURALS.items()}
     plural |= {"Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts"}
     roles = [objs[("Role", "peagle-pipeline-runner")], extra[("Role", "peagle-pipeline-runner-monitors")],
-             extra[("Role", "peagle-pipeline-runner-rollout")]]
+             extra[("Role", "peagle-pipeline-runner-rollout")], extra[("Role", "peagle-pipeline-runner-rollout-httproutes")]]
     grants: dict[tuple[str, str], set[str]] = {}
     for role in roles:
         for r in role["rules"]:
@@ -221,8 +225,8 @@ def test_image_references_agree_with_the_build_script(runtime):
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed (optional cross-check)")
 def test_tiny_kustomize_agrees_with_kubectl_kustomize():
-    for d in (MANIFESTS, MANIFESTS / "admin", MANIFESTS / "data-connection", MANIFESTS / "rbac-extra" / "trainjob",
-              MANIFESTS / "rbac-extra" / "monitoring"):
+    for d in (MANIFESTS, MANIFESTS / "admin", MANIFESTS / "data-connection",
+              *(MANIFESTS / "rbac-extra" / overlay for overlay in EXTRA_OVERLAYS)):
         r = subprocess.run(["kubectl", "kustomize", str(d)], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         ref = sorted((yaml.safe_load_all(r.stdout)), key=lambda o: (o["kind"], o["metadata"]["name"]))
@@ -252,19 +256,6 @@ def aggregated_rules(roles: dict[str, dict], name: str, seen: frozenset = frozen
             if other not in seen and other != name and all(labels.get(k) == v for k, v in selector["matchLabels"].items()):
                 rules += aggregated_rules(roles, other, seen | {name})
     return rules
-
-
-def grants(rules: list[dict]) -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) triples; wildcards are refused (neither side uses them)."""
-    out = set()
-    for r in rules:
-        assert "resourceNames" not in r and "nonResourceURLs" not in r, r
-        for g in r["apiGroups"]:
-            for res in r["resources"]:
-                for v in r["verbs"]:
-                    assert "*" not in (g, res, v), r
-                    out.add((g, res, v))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -306,13 +297,32 @@ def test_base_role_grants_nothing_a_project_admin_lacks(project_admin):
         assert not missing, f"Role/{role['metadata']['name']} grants what a project admin lacks: {missing}"
 
 
+def test_runner_may_create_a_route_with_its_own_host(objs, project_admin):
+    """The chart's Route sets spec.host (route.host, routing.host). OpenShift's route admission then asks for
+    a SubjectAccessReview, verb create on routes/custom-host in route.openshift.io, and refuses the Route
+    without it ("you do not have permission to set the host field of the route"): openshift/library-go
+    pkg/route/hostassignment/assignment.go AllocateHost, called by openshift/openshift-apiserver
+    pkg/route/apiserver/registry/route/strategy.go Validate (commit 56aa2d96edd725e44ddd7ff13f23e53e6c509828,
+    which vendors it). `admin` and `edit` hold it (pkg/bootstrappolicy/policy.go there: "admins can create
+    routes with custom hosts"), `update` on it (ValidateHostUpdate: changing the host) neither does."""
+    template = (ROOT / "charts" / "peagle-serving" / "templates" / "route.yaml").read_text()
+    assert re.search(r"^spec:\n(?:.*\n)*?  host: ", template, re.M), "the chart no longer sets spec.host?"
+    role = grants(objs[("Role", "peagle-pipeline-runner")]["rules"])
+    custom_host = {t for t in role if t[:2] == ("route.openshift.io", "routes/custom-host")}
+    assert custom_host == {("route.openshift.io", "routes/custom-host", "create")}
+    assert custom_host <= project_admin
+    assert ("route.openshift.io", "routes/custom-host", "update") not in project_admin
+
+
 def test_the_overlays_hold_exactly_the_rest():
     """What the code needs beyond admin is in rbac-extra, one overlay per upstream role that carries it."""
     trainjob = kustomize_build(MANIFESTS / "rbac-extra" / "trainjob")
     monitoring = kustomize_build(MANIFESTS / "rbac-extra" / "monitoring")
     (tj_role,) = [o for o in trainjob if o["kind"] == "Role"]
     (mon_role,) = [o for o in monitoring if o["kind"] == "Role"]
-    assert grants(tj_role["rules"]) == {("trainer.kubeflow.org", "trainjobs", v) for v in ("create", "get", "patch")}
+    assert grants(tj_role["rules"]) == ({("trainer.kubeflow.org", "trainjobs", v) for v in ("create", "get", "patch",
+                                                                                          "delete")}
+                                        | {("", "configmaps", v) for v in ("create", "get", "patch")})  # verdicts
     assert grants(mon_role["rules"]) == {("monitoring.coreos.com", r, v) for r in ("servicemonitors", "podmonitors")
                                          for v in ("create", "get", "patch")}
     for objs, role in ((trainjob, tj_role), (monitoring, mon_role)):
@@ -325,6 +335,60 @@ def test_the_overlays_hold_exactly_the_rest():
     assert "`rbac-extra/monitoring/`" in readme and "`monitoring-edit`" in readme and "a cluster admin" in readme
     top = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
     assert "rbac-extra" not in " ".join(top["resources"])  # optional: never applied by `apply -k manifests/`
+
+
+def test_the_trainjob_overlay_grants_what_the_launcher_calls():
+    """rbac-extra/trainjob: the verbs of the launcher's TrainJob calls (CustomObjectsApi) and of its verdict
+    ConfigMap calls (CoreV1Api), and no more."""
+    verb_of = {"create": "create", "get": "get", "read": "get", "patch": "patch", "delete": "delete"}
+    code = (ROOT / "src/peagle/pipeline/trainjob.py").read_text()
+    used = {("trainer.kubeflow.org", "trainjobs", verb_of[m])
+            for m in re.findall(r"\b(create|get|patch|delete)_namespaced_custom_object\b", code)}
+    code = (ROOT / "src/peagle/pipeline/trainjob_verdict.py").read_text()
+    used |= {("", "configmaps", verb_of[m]) for m in re.findall(r"\b(create|read|patch)_namespaced_config_map\b", code)}
+    assert grants(role_of(MANIFESTS / "rbac-extra" / "trainjob")["rules"]) == used
+    assert ("trainer.kubeflow.org", "trainjobs", "delete") in used
+
+
+def test_a_project_admin_may_apply_the_rollout_overlay_and_the_rest_is_apart(project_admin):
+    """Kubernetes creates a Role only for someone who holds every rule of it (or `escalate`, which `admin`
+    lacks): kubernetes/kubernetes pkg/registry/rbac/role/policybased/storage.go, Create ->
+    ConfirmNoEscalation over the whole Role. So rbac-extra/rollout, which a project admin applies, must lie
+    within `admin`, and what `admin` lacks sits in overlays of its own, each applied by its holder:
+    HTTPRoutes (routing httproute) and delete on the canary's monitors (metrics.monitor.enabled)."""
+    extra = MANIFESTS / "rbac-extra"
+    rollout = grants(role_of(extra / "rollout")["rules"])
+    assert rollout <= project_admin, sorted(rollout - project_admin)
+    assert {("", "serviceaccounts", "delete"), ("", "configmaps", "delete")} <= rollout
+    httproutes = grants(role_of(extra / "rollout-httproute")["rules"])
+    assert httproutes == {("gateway.networking.k8s.io", "httproutes", v) for v in ("create", "get", "patch")}
+    monitors = grants(role_of(extra / "rollout-monitoring")["rules"])
+    assert monitors == {("monitoring.coreos.com", r, "delete") for r in ("servicemonitors", "podmonitors")}
+    assert not (httproutes | monitors) & project_admin
+    for overlay in ROLLOUT_OVERLAYS:
+        objs = kustomize_build(extra / overlay)
+        (role,) = [o for o in objs if o["kind"] == "Role"]
+        (binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": role["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RUNNER_SA, "namespace": "peagle"}]
+        assert f"`rbac-extra/{overlay}/`" in (MANIFESTS / "README.md").read_text(), overlay
+
+
+def test_the_rollout_role_printed_in_the_traffic_docs_is_the_overlays():
+    """docs/traffic.md ("What a cluster admin must enable") prints the rollout's Roles: each is the Role of a
+    rollout overlay (same name, same rules), and every rollout overlay is printed."""
+    text = (ROOT / "docs" / "traffic.md").read_text()
+    section = text.split("## What a cluster admin must enable", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```yaml\n(.*?)^```", section, re.M | re.S)
+    printed = [d for block in blocks for d in yaml.safe_load_all(block) if d and d.get("kind") == "Role"]
+    overlays = {role["metadata"]["name"]: role for role in
+                (role_of(MANIFESTS / "rbac-extra" / overlay) for overlay in ROLLOUT_OVERLAYS)}
+    assert sorted(d["metadata"]["name"] for d in printed) == sorted(overlays)
+    for doc in printed:
+        assert doc["rules"] == overlays[doc["metadata"]["name"]]["rules"], doc["metadata"]["name"]
+    for overlay in ROLLOUT_OVERLAYS:
+        assert f"manifests/rbac-extra/{overlay}" in section, overlay
 
 
 def copy_manifests(tmp_path, namespace: str):
@@ -345,7 +409,7 @@ def test_binding_subjects_follow_the_namespace_set_in_one_place(tmp_path):
         for doc in yaml.safe_load_all(f.read_text()):
             assert all("namespace" not in s for s in doc["subjects"]), f
     copied = copy_manifests(tmp_path, "team-a")
-    for d in ("", "rbac-extra/trainjob", "rbac-extra/monitoring", "admin"):
+    for d in ("", *(f"rbac-extra/{overlay}" for overlay in EXTRA_OVERLAYS), "admin"):
         objs = kustomize_build(copied / d)
         bindings = [o for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
         assert bindings, d
@@ -361,7 +425,7 @@ def test_binding_subjects_follow_the_namespace_set_in_one_place(tmp_path):
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed (optional cross-check)")
 def test_real_kustomize_fills_the_subjects_too(tmp_path):
     copied = copy_manifests(tmp_path, "team-b")
-    for d in ("", "rbac-extra/trainjob", "rbac-extra/monitoring", "admin"):
+    for d in ("", *(f"rbac-extra/{overlay}" for overlay in EXTRA_OVERLAYS), "admin"):
         r = subprocess.run(["kubectl", "kustomize", str(copied / d)], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         ref = sorted(yaml.safe_load_all(r.stdout), key=lambda o: (o["kind"], o["metadata"]["name"]))

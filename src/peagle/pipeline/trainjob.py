@@ -19,10 +19,12 @@ run id is a label. The deadline is the launcher's own.
 * idempotent create: HTTP 409 means a previous attempt of this step already created it. A job
   that is running or complete is adopted (watched, or returned at once); a *failed* one is left as
   evidence and the next attempt name (``<name>-r1``, ``-r2``, ...) is created -- training then
-  resumes from the last checkpoint under ``<run>/train``. A job an earlier attempt suspended (the
-  :data:`SUSPENDED_ANNOTATION` says why) is terminal when that was its timeout, stuck pods or a
-  refused JobSet: the step fails at once, instead of following it for another ``timeout_s``; one
-  suspended because its step was stopped (SIGTERM) is resumed;
+  resumes from the last checkpoint under ``<run>/train``. One still being deleted is waited for
+  (up to ``deletion_grace_s``) and created again under its name. A job an earlier attempt gave up
+  on is terminal when that was for its timeout, stuck pods or a refused JobSet: the step fails at
+  once, instead of training for another ``timeout_s`` (the :data:`SUSPENDED_ANNOTATION` of a
+  suspended job, or the verdict ConfigMap of a deleted one, :mod:`.trainjob_verdict`, says why);
+  one given up on because its step was stopped (SIGTERM) is resumed, or created again;
 * the ClusterTrainingRuntime must exist (checked first, with a hint how to install it; skipped when
   the step may not read cluster-scoped objects);
 * watch: polls the TrainJob's ``Complete`` / ``Failed`` conditions; streams the logs of the
@@ -33,10 +35,16 @@ run id is a label. The deadline is the launcher's own.
   the job that stays in CreateContainerConfigError, ImagePullBackOff/ErrImagePull (past
   ``pod_error_grace_s``) or Pending unschedulable (past ``unschedulable_grace_s``) fails the step with
   the pod's reason. ``timeout_s`` counts from the job's creation, across attempts of the step; past it
-  :class:`TrainJobTimeout` is raised. Whenever the launcher gives up, it first suspends the job, which
-  frees its GPUs (the step's Role may patch TrainJobs, not delete them);
-* SIGTERM (the run is terminated, the pod deleted or past its deadline) suspends the job too, and
-  the step ends with :class:`TrainJobTerminated`.
+  :class:`TrainJobTimeout` is raised. A job Kueue holds suspended until it admits it holds no GPUs:
+  only ``timeout_s`` bounds that wait (quota frees up; the launcher cannot tell "never");
+* whenever the launcher gives up (those failures, or SIGTERM: the run is terminated, the pod deleted
+  or past its deadline; then :class:`TrainJobTerminated`), it first frees the job's GPUs for good. A
+  job Kueue manages (:data:`QUEUE_LABEL` on the live object) is *deleted*, propagation ``Foreground``,
+  its verdict recorded in a ConfigMap: Kueue starts a suspended job again once its Workload is
+  admitted (upstream kueue pkg/controller/jobframework/reconciler.go, ``ReconcileGenericJob``), never
+  one being deleted; Foreground keeps the TrainJob until its JobSet (named like it), pods and Workload
+  are gone, so a retry never meets the old JobSet. Any other job is suspended (Trainer removes its
+  pods), the verdict in its annotations. A retry trains on from the last checkpoint under ``<run>/train``.
 
 All cluster access goes through two objects with the kubernetes client's method names
 (``CustomObjectsApi``, ``CoreV1Api``), so tests substitute a fake.
@@ -50,12 +58,15 @@ import re
 import signal
 import threading
 import time
-from datetime import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..deploy.kube import api_message, status_code, to_dict
 from .connection import DATA_CONNECTION_ENV
+from .trainjob_status import (QUEUE_LABEL, STUCK_WAITING, SUSPENDED_ANNOTATION, SUSPENDED_MESSAGE_ANNOTATION,
+                              being_deleted, condition, kueue_queue, pod_trouble, refusal, suspension,
+                              timestamp_seconds)
+from .trainjob_verdict import TERMINAL_REASONS, Verdict, VerdictStore, verdict_name
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +77,6 @@ RUNTIME_PLURAL = "clustertrainingruntimes"
 TRAINER_NODE = "node"  # replicated job and container name in the peagle-torch runtime
 RUN_LABEL = "peagle.io/run"
 JOB_ID_LABEL = "peagle.io/pipeline-run-id"  # the KFP run's UUID, whole (the name holds only a prefix)
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-# Set by the launcher when it suspends a TrainJob: why (timeout, stuck, refused, terminated) and the message.
-SUSPENDED_ANNOTATION = "peagle.io/suspended-by-launcher"
-SUSPENDED_MESSAGE_ANNOTATION = "peagle.io/suspended-message"
-TERMINAL_SUSPENSIONS = ("timeout", "stuck", "refused")  # a later attempt fails at once; "terminated" resumes
-# Pod states that do not end by themselves. ErrImagePull and ImagePullBackOff alternate: one category.
-STUCK_WAITING = {"CreateContainerConfigError": "config", "ErrImagePull": "image", "ImagePullBackOff": "image",
-                 "InvalidImageName": "image"}
-REFUSED_REASONS = ("JobsBuildFailed", "JobsCreationFailed")  # Trainer v2.0's Created=False reasons
 # OpenShift AI data-connection keys the training pods read (values stay in the Secret; each may be absent).
 DATA_CONNECTION_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S3_ENDPOINT", "AWS_S3_BUCKET",
                         "AWS_DEFAULT_REGION")
@@ -98,11 +100,12 @@ class TrainJobFailed(TrainJobError):
 
 
 class TrainJobTimeout(TrainJobError):
-    """Not complete within the timeout (the job was suspended)."""
+    """Not complete within the timeout (the job was suspended, or deleted when Kueue manages it)."""
 
 
 class TrainJobTerminated(TrainJobError):
-    """The step was stopped (SIGTERM) while its TrainJob ran; the job was suspended, freeing its GPUs."""
+    """The step was stopped (SIGTERM) while its TrainJob ran; the job was suspended (or deleted when Kueue
+    manages it), freeing its GPUs."""
 
 
 class _Terminated(BaseException):
@@ -225,69 +228,27 @@ def build_trainjob(spec: TrainJobSpec) -> dict[str, Any]:
     }
 
 
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    """The ``kind`` condition of a TrainJob when its status is "True", else None."""
-    for c in ((obj.get("status") or {}).get("conditions") or []):
-        if c.get("type") == kind and str(c.get("status")) == "True":
-            return c
-    return None
-
-
-def refusal(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """Trainer v2.0's ``Created=False`` condition saying the JobSet could not be built or created."""
-    for c in ((obj.get("status") or {}).get("conditions") or []):
-        if c.get("type") == "Created" and str(c.get("status")) == "False" and c.get("reason") in REFUSED_REASONS:
-            return c
-    return None
-
-
-def suspension(obj: dict[str, Any]) -> tuple[str, str] | None:
-    """(why, message) when the launcher suspended ``obj`` and it is still suspended, else None."""
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    why = annotations.get(SUSPENDED_ANNOTATION)
-    if why and (obj.get("spec") or {}).get("suspend"):
-        return why, annotations.get(SUSPENDED_MESSAGE_ANNOTATION, "")
-    return None
-
-
-def pod_trouble(pod: dict[str, Any]) -> tuple[str, str] | None:
-    """(reason, message) of a pod in a state that does not end by itself (:data:`STUCK_WAITING`, or
-    Pending and unschedulable), else None."""
-    status = pod.get("status") or {}
-    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in STUCK_WAITING:
-            return waiting["reason"], waiting.get("message") or ""
-    if status.get("phase", "Pending") == "Pending":
-        for c in status.get("conditions") or []:
-            if (c.get("type"), str(c.get("status")), c.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
-                return "Unschedulable", c.get("message") or ""
-    return None
-
-
-def _timestamp(text: str | None) -> float | None:
-    try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp() if text else None
-    except ValueError:
-        return None
-
-
 class TrainJobLauncher:
     """Create a TrainJob idempotently and follow it to completion (see the module docstring)."""
 
     def __init__(self, custom: Any, core: Any, *, poll_interval_s: float = 30.0, timeout_s: float = 86400.0,
                  startup_grace_s: float = 300.0, pod_error_grace_s: float = 600.0,
-                 unschedulable_grace_s: float = 1800.0, out: Callable[[str], None] | None = None,
+                 unschedulable_grace_s: float = 1800.0, deletion_grace_s: float = 300.0,
+                 out: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  wall: Callable[[], float] = time.time, stream_logs: bool = True):
         self.custom, self.core = custom, core
         self.poll_interval_s, self.timeout_s, self.startup_grace_s = poll_interval_s, timeout_s, startup_grace_s
         self.pod_error_grace_s, self.unschedulable_grace_s = pod_error_grace_s, unschedulable_grace_s
+        self.deletion_grace_s = deletion_grace_s
         self._seen_events: set[tuple] = set()
         self._stuck_since: dict[tuple[str, str], float] = {}
         self.out = out or (lambda line: print(line, flush=True))
         self.clock, self.sleep, self.wall, self.stream_logs = clock, sleep, wall, stream_logs
         self._log_threads: dict[str, threading.Thread] = {}
+        self.verdicts = VerdictStore(core, self.out)
+        self._live: dict[str, dict[str, Any]] = {}  # the last state read of each job: what giving up acts on
+        self._origin: dict[str, str] = {}  # the creationTimestamp each job's timeout counts from
 
     # ---- create ------------------------------------------------------------------------------
 
@@ -308,27 +269,46 @@ class TrainJobLauncher:
 
     def _get(self, name: str, namespace: str) -> dict[str, Any] | None:
         try:
-            return self.custom.get_namespaced_custom_object(group=GROUP, version=VERSION, namespace=namespace,
-                                                            plural=PLURAL, name=name)
+            obj = self.custom.get_namespaced_custom_object(group=GROUP, version=VERSION, namespace=namespace,
+                                                           plural=PLURAL, name=name)
         except Exception as exc:
             if status_code(exc) == 404:
+                self._live.pop(name, None)
                 return None
             raise
+        self._live[name] = obj
+        return obj
 
-    def create(self, job: dict[str, Any]) -> dict[str, Any]:
-        """Create ``job`` or adopt this run's existing one; returns the live object (maybe renamed)."""
-        base = job["metadata"]["name"]
-        namespace = job["metadata"]["namespace"]
-        run = job["metadata"]["labels"].get(RUN_LABEL)
-        for attempt in range(MAX_ATTEMPTS):
-            name = base if attempt == 0 else f"{base}-r{attempt}"
-            body = {**job, "metadata": {**job["metadata"], "name": name}}
+    def _earlier_verdict(self, name: str, namespace: str) -> Verdict | None:
+        """The verdict an earlier attempt recorded when it deleted this job. A terminal one fails the step
+        at once (deleting the job first, should it still be there); "terminated" gives the timeout's origin."""
+        verdict = self.verdicts.read(name, namespace)
+        if verdict is None:
+            return None
+        if verdict.terminal:
+            leftover = self._get(name, namespace)
+            if leftover is not None and not being_deleted(leftover):  # that attempt could not delete it
+                self._delete(name, namespace, "still there")
+            error = TrainJobTimeout if verdict.why == "timeout" else TrainJobFailed
+            raise error(f"TrainJob {namespace}/{name} was deleted by an earlier attempt of this step ({verdict.why}: "
+                        f"{verdict.message}); it is not created again (delete ConfigMap {verdict_name(name)} to "
+                        "train this run anew)")
+        if verdict.created:
+            self._origin[name] = verdict.created
+        return verdict
+
+    def _create_or_get(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """(the live job, True) when created now, (the existing one, False) when it exists; a job still being
+        deleted is waited for and created again."""
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        for _ in range(3):
+            self._live[name] = body  # what a SIGTERM before the answer releases
             try:
                 created = self.custom.create_namespaced_custom_object(
                     group=GROUP, version=VERSION, namespace=namespace, plural=PLURAL, body=body,
                     field_validation="Strict")
-                self.out(f"created TrainJob {namespace}/{name}")
-                return created
+                self._live[name] = created
+                return created, True
             except Exception as exc:
                 code = status_code(exc)
                 if code in (400, 422):  # Strict validation or the admission webhook said no: say what
@@ -338,6 +318,35 @@ class TrainJobLauncher:
             existing = self._get(name, namespace)
             if existing is None:  # deleted between create and get: try the same name again
                 continue
+            if not being_deleted(existing):
+                return existing, False
+            self._await_gone(name, namespace)
+        raise TrainJobError(f"TrainJob {namespace}/{name} could not be created: it exists, then not, then again")
+
+    def _await_gone(self, name: str, namespace: str) -> None:
+        self.out(f"TrainJob {namespace}/{name} is being deleted (an earlier attempt of this step gave up on it); "
+                 "waiting until its pods are gone to create it again")
+        until = self.clock() + self.deletion_grace_s
+        while self._get(name, namespace) is not None:
+            if self.clock() >= until:
+                raise TrainJobError(f"TrainJob {namespace}/{name} is still being deleted after "
+                                    f"{self.deletion_grace_s:.0f}s; retry the step once it is gone")
+            self.sleep(min(self.poll_interval_s, 10.0))
+
+    def create(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Create ``job`` or adopt this run's existing one; returns the live object (maybe renamed)."""
+        base = job["metadata"]["name"]
+        namespace = job["metadata"]["namespace"]
+        run = job["metadata"]["labels"].get(RUN_LABEL)
+        for attempt in range(MAX_ATTEMPTS):
+            name = base if attempt == 0 else f"{base}-r{attempt}"
+            verdict = self._earlier_verdict(name, namespace)
+            existing, created = self._create_or_get({**job, "metadata": {**job["metadata"], "name": name}})
+            if created:
+                self.out(f"created TrainJob {namespace}/{name}" + (
+                    f" again (an earlier attempt of this step deleted it: {verdict.message}; training resumes "
+                    "from the last checkpoint)" if verdict else ""))
+                return existing
             owner = ((existing.get("metadata") or {}).get("labels") or {}).get(RUN_LABEL)
             if run and owner != run:
                 raise TrainJobError(f"TrainJob {namespace}/{name} exists but belongs to run {owner!r}, not {run!r}")
@@ -346,7 +355,7 @@ class TrainJobLauncher:
                          "(training resumes from the last checkpoint)")
                 continue
             suspended = suspension(existing)
-            if suspended and suspended[0] in TERMINAL_SUSPENSIONS:
+            if suspended and suspended[0] in TERMINAL_REASONS:
                 why, message = suspended
                 error = TrainJobTimeout if why == "timeout" else TrainJobFailed
                 raise error(f"TrainJob {namespace}/{name} was suspended by an earlier attempt of this step ({why}: "
@@ -411,17 +420,50 @@ class TrainJobLauncher:
         self.custom.patch_namespaced_custom_object(group=GROUP, version=VERSION, namespace=namespace,
                                                    plural=PLURAL, name=name, body=body)
 
-    def _suspend(self, name: str, namespace: str, why: str, message: str) -> None:
+    def _release(self, name: str, namespace: str, why: str, message: str) -> str:
+        """Free the job's GPUs so that they stay free (see the module docstring); returns what was done."""
+        obj = self._live.get(name)  # read last (or the body being created); None: it was gone at the last read
+        if obj is None:
+            return "gone already"
+        queue = kueue_queue(obj)
+        if not queue:
+            if self._suspend(name, namespace, why, message):
+                return "suspended: its GPUs are free"
+            return "NOT suspended: its pods may hold their GPUs until it is suspended or deleted"
+        labels = {k: v for k, v in ((obj.get("metadata") or {}).get("labels") or {}).items()
+                  if not k.startswith("kueue.x-k8s.io/")}  # ours; Kueue has no business with the ConfigMap
+        self.verdicts.record(name, namespace, {**labels, "app.kubernetes.io/component": "trainjob-verdict"},
+                             Verdict(why, message, self._origin.get(name, "")))
+        if self._delete(name, namespace, f"managed by Kueue, LocalQueue {queue}: it would start a suspended job again"):
+            return "deleted with its Kueue Workload: its GPUs are free"
+        return "NOT deleted: its pods may hold their GPUs until it is deleted"
+
+    def _delete(self, name: str, namespace: str, why: str) -> bool:
+        """Delete the job, Foreground: it goes once its JobSet, pods and Kueue Workload have gone."""
+        self._live.pop(name, None)
+        try:
+            self.custom.delete_namespaced_custom_object(group=GROUP, version=VERSION, namespace=namespace,
+                                                        plural=PLURAL, name=name, propagation_policy="Foreground")
+        except Exception as exc:  # noqa: BLE001 - the step fails anyway; say that the GPUs may still be held
+            if status_code(exc) == 404:
+                return True
+            self.out(f"could not delete TrainJob {namespace}/{name}: {api_message(exc)}")
+            return False
+        self.out(f"deleted TrainJob {namespace}/{name} ({why}); its JobSet, pods and Workload go first")
+        return True
+
+    def _suspend(self, name: str, namespace: str, why: str, message: str) -> bool:
         """Suspend the job (Trainer deletes its pods: the GPUs are free) and say why on it, for a later attempt."""
         body = {"metadata": {"annotations": {SUSPENDED_ANNOTATION: why,
                                              SUSPENDED_MESSAGE_ANNOTATION: message[:1000]}},
                 "spec": {"suspend": True}}
         try:
             self._patch(name, namespace, body)
-            self.out(f"suspended TrainJob {namespace}/{name} ({why})")
         except Exception as exc:  # noqa: BLE001 - the step fails anyway; say that the GPUs may still be held
-            self.out(f"could not suspend TrainJob {namespace}/{name}: {api_message(exc)}; its pods may hold "
-                     "their GPUs until it is suspended or deleted")
+            self.out(f"could not suspend TrainJob {namespace}/{name}: {api_message(exc)}")
+            return False
+        self.out(f"suspended TrainJob {namespace}/{name} ({why})")
+        return True
 
     def _resume(self, name: str, namespace: str, message: str) -> None:
         self.out(f"TrainJob {namespace}/{name} was suspended when an earlier attempt of this step was stopped "
@@ -472,15 +514,15 @@ class TrainJobLauncher:
         return found
 
     def _give_up(self, name: str, namespace: str, why: str, message: str, error: type[TrainJobError]) -> None:
-        self._suspend(name, namespace, why, message)
+        done = self._release(name, namespace, why, message)
         self._join_logs(name)
-        raise error(f"TrainJob {namespace}/{name} {message} (suspended: its GPUs are free)")
+        raise error(f"TrainJob {namespace}/{name} {message} ({done})")
 
     def wait(self, name: str, namespace: str, created_at: str | None = None) -> dict[str, Any]:
         """Poll until ``Complete`` (returns the object), ``Failed``, a stuck pod, a refusal or the timeout
         (raises; see the module docstring). ``created_at``: the job's creationTimestamp, from which
         ``timeout_s`` counts (a job an earlier attempt created has used part of it)."""
-        created = _timestamp(created_at)
+        created = timestamp_seconds(created_at)
         age = max(0.0, self.wall() - created) if created is not None else 0.0
         if age:
             self.out(f"TrainJob {namespace}/{name} was created {age:.0f}s ago; "
@@ -489,10 +531,15 @@ class TrainJobLauncher:
         last_phase = None
         first_evidence_at: float | None = None
         last_evidence = ""
+        queued_said = False
         while True:
             obj = self._get(name, namespace)
             if obj is None:
                 raise TrainJobError(f"TrainJob {namespace}/{name} disappeared while being watched")
+            if not queued_said and (obj.get("spec") or {}).get("suspend") and kueue_queue(obj):
+                self.out(f"TrainJob {namespace}/{name} waits for Kueue to admit it (LocalQueue {kueue_queue(obj)}); "
+                         "it holds no GPUs meanwhile, and only the timeout bounds this wait")
+                queued_said = True
             if condition(obj, "Complete"):
                 self._join_logs(name)
                 self.out(f"TrainJob {namespace}/{name} complete")
@@ -554,10 +601,11 @@ class TrainJobLauncher:
                 if condition(live, "Complete"):
                     self.out(f"TrainJob {namespace}/{name} already complete")
                     return live
-                return self.wait(name, namespace, meta.get("creationTimestamp"))
+                self._origin[name] = self._origin.get(name) or meta.get("creationTimestamp") or ""
+                return self.wait(name, namespace, self._origin[name] or None)
             except _Terminated:
                 self.out(f"stopped (SIGTERM) while following TrainJob {namespace}/{name}")
-                self._suspend(name, namespace, "terminated", "its pipeline step was stopped (SIGTERM)")
+                done = self._release(name, namespace, "terminated", "its pipeline step was stopped (SIGTERM)")
                 raise TrainJobTerminated(f"the step was stopped (SIGTERM) while TrainJob {namespace}/{name} ran; "
-                                         "the job is suspended (its GPUs are free; a retry of the step resumes "
-                                         "it)") from None
+                                         f"the job is {done} (a retry of the step trains on from the last "
+                                         "checkpoint)") from None

@@ -66,6 +66,10 @@ def test_every_rendered_object_validates(path):
         assert r["apiVersion"] == "route.openshift.io/v1"
         assert r["spec"]["to"] == {"kind": "Service", "name": "qwen3-peagle", "weight": 100}
         assert r["spec"]["port"]["targetPort"] == "http" and r["spec"]["tls"]["termination"] == "edge"
+        # route.enabled without a rollout keeps the router's balance and sticky cookie (one backend):
+        # only the rollout's Route (routing.kind=route) sets them, test_rollout_objects_helm.py
+        assert not {"haproxy.router.openshift.io/balance", "haproxy.router.openshift.io/disable_cookies"} & set(
+            r["metadata"]["annotations"])
     for mon in ("ServiceMonitor", "PodMonitor"):
         if mon in by_kind:
             m = by_kind[mon]

@@ -15,13 +15,15 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from support.k8s_schemas import CRD_SETS, crd_dir, validate
-from support.trainjob_apiserver import NAME, NS, RUNNING, ScriptedClock, api_cond, api_job, api_launcher, pod
+from support.trainjob_apiserver import (NAME, NS, RUNNING, ScriptedClock, StandInKueue, api_cond, api_job,
+                                        api_launcher, pod)
 from support.trainjob_cluster import TS, FakeCluster, cond
 from peagle.pipeline.training import TrainJobSettings, trainjob_for
 from peagle.pipeline.trainjob import (JOB_ID_LABEL, MAX_ATTEMPTS, MAX_NODES, NAME_MAX, POD_NAME_MAX, QUEUE_LABEL,
                                       RUN_LABEL, SUSPENDED_ANNOTATION, TrainJobError, TrainJobFailed, TrainJobLauncher,
                                       TrainJobSpec, TrainJobTimeout, build_trainjob, dns_label, longest_pod_name,
                                       trainjob_name)
+from peagle.pipeline.trainjob_status import kueue_queue
 
 
 def spec(**kw) -> TrainJobSpec:
@@ -253,6 +255,15 @@ def test_api_errors_other_than_conflict_propagate():
         run.run(build_trainjob(spec()))
 
 
+def test_the_kueue_queue_is_read_off_the_live_object():
+    """What decides whether giving up deletes the job (Kueue would start a suspended one again): the label on
+    the live object, which Kueue may have set itself (a namespace's default LocalQueue)."""
+    assert kueue_queue(build_trainjob(spec(queue_name="gpu-queue"))) == "gpu-queue"
+    assert kueue_queue(build_trainjob(spec())) == ""
+    assert kueue_queue({"metadata": {"labels": {QUEUE_LABEL: "default"}}}) == "default"
+    assert kueue_queue({}) == ""
+
+
 def test_build_trainjob_refuses_counts_outside_the_bounds():
     from peagle.pipeline.trainjob import TrainJobError, TrainJobSpec, build_trainjob
 
@@ -290,6 +301,19 @@ def test_a_job_kueue_holds_is_followed_not_failed(stand_in):
     run, _ = api_launcher(server, clock, startup_grace_s=60.0)
     assert run.run(api_job())["metadata"]["name"] == NAME
     assert clock.now >= 40 * 30 and server.calls("PATCH") == []
+
+
+def test_a_job_waiting_in_its_kueue_queue_is_waited_for_and_said_so(stand_in):
+    """Kueue's webhook creates the job suspended; it holds no GPUs until its Workload is admitted, and no
+    grace fails it meanwhile (only the timeout bounds the wait)."""
+    clock = ScriptedClock()
+    server = stand_in({NAME: [{}, RUNNING, {"conditions": [api_cond("Complete")]}]}, wall=clock.wall,
+                      kueue=StandInKueue(admit_after=40))
+    run, lines = api_launcher(server, clock, startup_grace_s=60.0, unschedulable_grace_s=300.0)
+    assert run.run(api_job(queue_name="gpu-queue"))["metadata"]["name"] == NAME
+    assert sum("waits for Kueue to admit it (LocalQueue gpu-queue)" in ln for ln in lines) == 1
+    assert clock.now > 300.0 and server.kueue.started == [NAME]
+    assert server.calls("PATCH") == [] and server.calls("DELETE") == []
 
 
 def test_timeout_suspends_and_a_retried_launcher_fails_at_once(stand_in):
