@@ -101,6 +101,27 @@ class StoreContract:
         store.delete("gone")
         assert not store.exists("gone") and store.list("gone") == []
 
+    def test_ranged_read(self, store):
+        data = bytes(range(256)) * 40  # 10240 bytes
+        store.put_bytes("w/model.safetensors", data)
+        read = lambda start, length: store.get_range("w/model.safetensors", start, length)  # noqa: E731
+        assert read(0, 8) == data[:8] and read(8, 1000) == data[8:1008] and read(5000, 1) == data[5000:5001]
+        assert read(0, len(data)) == data
+        assert read(len(data) - 5, 100) == data[-5:]  # the object ends first: fewer bytes, like a file
+        assert read(len(data), 10) == b"" and read(len(data) + 99, 10) == b""  # at or past the end: none
+        assert read(3, 0) == b""
+        store.put_bytes("empty", b"")
+        assert store.get_range("empty", 0, 8) == b""
+        for length in (8, 0):  # a missing object is an error even when nothing is asked for
+            with pytest.raises(ObjectNotFoundError) as e:
+                store.get_range("no/such", 0, length)
+            assert store.uri_for("no/such") in str(e.value)
+        for start, length in ((-1, 8), (0, -1), (0.5, 8), (0, True)):
+            with pytest.raises(ValueError, match="w/model.safetensors"):
+                read(start, length)
+        with pytest.raises(ValueError):
+            store.get_range("../up", 0, 8)
+
     @pytest.mark.parametrize("key", ["", "/abs", "a//b", "../up", "a/./b", "a/..", "back\\slash",
                                      f"dir/{TMP_MARKER}x"])
     def test_invalid_keys_are_rejected(self, store, key):

@@ -21,13 +21,15 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from ..config import shorten, short_repr
 from ..errors import PeagleError
-from ..stage_io import staged
+from ..stage_io import is_remote, local_path, staged
 from ..storage import MANIFEST as PUBLISHED_MANIFEST
 from ..storage import SUCCESS as PUBLISHED_SUCCESS
+from ..storage import Published, open_published, open_store
+from ..storage.base import join_key
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,8 @@ SUPPORTED_TARGET_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 MANIFEST = "peagle_target.json"
+# The small files a fingerprint covers whole, in this order (then each safetensors file's header and size).
+FINGERPRINT_FILES = ("config.json", *TOKENIZER_FILES, "tokenizer_config.json", "chat_template.jinja")
 TARGET_KIND = "peagle-target"  # the published kind of a normalised target (peagle.stage_io.staged)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -161,22 +165,38 @@ def verify_safetensors(f: Path) -> tuple[bytes, dict[str, Any]]:
     alone: N fits the file, the JSON parses, each tensor's byte range is the size its dtype and
     shape give, the ranges tile the data from 0 without gap or overlap (as safetensors requires),
     and the file ends where the data ends. Otherwise TargetError naming the file and the field.
+    The checks are :func:`safetensors_header_length` and :func:`check_safetensors_header`.
     """
-    bad = f"{f}: not a valid safetensors file"
     try:
         size = f.stat().st_size
         with open(f, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise TargetError(f"{bad}: {size} bytes, too short for the 8-byte header length")
-            n = struct.unpack("<Q", head)[0]
-            if n > size - 8 or n > SAFETENSORS_MAX_HEADER:
-                raise TargetError(f"{bad}: header length {n} exceeds the {size - 8} bytes after the length field"
-                                  if n > size - 8 else
-                                  f"{bad}: header length {n} exceeds safetensors' limit of {SAFETENSORS_MAX_HEADER}")
+            n = safetensors_header_length(fh.read(8), size, str(f))
             raw = fh.read(n)
     except OSError as exc:
         raise TargetError(f"{f}: cannot read: {exc.strerror or exc}") from None
+    return raw, check_safetensors_header(raw, size, str(f))
+
+
+def safetensors_header_length(first: bytes, size: int, where: str) -> int:
+    """N, the header length that ``first`` (a safetensors file's first 8 bytes, fewer if the file is
+    shorter) gives, checked against the file's ``size``; TargetError naming ``where`` (the file's
+    path or URI) otherwise."""
+    bad = f"{where}: not a valid safetensors file"
+    if len(first) < 8:
+        raise TargetError(f"{bad}: {size} bytes, too short for the 8-byte header length")
+    n = struct.unpack("<Q", first[:8])[0]
+    if n > size - 8:
+        raise TargetError(f"{bad}: header length {n} exceeds the {size - 8} bytes after the length field")
+    if n > SAFETENSORS_MAX_HEADER:
+        raise TargetError(f"{bad}: header length {n} exceeds safetensors' limit of {SAFETENSORS_MAX_HEADER}")
+    return n
+
+
+def check_safetensors_header(raw: bytes, size: int, where: str) -> dict[str, Any]:
+    """The parsed header of a safetensors file of ``size`` bytes whose header (the bytes after the length
+    field) is ``raw``, after the checks :func:`verify_safetensors` describes; TargetError naming ``where``
+    (the file's path or URI) and the field otherwise. Needs no file: ``raw`` may come from a ranged read."""
+    bad = f"{where}: not a valid safetensors file"
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -194,13 +214,13 @@ def verify_safetensors(f: Path) -> tuple[bytes, dict[str, Any]]:
             raise TargetError(f"{bad}: tensor {_clip(name)}'s data_offsets start at {begin}, expected {end} "
                               "(tensors overlap or leave a gap)")
         end = stop
-    data = size - 8 - n
+    data = size - 8 - len(raw)
     if end > data:
         raise TargetError(f"{bad}: truncated: the tensors' data_offsets end at {end}, but only {data} bytes "
                           "follow the header")
     if end < data:
         raise TargetError(f"{bad}: {data - end} trailing bytes after the last tensor's data")
-    return raw, header
+    return header
 
 
 def _tensor_span(entry: Any, where: str) -> tuple[int, int]:
@@ -343,19 +363,72 @@ def fingerprint(path: str | os.PathLike) -> str:
     """sha256 over config.json, tokenizer files and each safetensors file's size and header.
 
     Cheap (headers only) yet changes whenever the architecture, tokenizer or any tensor's layout or
-    file changes size. Stages use it to refuse data from another target.
+    file changes size. Stages use it to refuse data from another target. The same digest without a
+    local copy of a published target: :func:`fingerprint_uri`.
     """
     p = Path(path)
+    files = ((name, (p / name).read_bytes()) for name in FINGERPRINT_FILES if (p / name).is_file())
+    weights = ((f.name, verify_safetensors(f)[0], f.stat().st_size) for f in sorted(p.glob("*.safetensors")))
+    return _digest(files, weights)
+
+
+def fingerprint_uri(uri: str | os.PathLike) -> str:
+    """:func:`fingerprint` of the target at ``uri`` -- the digest a local copy of it has -- without copying
+    its weights: what the refresh trigger needs to compare targets on every scheduled run.
+
+    A local directory (a path or ``file://``) is fingerprinted in place. An object-store prefix must be
+    published, as for fetching it (IncompletePrefixError or DamagedPrefixError otherwise), and is read
+    through its manifest: :func:`fingerprint_published`.
+    """
+    if not is_remote(uri):
+        return fingerprint(local_path(uri))
+    return fingerprint_published(open_published(open_store(str(uri)), ""))
+
+
+def fingerprint_published(published: Published) -> str:
+    """:func:`fingerprint` of the target ``published`` holds (the digest of its :meth:`Published.download`),
+    reading only what the digest covers: the small files whole, and each top-level ``*.safetensors`` file's
+    8-byte length field and header by ranged reads (two requests per file; the tensor data is not read).
+
+    What is verified: the publication itself (:func:`~peagle.storage.open_published`: ``_SUCCESS`` matches
+    the manifest, every object is there with its manifest size); the small files against their manifest
+    sha256 (ChecksumMismatchError naming the object); each safetensors file's size is its manifest size and
+    its header passes the checks of :func:`verify_safetensors` (TargetError naming the object's URI, with the
+    message the file would get). A ranged read cannot be checked against a whole-object sha256, so damage
+    inside the tensor data goes unnoticed here; the steps that load the weights fetch, and so verify, them.
+    """
+    present = set(published.manifest.keys)
+    files = ((name, published.get_bytes(name)) for name in FINGERPRINT_FILES if name in present)
+    names = sorted(k for k in present if "/" not in k and k.endswith(".safetensors"))  # as the glob matches
+    weights = ((name, _published_safetensors_header(published, name), published.manifest[name].size)
+               for name in names)
+    return _digest(files, weights)
+
+
+def _published_safetensors_header(published: Published, rel: str) -> bytes:
+    """The raw header of the safetensors object ``rel`` of ``published``, checked (:func:`fingerprint_published`)."""
+    size, where = published.manifest[rel].size, published.uri_for(rel)
+    key = join_key(published.prefix, rel)
+    n = safetensors_header_length(published.store.get_range(key, 0, min(8, size)), size, where)
+    raw = published.store.get_range(key, 8, n)
+    if len(raw) != n:
+        raise TargetError(f"{where}: only {len(raw)} of its {n} header bytes could be read: the object is shorter "
+                          f"than the {size} bytes its manifest records (changed after it was published?)")
+    check_safetensors_header(raw, size, where)
+    return raw
+
+
+def _digest(files: Iterable[tuple[str, bytes]], weights: Iterable[tuple[str, bytes, int]]) -> str:
+    """The fingerprint of (name, contents) of the small files and (name, raw header, size) of the
+    safetensors files: one definition for a directory and a publication, so they cannot drift apart."""
     h = hashlib.sha256()
-    for name in ("config.json", *TOKENIZER_FILES, "tokenizer_config.json", "chat_template.jinja"):
-        f = p / name
-        if f.is_file():
-            h.update(name.encode())
-            h.update(f.read_bytes())
-    for f in sorted(p.glob("*.safetensors")):
-        h.update(f.name.encode())
-        h.update(verify_safetensors(f)[0])
-        h.update(str(f.stat().st_size).encode())
+    for name, data in files:
+        h.update(name.encode())
+        h.update(data)
+    for name, header, size in weights:
+        h.update(name.encode())
+        h.update(header)
+        h.update(str(size).encode())
     return h.hexdigest()
 
 

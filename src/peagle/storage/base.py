@@ -11,6 +11,8 @@ Contract (both backends):
 * ``put_*`` return an :class:`ObjectInfo` (key, size, sha256 of what was sent) for manifests.
 * ``get_*`` take an optional expected ``sha256`` and raise :class:`ChecksumMismatchError`
   naming the object when the bytes differ; ``get_file`` only moves verified bytes into place.
+  ``get_range`` (part of an object, e.g. a file header) cannot be checked against a whole-object
+  checksum: its caller checks what it reads.
 * A missing object raises :class:`ObjectNotFoundError`; other failures :class:`StorageError`.
 * ``list``/``list_sizes`` match keys by plain string prefix (like S3), recursively.
 """
@@ -215,6 +217,23 @@ class Store(ABC):
                     raise ChecksumMismatchError(self.uri_for(key), sha256, actual, size)
         return dest
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """The ``length`` bytes of the object from byte ``start`` on: fewer where the object ends first,
+        none when ``start`` is at or past its end (like a file's ``seek`` + ``read``). For reading a
+        header without the whole object; ObjectNotFoundError if missing (also for ``length`` 0).
+
+        Not verified: a sha256 covers whole objects only, so the caller checks what it reads (a
+        format's own structure; the object's size from a manifest).
+        """
+        check_key(key)
+        for name, value in (("start", start), ("length", length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"get_range {self.uri_for(key)}: {name} must be an integer >= 0, got {value!r}")
+        if length == 0:  # an empty HTTP range is malformed, and servers then send the whole object
+            self._size(key)
+            return b""
+        return self._get_range(key, start, length)
+
     def hash_object(self, key: str) -> ObjectInfo:
         """Stream the stored object and return its size and sha256 (no local copy)."""
         return self._hash_object(check_key(key))
@@ -248,6 +267,10 @@ class Store(ABC):
 
     @abstractmethod
     def _get_bytes(self, key: str) -> bytes: ...
+
+    @abstractmethod
+    def _get_range(self, key: str, start: int, length: int) -> bytes:
+        """At most ``length`` (>= 1) bytes from ``start``; b"" from the object's end on."""
 
     @abstractmethod
     def _get_file(self, key: str, tmp: Path) -> None:

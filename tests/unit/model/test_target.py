@@ -19,6 +19,7 @@ from peagle.cli import main
 from peagle.config import DraftSettings
 from peagle.model import TargetError, check_draft_matches_target, init_draft, inspect_target, prepare_target
 from peagle.model.target import MANIFEST, fingerprint, read_target_tensors, resolve_mask_token_id
+from support.safetensors_damage import SAFETENSORS_DAMAGE, WEIGHTS, split_safetensors
 
 
 def _copy(src, tmp_path, name="t"):
@@ -125,84 +126,12 @@ def test_draft_inherits_rope_and_sliding_window_from_target(qwen3_target, llama_
 
 # ------------------------------------------------------------------ damaged safetensors (issue #29)
 
-WEIGHTS = "model.safetensors"
-
-
-def _split(f):
-    """(header dict, data bytes) of a safetensors file."""
-    raw = f.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
-
-
-def _join(f, header, data):
-    h = json.dumps(header).encode()
-    f.write_bytes(struct.pack("<Q", len(h)) + h + data)
-
-
-def _set_length(f, n):
-    raw = bytearray(f.read_bytes())
-    raw[:8] = struct.pack("<Q", n)
-    f.write_bytes(bytes(raw))
+# The corruptions and their messages: tests/support/safetensors_damage.py.
 
 
 def _truncate(f, size):
     with open(f, "r+b") as fh:
         fh.truncate(size)
-
-
-def _header_len(f):
-    return struct.unpack("<Q", f.read_bytes()[:8])[0]
-
-
-def _first_tensor(header):
-    return next(k for k in header if k != "__metadata__")
-
-
-def _shape_off(f):
-    header, data = _split(f)
-    name = _first_tensor(header)
-    header[name]["shape"] = [header[name]["shape"][0] + 1, *header[name]["shape"][1:]]
-    _join(f, header, data)
-
-
-def _offsets_past_end(f):
-    header, data = _split(f)
-    name = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1])
-    b, e = header[name]["data_offsets"]
-    header[name]["data_offsets"] = [b + 10 ** 9, e + 10 ** 9]
-    _join(f, header, data)
-
-
-def _overlap(f):
-    header, data = _split(f)
-    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
-    header[names[1]]["data_offsets"] = list(header[names[0]]["data_offsets"])
-    header[names[1]]["dtype"], header[names[1]]["shape"] = header[names[0]]["dtype"], header[names[0]]["shape"]
-    _join(f, header, data)
-
-
-def _bad_dtype(f):
-    header, data = _split(f)
-    header[_first_tensor(header)]["dtype"] = "Q9"
-    _join(f, header, data)
-
-
-# (corruption, what the message says): each leaves a file safetensors' loader rejects or misreads
-SAFETENSORS_DAMAGE = {
-    "absurd-header-length": (lambda f: _set_length(f, 2 ** 62), "header length"),
-    "negative-header-length": (lambda f: _set_length(f, 2 ** 64 - 1), "header length"),
-    "empty": (lambda f: _truncate(f, 0), "8-byte header length"),
-    "truncated-header": (lambda f: _truncate(f, 8 + _header_len(f) // 2), "header length"),
-    "header-not-json": (lambda f: f.write_bytes(f.read_bytes()[:8] + b"#" + f.read_bytes()[9:]), "not valid JSON"),
-    "header-not-object": (lambda f: _join(f, [1, 2], b""), "JSON object"),
-    "truncated-data": (lambda f: _truncate(f, f.stat().st_size - 100), "truncated"),
-    "trailing-bytes": (lambda f: f.write_bytes(f.read_bytes() + b"\0" * 64), "trailing"),
-    "shape-vs-offsets": (_shape_off, "data_offsets"),
-    "offsets-past-end": (_offsets_past_end, "data_offsets"),
-    "overlapping-tensors": (_overlap, "data_offsets"),
-    "unknown-dtype": (_bad_dtype, "dtype"),
-}
 
 
 @pytest.fixture
@@ -255,7 +184,7 @@ def test_intact_safetensors_pass_and_fingerprint_is_unchanged(qwen3_target):
 
 def test_sharded_index_naming_a_missing_file_is_refused(qwen3_target, tmp_path, capsys):
     d = _copy(qwen3_target, tmp_path)
-    header, _ = _split(d / WEIGHTS)
+    header, _ = split_safetensors(d / WEIGHTS)
     wm = {k: WEIGHTS for k in header if k != "__metadata__"}
     wm["lm_head.weight"] = "model-00002-of-00002.safetensors"
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
