@@ -5,7 +5,8 @@ Each function only imports and calls ``peagle.pipeline.refresh_steps`` (which ca
 ``peagle refresh``, :mod:`peagle.refresh.steps`) and declares what its stage published as a lineage
 pointer. :func:`build` wraps them with the image of their role; ``PROFILE_STEP`` names the cluster
 profile's step whose resources, retries and deadline each one takes (the default pipeline's stage
-doing the same work; the rollout its own step, "rollout": it waits for a canary window on the cluster).
+doing the same work; the trigger and the rollout their own small steps, "trigger" and "rollout": no
+scratch volume, and the rollout waits for a canary window on the cluster).
 """
 from typing import NamedTuple
 
@@ -13,7 +14,7 @@ from kfp.dsl import HTML, Dataset, Metrics, Model, Output
 
 IMAGES = {"refresh_trigger": "base", "refresh_select": "base", "refresh_prepare": "base", "refresh_extract": "vllm",
           "refresh_train": "trainer", "refresh_gate": "vllm", "refresh_rollout": "base"}
-PROFILE_STEP = {"refresh_trigger": "prepare", "refresh_select": "prepare", "refresh_prepare": "prepare",
+PROFILE_STEP = {"refresh_trigger": "trigger", "refresh_select": "prepare", "refresh_prepare": "prepare",
                 "refresh_extract": "extract", "refresh_train": "train", "refresh_gate": "evaluate",
                 "refresh_rollout": "rollout"}
 

@@ -6,10 +6,11 @@ Turns a window of captured traffic into a candidate draft, gates it against the 
 (:mod:`peagle.refresh.steps`); see docs/traffic.md. Built for a cluster profile like the default pipeline
 (``peagle_pipeline.py``): the same images by role, the same data connection mounted as files in every
 step, no caching, the profile's retries, and each step takes the resources and deadline of the default
-pipeline's stage doing that work (``components/refresh.py``: ``PROFILE_STEP``; the rollout the deploy
-step's); train runs on one GPU of the pool.
+pipeline's stage doing that work (``components/refresh.py``: ``PROFILE_STEP``; the trigger and the rollout
+their own steps, ``trigger`` and ``rollout``); train runs on one GPU of the pool.
 
-* The first step, ``refresh_trigger``, validates every setting before any GPU step, writes ``run.json``
+* The first step, ``refresh_trigger``, validates every setting before any GPU step (the rollout settings
+  against the rollout step's deadline too: the profile's, in ``PEAGLE_ROLLOUT_DEADLINE_S``), writes ``run.json``
   and decides whether a refresh is needed (:mod:`peagle.refresh.trigger`: enough new traffic, or live
   acceptance fell); ``trigger.json`` and the run's metrics say why. Not needed: every other step sits in
   ``dsl.If(go)`` and is skipped, and the run ends green -- what a recurring run does most of the time.
@@ -31,7 +32,7 @@ from kfp import dsl
 from components import refresh
 from peagle.pipeline.params import pipeline_docstring, pipeline_signature
 from peagle.pipeline.profile import IN_PROCESS_RETRY, ClusterProfile, apply_step
-from peagle.pipeline.refresh_params import REFRESH_MODELS, refresh_parameters
+from peagle.pipeline.refresh_params import REFRESH_MODELS, ROLLOUT_DEADLINE_ENV, refresh_parameters
 
 PIPELINE_NAME = "peagle-refresh"
 DESCRIPTION = ("Refresh a served P-EAGLE draft from the traffic it served, when needed (enough new traffic, or "
@@ -64,6 +65,8 @@ def build_pipeline(profile: ClusterProfile):
                                       data_connection=p.data_connection,
                                       **{name: getattr(p, name) for name in refresh_parameters()}),
                     "refresh_trigger", "trigger: refresh needed?")
+        # the rollout step's deadline, which the run's rollout settings must fit (checked by the trigger)
+        trig.set_env_variable(ROLLOUT_DEADLINE_ENV, str(profile.step("rollout").timeout_s))
         uri = trig.outputs["refresh_uri"]
         with dsl.If(trig.outputs["go"] == True, name="refresh-needed"):  # noqa: E712
             sel = step(c.refresh_select(refresh_uri=uri), "refresh_select", "select traffic")

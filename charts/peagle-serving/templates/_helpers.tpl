@@ -314,16 +314,30 @@ object (routing.kind) sends requests straight to the serving port, past any auth
 {{- if and (eq .Values.mode "kserve") (eq .Values.storage.type "dataConnection") (not .Values.kserve.openshiftAI) }}true{{ end -}}
 {{- end -}}
 
+{{/* The data connection (Secret) whose credentials fetch the model: storage.dataConnection.name, or
+     storage.uris.connection for separate URIs; "" for none. */}}
+{{- define "peagle-serving.connectionName" -}}
+{{- if eq .Values.storage.type "dataConnection" }}{{ .Values.storage.dataConnection.name }}
+{{- else if eq .Values.storage.type "uris" }}{{ .Values.storage.uris.connection }}{{ end -}}
+{{- end -}}
+
+{{/* Upstream KServe reads S3 credentials from the predictor's ServiceAccount: the chart's <name>-s3 one
+     carries the connection (a data connection, or storage.uris.connection without a serviceAccountName). */}}
+{{- define "peagle-serving.s3Credentials" -}}
+{{- $s := .Values.storage -}}
+{{- if include "peagle-serving.upstreamS3" . }}true
+{{- else if and (eq .Values.mode "kserve") (eq $s.type "uris") $s.uris.connection (not .Values.kserve.openshiftAI) (not $s.uris.serviceAccountName) }}true{{ end -}}
+{{- end -}}
+
 {{/* OpenShift AI's hardware (3.x) or accelerator (2.x) profile annotations. */}}
 {{- define "peagle-serving.profileAnnotations" -}}
 {{- $p := .Values.kserve.hardwareProfile -}}
 {{- if $p.kind -}}
 {{- if not $p.name }}{{ fail (printf "kserve.hardwareProfile.name is required with kserve.hardwareProfile.kind=%s" $p.kind) }}{{ end -}}
 {{- if eq $p.kind "hardwareProfile" }}
+{{- if not $p.namespace }}{{ fail "kserve.hardwareProfile.namespace is required with kserve.hardwareProfile.kind=hardwareProfile: without it OpenShift AI 3.x looks the profile up in the InferenceService's namespace and refuses it at admission; set the namespace the profile lives in (redhat-ods-applications on OpenShift AI, opendatahub on Open Data Hub, the project's own for a project-scoped profile)" }}{{ end }}
 opendatahub.io/hardware-profile-name: {{ $p.name }}
-{{- with $p.namespace }}
-opendatahub.io/hardware-profile-namespace: {{ . }}
-{{- end }}
+opendatahub.io/hardware-profile-namespace: {{ $p.namespace }}
 {{- else }}
 opendatahub.io/accelerator-name: {{ $p.name }}
 {{- end }}

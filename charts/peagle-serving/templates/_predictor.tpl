@@ -31,7 +31,7 @@ deploymentStrategy:
 # vLLM never calls the Kubernetes API (with auth on, OpenShift AI's proxy sidecar needs the token).
 automountServiceAccountToken: false
 {{- end }}
-{{- if $upstreamS3 }}
+{{- if include "peagle-serving.s3Credentials" . }}
 # Its secret is the data connection: KServe's storage initializer takes the S3 credentials from it.
 serviceAccountName: {{ include "peagle-serving.s3ServiceAccount" . }}
 {{- else if and (eq $s.type "uri") $s.uri.serviceAccountName }}

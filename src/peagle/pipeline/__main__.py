@@ -72,13 +72,15 @@ def _arguments(ns: argparse.Namespace, pipeline: str) -> dict:
         # s3:/// takes the bucket of the cluster's data connection, not ours; an empty base_data: no replay
         if isinstance(args.get(key), str) and (args[key] or key != "base_data"):
             check_uri(args[key], f"--param {key}", bucket_from_env=False)
-    if pipeline == "refresh":
-        return check_refresh_arguments(args)
     from .build import profile_path
     from .profile import load_profile
 
-    # an already compiled package's profile is not known here: its init_run checks the settings against it
-    beside = None if getattr(ns, "package", None) else load_profile(profile_path(ns.profile)).train_beside_extract
+    # an already compiled package's profile is not known here: its first step checks the settings against it
+    profile = None if getattr(ns, "package", None) else load_profile(profile_path(ns.profile))
+    if pipeline == "refresh":
+        deadline = None if profile is None else profile.step("rollout").timeout_s
+        return check_refresh_arguments(args, rollout_deadline_s=deadline)
+    beside = None if profile is None else profile.train_beside_extract
     return check_arguments(args, trainer_beside_extract=beside)
 
 

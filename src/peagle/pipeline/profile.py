@@ -32,13 +32,17 @@ from .training import TrainJobSettings
 
 DATA_CONNECTION_MOUNT = "/var/run/secrets/peagle/data-connection"  # the Secret as files (optional keys)
 STEPS = ("init_run", "regenerate", "prepare", "extract", "gpu_limit", "train", "train_launcher", "evaluate", "deploy",
-         "rollout")
+         "trigger", "rollout")
 SCRATCH_MOUNT = "/scratch"
 IN_PROCESS_RETRY = ("extract",)  # retried by the component itself: KFP ignores retries inside a ParallelFor
 # A step that waits for something with its own timeout outlives it by this much, so that it is the step,
 # not Kubernetes, that gives up (and, for the TrainJob launcher, suspends the job).
 LAUNCHER_MARGIN_S = 3600
 DEPLOY_MARGIN_S = 1800
+# The refresh's rollout step waits for a canary to serve, watches it for the canary window, then waits for the
+# promoted stable to serve; this margin is for the rest (the poll after the window ends, traffic weights, the
+# canary's removal, the registry and the loop history).
+ROLLOUT_MARGIN_S = 1800
 # OpenShift AI's profile annotations (3.x hardware profile, 2.x accelerator profile), with the rule the
 # serving chart's kserve.hardwareProfile applies to each value.
 HARDWARE_PROFILE_NAME = "opendatahub.io/hardware-profile-name"
@@ -46,6 +50,12 @@ HARDWARE_PROFILE_NAMESPACE = "opendatahub.io/hardware-profile-namespace"
 ACCELERATOR_NAME = "opendatahub.io/accelerator-name"
 _PROFILE_ANNOTATIONS = {HARDWARE_PROFILE_NAME: "dnsSubdomain", HARDWARE_PROFILE_NAMESPACE: "dnsLabel",
                         ACCELERATOR_NAME: "dnsSubdomain"}
+# odh-model-controller (internal/webhook/serving/hardwareprofile/resolver.go, ProfileRef) looks a hardware profile
+# up in the namespace its annotation names, else in the object's own (the project's), and refuses the object at
+# admission when the profile is not there: a global profile lives in the dashboard's namespace.
+HARDWARE_PROFILE_NAMESPACE_WHY = ("OpenShift AI 3.x looks a profile named alone up in the project and refuses the "
+                                  "InferenceService at admission")
+HARDWARE_PROFILE_NAMESPACES = "redhat-ods-applications (OpenShift AI) or opendatahub (Open Data Hub)"
 
 
 _SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -122,13 +132,18 @@ class Accelerator(StrictModel):
     @field_validator("annotations")
     @classmethod
     def _profile_names(cls, v: dict[str, str]) -> dict[str, str]:
-        """A hardware/accelerator profile name the serving chart (and Kubernetes) would refuse fails here."""
+        """A hardware/accelerator profile name the serving chart (and Kubernetes) would refuse fails here, and
+        so does a hardware profile named without its namespace (see :data:`HARDWARE_PROFILE_NAMESPACE_WHY`)."""
         for key, rule in _PROFILE_ANNOTATIONS.items():
             if key in v:
                 try:
                     check(rule, v[key])
                 except InvalidValue as e:
                     raise ValueError(f"{key}: {e}") from None
+        if v.get(HARDWARE_PROFILE_NAME) and not v.get(HARDWARE_PROFILE_NAMESPACE):
+            raise ValueError(f"{HARDWARE_PROFILE_NAME} {shorten(v[HARDWARE_PROFILE_NAME], 64)!r} needs "
+                             f"{HARDWARE_PROFILE_NAMESPACE} ({HARDWARE_PROFILE_NAMESPACE_WHY}): its namespace, e.g. "
+                             f"{HARDWARE_PROFILE_NAMESPACES}")
         return v
 
     def hardware_profile(self) -> dict[str, str] | None:
@@ -136,7 +151,7 @@ class Accelerator(StrictModel):
         a = self.annotations
         if a.get(HARDWARE_PROFILE_NAME):
             return {"kind": "hardwareProfile", "name": a[HARDWARE_PROFILE_NAME],
-                    "namespace": a.get(HARDWARE_PROFILE_NAMESPACE, "")}
+                    "namespace": a[HARDWARE_PROFILE_NAMESPACE]}
         if a.get(ACCELERATOR_NAME):
             return {"kind": "acceleratorProfile", "name": a[ACCELERATOR_NAME], "namespace": ""}
         return None
@@ -155,16 +170,45 @@ class StepResources(StrictModel):
 
 _H = 3600
 SCRATCH_STEPS = ("init_run", "regenerate", "prepare", "extract", "train", "evaluate")  # the steps that fetch models
+# The refresh pipeline's own steps fetch no model and run off the GPU pool, so they come with small CPU and
+# memory defaults (request = limit for memory); both hold traffic records in memory (the trigger the log's,
+# the rollout the canary window's), so a profile raises memory for a busy endpoint.
+_SMALL_STEPS = {"trigger": {"cpu": "1", "cpu_limit": "2", "memory": "4Gi"},
+                "rollout": {"cpu": "500m", "cpu_limit": "1", "memory": "2Gi"}}
 # GPU steps use the GPU pool even when a profile lists no resources for them. train_launcher's and
 # deploy's deadlines follow trainjob.timeout_s and serving.timeout_s (ClusterProfile.step).
 DEFAULT_STEPS = {name: StepResources(gpus=1 if name in ("regenerate", "extract", "evaluate") else 0,
-                                     scratch=name in SCRATCH_STEPS, timeout_s=timeout)
+                                     scratch=name in SCRATCH_STEPS, timeout_s=timeout, **_SMALL_STEPS.get(name, {}))
                  for name, timeout in (("init_run", 6 * _H), ("regenerate", 24 * _H), ("prepare", 6 * _H),
                                        ("extract", 24 * _H), ("gpu_limit", 900), ("train", 24 * _H),
                                        ("train_launcher", 25 * _H), ("evaluate", 12 * _H), ("deploy", _H),
-                                       # the refresh's rollout: canary window (rollout.window_s, default 1 h) and
-                                       # two waits for a ready deployment (rollout.ready_timeout_s each)
+                                       # the refresh's trigger: reads the traffic log and the loop history,
+                                       # fingerprints the target, validates the settings
+                                       ("trigger", 2 * _H),
+                                       # the refresh's rollout: must outlive rollout_deadline_needed (checked
+                                       # against the run's settings by check_rollout_deadline)
                                        ("rollout", 12 * _H))}
+
+
+def rollout_deadline_needed(window_s: float, ready_timeout_s: float, poll_s: float) -> int:
+    """Seconds the refresh's rollout step may need: a wait for the canary to serve, the canary window and
+    its last poll, a wait for the promoted stable to serve, and :data:`ROLLOUT_MARGIN_S`."""
+    return math.ceil(window_s + poll_s + 2 * ready_timeout_s) + ROLLOUT_MARGIN_S
+
+
+def check_rollout_deadline(window_s: float, ready_timeout_s: float, poll_s: float, timeout_s: int) -> None:
+    """Refuse rollout settings the rollout step's deadline (the cluster profile's ``steps.rollout.timeout_s``,
+    ``timeout_s``) cannot hold: Kubernetes would kill the step mid-canary, before it decides (ConfigError
+    naming both settings and their values)."""
+    needed = rollout_deadline_needed(window_s, ready_timeout_s, poll_s)
+    if needed > timeout_s:
+        raise ConfigError(
+            f"rollout.window_s={window_s:g} (the refresh's rollout_window_s) does not fit the rollout step's "
+            f"deadline: the cluster profile's steps.rollout.timeout_s={timeout_s} must hold rollout.window_s + "
+            f"rollout.poll_s={poll_s:g} + 2 x rollout.ready_timeout_s={ready_timeout_s:g} (the canary and the "
+            f"promoted stable each waited for) + {ROLLOUT_MARGIN_S} s = {needed} s: shorten rollout.window_s (or "
+            f"rollout.ready_timeout_s), or compile the refresh pipeline with a profile whose steps.rollout.timeout_s "
+            f"is at least {needed}")
 
 
 class Retry(StrictModel):
@@ -300,7 +344,7 @@ def _field_errors(exc: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             out.append(f"{where}: unknown key")
             continue
-        msg = shorten(e["msg"].removeprefix("Value error, "), 200)
+        msg = shorten(e["msg"].removeprefix("Value error, "), 300)
         got = "" if e["type"] == "value_error" else f" (got {short_repr(e.get('input'))})"
         out.append(f"{where}: {msg}{got}")
     if len(errors) > 10:

@@ -13,9 +13,16 @@ the same value, and is validated as that key is, so an error names the parameter
 The first step (``trigger``) resolves both once and writes ``<refresh>/run.json`` (:class:`RefreshRun`);
 later steps read it. ``rollout_routing`` (``none``: no rollout) and the stable deployment's
 ``deploy_name``/``deploy_namespace``/``deploy_mode`` are the last step's (``rollout``).
+
+The rollout step's deadline is the cluster profile's (``steps.rollout.timeout_s``), compiled into the
+pipeline, while the rollout settings arrive with the run: they meet in :func:`resolve_refresh`, which refuses
+settings the deadline cannot hold (:func:`peagle.pipeline.profile.check_rollout_deadline`) -- at submission,
+where the profile is known, and in the trigger step, before any GPU step, from :data:`ROLLOUT_DEADLINE_ENV`,
+which the compiled pipeline sets on the trigger's pod.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
@@ -25,6 +32,7 @@ from ..config import ConfigError, StrictModel
 from ..run_config import RunConfig
 from .params import (OBJECT_NAME, PIPELINE_OWNED, Covered, RunPlacement, _key_adapter, _schema_bounds, _validated,
                      config_with_params, parameter_types, schema_field)
+from .profile import check_rollout_deadline
 
 
 def _same(v: Any) -> Any:
@@ -46,6 +54,8 @@ REFRESH_COVERAGE: tuple[Covered, ...] = (
 ROLLOUT_ROUTINGS = ("none", "kserve-canary", "route", "httproute")
 # The refresh sets these itself: the warm start is the serving_draft parameter.
 REFRESH_OWNED = (*PIPELINE_OWNED, "train.init_from")
+# Set by the compiled refresh pipeline on its trigger step's pod: the rollout step's deadline in seconds.
+ROLLOUT_DEADLINE_ENV = "PEAGLE_ROLLOUT_DEADLINE_S"
 
 
 def _covering(key: str, **overrides: Any) -> Any:
@@ -72,8 +82,9 @@ class RefreshParams(StrictModel):
     gate_tolerance: float = _covering("gate.tolerance")
     rollout_routing: Literal["none", "kserve-canary", "route", "httproute"] = Field(
         "none", description="roll a candidate that passed the gate out beside the stable deployment and promote or "
-        "roll it back on live acceptance, splitting traffic by: 'kserve-canary', 'route' (OpenShift Route weights) "
-        "or 'httproute' (Gateway API weights), which becomes rollout.routing; 'none': no rollout")
+        "roll it back on live acceptance, splitting traffic by: 'route' (OpenShift Route weights), 'kserve-canary' "
+        "(KServe >= 0.20 with its Gateway API ingress) or 'httproute' (Gateway API weights), which becomes "
+        "rollout.routing; 'none': no rollout")
     rollout_canary_percent: int = _covering("rollout.canary_percent")
     rollout_min_requests: int = _covering("rollout.min_requests")
     rollout_window_s: float = _covering("rollout.window_s")
@@ -108,15 +119,35 @@ class RefreshRun(StrictModel):
     params: RefreshParams
     config: RunConfig
     window_note: str | None = None  # set when the trigger chose the window's start (refresh.since was empty)
+    # set when a promotion on record replaced the scheduled serving_draft (params.serving_draft is then the promoted)
+    serving_note: str | None = None
 
 
-def resolve_refresh(params: RefreshParams, config_text: str, refresh_uri: str) -> RefreshRun:
-    """Merge the typed parameters into the config YAML and validate everything (the module docstring's rules)."""
+def resolve_refresh(params: RefreshParams, config_text: str, refresh_uri: str, *,
+                    rollout_deadline_s: int | None = None) -> RefreshRun:
+    """Merge the typed parameters into the config YAML and validate everything (the module docstring's rules).
+    With a rollout, its settings must fit the rollout step's deadline: ``rollout_deadline_s``, else the one
+    :data:`ROLLOUT_DEADLINE_ENV` holds (None and unset: not known here, not checked)."""
     cfg = config_with_params(params, config_text, REFRESH_OWNED, REFRESH_COVERAGE,
                              "the refresh pipeline sets itself")
     if params.rollout_routing != "none":
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"routing": params.rollout_routing})})
+        deadline = rollout_deadline_s if rollout_deadline_s is not None else _deadline_from_env()
+        if deadline is not None:
+            r = cfg.rollout
+            check_rollout_deadline(r.window_s, r.ready_timeout_s, r.poll_s, deadline)
     return RefreshRun(refresh_uri=refresh_uri, params=params, config=cfg)
+
+
+def _deadline_from_env() -> int | None:
+    """The rollout step's deadline the compiled pipeline set in :data:`ROLLOUT_DEADLINE_ENV` (None: unset)."""
+    text = os.environ.get(ROLLOUT_DEADLINE_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ConfigError(f"{ROLLOUT_DEADLINE_ENV}={text[:40]!r} is not whole seconds (the rollout step's deadline, "
+                          "set by the compiled refresh pipeline)")
+    return int(text)
 
 
 def refresh_parameters() -> list[str]:
@@ -124,9 +155,10 @@ def refresh_parameters() -> list[str]:
     return list(RefreshParams.model_fields)
 
 
-def check_refresh_arguments(args: dict[str, Any]) -> dict[str, Any]:
+def check_refresh_arguments(args: dict[str, Any], *, rollout_deadline_s: int | None = None) -> dict[str, Any]:
     """The arguments of a refresh submission, validated as its first step validates them (ConfigError names
-    the parameter or config key); returned as the parameters' types."""
+    the parameter or config key); returned as the parameters' types. ``rollout_deadline_s``: the rollout step's
+    deadline of the profile the pipeline is compiled for (None: not known here)."""
     known = parameter_types(REFRESH_MODELS)
     unknown = [k for k in args if k not in known]
     if unknown:
@@ -134,5 +166,5 @@ def check_refresh_arguments(args: dict[str, Any]) -> dict[str, Any]:
                           + ", ".join(known))
     params = _validated(RefreshParams, {k: v for k, v in args.items() if k in RefreshParams.model_fields})
     placement = _validated(RunPlacement, {k: v for k, v in args.items() if k in RunPlacement.model_fields})
-    resolve_refresh(params, placement.config, "/refresh")
+    resolve_refresh(params, placement.config, "/refresh", rollout_deadline_s=rollout_deadline_s)
     return {k: getattr(params if k in RefreshParams.model_fields else placement, k) for k in args}

@@ -16,15 +16,18 @@ in place (a local directory); the steps get local paths.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..config import ConfigError
 from ..records.lineage import Lineage
 from ..stage_io import join
 from ..storage import check_uri, open_store
-from .connection import check_data_connection
+from ..storage.settings import with_mounted_connection
+from .connection import BUCKET_KEY, check_data_connection
+from .layout import bucket_and_key
 from .layout import run_uri as make_run_uri
 from .objects import read_json, write_json
 from .params import _validated, flatten
@@ -93,7 +96,7 @@ def trigger(*, output_root: str, run_name: str, job_id: str, config: str, data_c
     When it goes on with ``refresh.since`` empty, the window starts where the last refresh's ended (run.json's
     ``window_note`` says so). Returns the refresh URI every later step works on, and the decision.
     """
-    from ..model.target import fingerprint
+    from ..model.target import fingerprint_uri
     from ..refresh.trigger import (NOT_NEEDED, log_trigger_metrics, run_trigger, trigger_document,
                                    window_from_trigger, write_trigger)
 
@@ -105,9 +108,13 @@ def trigger(*, output_root: str, run_name: str, job_id: str, config: str, data_c
         check_uri(output_root, "output_root")
         uri = make_run_uri(output_root, run_name, job_id)
         run = resolve_refresh(p, config, uri)
-        decision = run_trigger(run.config, target_fingerprint=fingerprint(local(p.target)), now=now)
+        target_fingerprint = fingerprint_uri(p.target)  # the small files and weight headers only
+        decision = run_trigger(run.config, target_fingerprint=target_fingerprint, now=now)
         cfg, note = window_from_trigger(run.config, decision)
-        run = run.model_copy(update={"config": cfg, "window_note": note})
+        run = serving_draft_on_record(run.model_copy(update={"config": cfg, "window_note": note}),
+                                      target_fingerprint)
+        if run.serving_note:
+            print(f"trigger: {run.serving_note}", flush=True)
         write_json(join(uri, RUN_JSON), run.model_dump(mode="json"))
         write_trigger(trigger_document(decision, cfg, note), uri)
         if metrics is not None:
@@ -117,6 +124,29 @@ def trigger(*, output_root: str, run_name: str, job_id: str, config: str, data_c
             print(f"trigger: {line}", flush=True)
         print(f"refresh {uri}: {'refresh needed' if decision.go else NOT_NEEDED + ': the run ends here'}", flush=True)
     return uri, decision
+
+
+def serving_draft_on_record(run: RefreshRun, target_fingerprint: str) -> RefreshRun:
+    """``run`` serving the newest promoted draft of this target when the loop history has one that is not the
+    scheduled ``serving_draft`` (``serving_note`` says so): a schedule names the draft served when it was made,
+    and every promotion since replaced it. The warm start, the gate's baseline and the rollout's stable are
+    then the promoted draft, so a second scheduled run after a promotion can roll out again."""
+    from ..records.history import LoopHistory, history_uri
+    from ..records.identity import identify_draft
+    from ..refresh.trigger import newest_promotion
+
+    cfg = run.config
+    promoted = newest_promotion(LoopHistory(history_uri(cfg.rollout.history, cfg.refresh.traffic)))
+    if promoted is None or promoted.target_fingerprint not in (None, target_fingerprint):
+        return run
+    scheduled = run.params.serving_draft
+    if identify_draft(scheduled).fingerprint == promoted.fingerprint:
+        return run
+    note = (f"serving draft {promoted.draft.uri} ({promoted.fingerprint}), promoted {promoted.promoted_at} "
+            f"(decision {promoted.decision_id}), not the scheduled serving_draft {scheduled}: the newest promotion "
+            "on record serves")
+    params = run.params.model_copy(update={"serving_draft": promoted.draft.uri})
+    return run.model_copy(update={"params": params, "serving_note": note})
 
 
 def select(refresh_uri: str) -> dict[str, Any]:
@@ -194,27 +224,52 @@ def gate(refresh_uri: str, metrics: Any = None, html: Any = None) -> bool:
 
 
 
-def _serving_values(run: RefreshRun, candidate_uri: str, mode: str, data_connection: str,
-                    serving: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(stable values, candidate values): the chart values the default pipeline's deploy step gave the stable
-    (the serving draft's run: ``<run>/models`` through the data connection, its ``num_speculative_tokens``
-    from ``<run>/run.json``, the profile's serving settings) and the candidate's model source over them.
+def _absolute_s3(uri: str, data_connection: str, env: Mapping[str, str] | None = None) -> str:
+    """``uri`` naming its bucket: a bucketless ``s3:///key`` (the data connection's own bucket, as the steps read
+    it) gets the connection's ``AWS_S3_BUCKET``. KServe's storage initializer reads the bucket from the URI."""
+    bucket, key = bucket_and_key(uri)
+    if bucket:
+        return uri
+    keys = with_mounted_connection(os.environ if env is None else env)
+    if not keys.get(BUCKET_KEY):
+        raise ConfigError(f"{uri} names no bucket and the data connection {data_connection or '(none)'} has no "
+                          f"{BUCKET_KEY}: the serving pods could not fetch it; name the bucket in output_root")
+    return f"s3://{keys[BUCKET_KEY]}/{key}"
 
-    The candidate lives under the refresh (``<refresh>/draft``), away from the target, so it is served from
-    two URIs (KServe >= 0.16 ``storageUris``, kserve mode only)."""
+
+def _serving_values(run: RefreshRun, candidate_uri: str, mode: str, data_connection: str, serving: str,
+                    env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(stable values, candidate values): the chart values the stable serves with and the candidate's model
+    source over them.
+
+    The stable is the default pipeline's deployment of the base run (``<run>``: the target's run,
+    ``<run>/models/target``): ``<run>/models`` through the data connection, its ``num_speculative_tokens`` from
+    ``<run>/run.json``, the profile's serving settings -- serving ``<run>/models/draft``, or, once a refresh was
+    promoted (the serving draft is then that refresh's draft, :func:`trigger`), serving it as the promotion
+    left it: the candidate's model source below with that draft.
+
+    A candidate lives under its refresh (``<refresh>/draft``), away from the target, so it is served from two
+    URIs (KServe >= 0.16 ``storageUris``, kserve mode only), each naming its bucket, fetched with the data
+    connection's credentials (chart value ``storage.uris.connection``: OpenShift AI's
+    ``opendatahub.io/connections`` annotation, or upstream KServe's ServiceAccount)."""
     from ..deploy import values_for
     from ..deploy.render import deep_merge
+    from ..records.identity import identify_draft
     from .deployment import ServingSettings, draft_fingerprint, model_location
     from .layout import RunLayout
 
-    serving_draft = run.params.serving_draft.rstrip("/")
-    if not serving_draft.endswith("/models/draft"):
-        raise ConfigError(f"serving_draft {serving_draft} is not a run's published draft (<run>/models/draft): "
-                          "the rollout serves the stable as the default pipeline deployed it")
     if mode != "kserve":
         raise ConfigError(f"deploy_mode={mode}: the candidate ({candidate_uri}) is not under one prefix with the "
                           "target, which only KServe's storageUris serves; roll out with deploy_mode=kserve")
-    layout = RunLayout(serving_draft[: -len("/models/draft")])
+    serving_draft, target = run.params.serving_draft.rstrip("/"), run.params.target.rstrip("/")
+    if serving_draft.endswith("/models/draft"):
+        layout = RunLayout(serving_draft[: -len("/models/draft")])
+    elif target.endswith("/models/target"):
+        layout = RunLayout(target[: -len("/models/target")])
+    else:
+        raise ConfigError(f"serving_draft {serving_draft} is not a run's published draft (<run>/models/draft) and "
+                          f"target {target} is not a run's published target (<run>/models/target): the rollout "
+                          "serves the stable as the default pipeline deployed it")
     k = read_json(join(layout.root, RUN_JSON))["params"]["num_speculative_tokens"]
     s = ServingSettings.model_validate(json.loads(serving or "{}"))
     bucket, path = model_location(layout)
@@ -223,19 +278,31 @@ def _serving_values(run: RefreshRun, candidate_uri: str, mode: str, data_connect
                         max_model_len=s.max_model_len,
                         draft_fingerprint=draft_fingerprint(layout),
                         extra_args=s.extra_args, extra_values=[s.values] if s.values else [])
-    source = {"storage": {"type": "uris", "uris": {"target": layout.target, "draft": candidate_uri,
-                                                   "serviceAccountName": ""}}}
-    return stable, deep_merge({key: v for key, v in stable.items() if key != "storage"}, source)
+
+    def source(draft: str) -> dict[str, Any]:
+        uris = {"target": _absolute_s3(layout.target, data_connection, env),
+                "draft": _absolute_s3(draft, data_connection, env)}
+        if data_connection:
+            uris["connection"] = data_connection
+        return {"storage": {"type": "uris", "uris": uris}}
+
+    if serving_draft != layout.draft.rstrip("/"):  # a promoted refresh's draft, served as its promotion left it
+        stable = deep_merge(stable, deep_merge(source(serving_draft), {"speculative": {
+            "draftFingerprint": identify_draft(serving_draft).fingerprint}}))
+    return stable, deep_merge({key: v for key, v in stable.items() if key != "storage"}, source(candidate_uri))
 
 
 def rollout(refresh_uri: str, candidate_uri: str, *, routing: str, name: str, namespace: str, mode: str,
-            data_connection: str, serving: str = "", metrics: Any = None, apis: Any = None) -> str:
+            data_connection: str, serving: str = "", metrics: Any = None, apis: Any = None,
+            **timing: Any) -> str:
     """Roll the gated candidate out beside the stable deployment ``name`` and promote or roll it back on live
     acceptance (:func:`peagle.rollout.controller.run_rollout` over
     :class:`peagle.rollout.cluster.ClusterBackend`, assembled as ``peagle rollout`` assembles it); the decision
     is published under ``<refresh>/rollout/`` (as its manifest metadata), to the loop history and to ``metrics``.
     Returns ``promote``, ``rollback`` or ``skipped`` (``routing`` none, or the gate did not pass: said in the
-    log). ``serving``: the profile's serving settings (JSON)."""
+    log). ``serving``: the profile's serving settings (JSON). A failure or SIGTERM before a decision to promote
+    removes the canary (:meth:`peagle.rollout.assemble.ClusterRollout.run`, ``clean_up``); ``timing``: its
+    ``clock``/``sleep`` (tests)."""
     with stage("refresh.rollout") as info:
         if routing == "none":
             print(f"rollout_routing=none: the candidate {candidate_uri} is not rolled out (skipped)", flush=True)
@@ -264,7 +331,7 @@ def rollout(refresh_uri: str, candidate_uri: str, *, routing: str, name: str, na
         settings = cfg.rollout.model_copy(update={"routing": routing})
         decision = plan.run(apis, traffic=cfg.refresh.traffic, settings=settings,
                             target_fingerprint=lineage.target.fingerprint,
-                            stable_draft=run.params.serving_draft, out=refresh_uri)
+                            stable_draft=run.params.serving_draft, out=refresh_uri, clean_up=True, **timing)
         if metrics is not None:
             log_decision_metrics(decision, metrics)
         info["decision"] = decision.decision

@@ -47,13 +47,20 @@ NOT_NEEDED = "not needed"
 RunConfigT = TypeVar("RunConfigT", bound=RefreshRunConfig)  # window_from_trigger returns the caller's type
 
 
-def _promotion_figures(history: "LoopHistory") -> tuple[str | None, float | None]:
-    """(fingerprint, live candidate AL) of the newest promotion on record (read strictly: a damaged record is a
-    :class:`~peagle.records.promotion.PromotionError` naming it and the field); (None, None) without one."""
+def newest_promotion(history: "LoopHistory") -> PromotionRecord | None:
+    """The newest promotion on record (read strictly: a damaged record is a
+    :class:`~peagle.records.promotion.PromotionError` naming it and the field); None without one."""
     keys = history.keys(PROMOTION)
     if not keys:
+        return None
+    return PromotionRecord.from_dict(history.read(keys[-1]), history.store.uri_for(keys[-1]))
+
+
+def _promotion_figures(history: "LoopHistory") -> tuple[str | None, float | None]:
+    """(fingerprint, live candidate AL) of the newest promotion on record; (None, None) without one."""
+    record = newest_promotion(history)
+    if record is None:
         return None, None
-    record = PromotionRecord.from_dict(history.read(keys[-1]), history.store.uri_for(keys[-1]))
     return fingerprint_of(record.fingerprint), record.live.candidate.acceptance_length.value
 
 

@@ -8,8 +8,13 @@ model source into the :class:`~.objects.Candidate` and :class:`~.objects.Rollout
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from ..config import ConfigError
 from ..records.decision import Decision
@@ -22,7 +27,7 @@ from ..storage import StorageError, open_store, publish
 from ..gate.report import GateResult
 from ..traffic.log import TrafficLog
 from .cluster import ClusterBackend
-from .controller import run_rollout
+from .controller import RolloutError, abort_rollout, run_rollout, utc_now
 from .objects import Candidate, RolloutObjects
 from .settings import RolloutSettings
 
@@ -49,19 +54,75 @@ class ClusterRollout:
 
     def run(self, apis: "Apis", *, traffic: str, settings: "RolloutSettings", target_fingerprint: str | None,
             stable_draft: str, out: str | None = None, say: Callable[[str], None] = print,
-            on_decision: Callable[["Decision"], None] | None = None) -> "Decision":
+            on_decision: Callable[["Decision"], None] | None = None, clean_up: bool = False,
+            clock: Callable[[], datetime] = utc_now, sleep: Callable[[float], None] = time.sleep) -> "Decision":
         """Roll the candidate out on the cluster behind ``apis`` and decide on the live records in the traffic
         log ``traffic``; the loop history is ``history_uri(settings.history, traffic)``. With ``out`` the decision is
         published under ``<out>/rollout/`` (``decision.json``; the decision is also the manifest's metadata) and a
-        promotion under ``<out>/promotion/``."""
-        backend = ClusterBackend(apis, self.objects, ready_timeout_s=settings.ready_timeout_s, say=say)
-        decision = run_rollout(backend, self.candidate, traffic=TrafficLog(traffic), settings=settings,
-                               history=LoopHistory(history_uri(settings.history, traffic)),
-                               target_fingerprint=target_fingerprint, stable_draft=stable_draft, say=say,
-                               on_decision=on_decision, out=out)
+        promotion under ``<out>/promotion/``.
+
+        ``clean_up`` (the pipeline's step, whose pod holds no one's terminal): when the rollout fails, or SIGTERM
+        stops it (the run terminated, the step past its deadline), before a ``promote`` decision is on record,
+        the canary is removed -- its GPU freed, all traffic to the untouched stable -- and the error raised.
+        After a ``promote`` decision it is left: the stable may be restarting while the canary answers
+        everything, and a rerun finishes the promotion (the command's own rule: docs/traffic.md, "An
+        interrupted rollout"). ``clock``/``sleep``: injectable for tests."""
+        backend = ClusterBackend(apis, self.objects, ready_timeout_s=settings.ready_timeout_s, say=say, now=clock)
+        history = LoopHistory(history_uri(settings.history, traffic))
+        with _sigterm_raises(clean_up):
+            try:
+                decision = run_rollout(backend, self.candidate, traffic=TrafficLog(traffic), settings=settings,
+                                       history=history, target_fingerprint=target_fingerprint,
+                                       stable_draft=stable_draft, say=say, on_decision=on_decision, out=out,
+                                       clock=clock, sleep=sleep)
+            except (Exception, RolloutTerminated) as exc:
+                if clean_up:
+                    self._clean_up(backend, history, say, exc)
+                raise
         if out:
             publish_decision(decision, out)
         return decision
+
+    def _clean_up(self, backend: ClusterBackend, history: LoopHistory, say: Callable[[str], None],
+                  exc: BaseException) -> None:
+        fp = self.candidate.fingerprint
+        promoting = history.latest("decision", lambda d: ((d.get("versions") or {}).get("candidate") or {}).get(
+            "fingerprint") == fp and d.get("decision") == "promote") is not None
+        if promoting:
+            say(f"the rollout stopped ({exc}) after the decision to promote draft {fp}: the canary is left serving "
+                "while the stable may restart; a rerun finishes the promotion")
+            return
+        say(f"the rollout stopped ({exc}) before a decision to promote draft {fp}: removing its canary")
+        try:
+            abort_rollout(backend, say=say)
+        except Exception as cleanup_exc:  # the original error is what the step reports
+            say(f"could not remove the canary of draft {fp}: {cleanup_exc}; `peagle rollout --abort` removes it")
+
+
+class RolloutTerminated(RolloutError):
+    """SIGTERM stopped the rollout (the run was terminated, or its step passed its deadline)."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises(active: bool) -> Iterator[None]:
+    """While inside (``active``, main thread only: only it may set signal handlers): the first SIGTERM raises
+    :class:`RolloutTerminated`, so the clean-up runs before the pod is killed; a second one does not interrupt
+    it."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum, frame):  # noqa: ARG001
+        if not fired:
+            fired.append(signum)
+            raise RolloutTerminated("SIGTERM: the step was stopped")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def publish_decision(decision: "Decision", out: str) -> str:

@@ -10,7 +10,13 @@
    itself as the manifest metadata (:func:`read_promotion` reads it back);
 3. the loop history (kind ``promotion``) -- last, because it is what a rerun looks at: until it is there,
    a rerun does 1 and 2 again, and both are idempotent (the registry version is found and reused, the
-   prefix republished). A decision already recorded returns its record and writes nothing.
+   prefix republished). A decision already recorded returns its record and writes nothing -- unless the
+   record has no registration while a registry is configured: then it is registered again, and the
+   registered record is published and appended (the newest record of a decision is the one that counts).
+
+The promotion has happened when this runs (the stable serves the draft), so a registry that fails does not
+keep it out of the loop history (the next trigger compares live acceptance with it): the record is
+published and appended with ``registry`` null, and then the registry's error is raised, saying so.
 
 The record itself (its layout, strict reading) is :class:`peagle.records.promotion.PromotionRecord`.
 """
@@ -28,7 +34,7 @@ from ..records.promotion import PROMOTION_FORMAT, PromotionError, PromotionRecor
 from ..stage_io import is_remote, join
 from ..storage import open_dataset, open_store, publish
 from ..gate.report import TRAFFIC, GateResult
-from .registry import ModelRegistryClient, Property
+from .registry import ModelRegistryClient, ModelRegistryError, Property
 from .settings import RegistrySettings
 
 if TYPE_CHECKING:
@@ -81,18 +87,32 @@ def record_promotion(decision: "Decision", candidate: "Candidate", *, history: "
         raise PromotionError(f"decision {decision.id} is {decision.decision!r}, not 'promote': nothing to record")
     recorded = history.latest(PROMOTION, lambda doc: doc.get("decision_id") == decision.id)
     if recorded is not None:
-        return PromotionRecord.from_dict(recorded, f"{history.uri}/{PROMOTION} (decision {decision.id})")
-    record = promotion_record(decision, candidate, lineage_uri=lineage_uri)
+        record = PromotionRecord.from_dict(recorded, f"{history.uri}/{PROMOTION} (decision {decision.id})")
+        if record.registry is not None or not registry.url:  # nothing left to do
+            return record
+        # on record without a registration (the registry failed then): register it now, record it again
+    else:
+        record = promotion_record(decision, candidate, lineage_uri=lineage_uri)
+    failure = None
     if registry.url:
-        client = ModelRegistryClient.from_settings(registry, env)
-        registration = client.register(
-            model_name=registry.model_name or _default_model_name(record.target_fingerprint),
-            version_name=record.fingerprint, uri=record.draft.uri, properties=registry_properties(record),
-            description=_summary(record))
-        record = record.replace(registry=registration)
+        try:
+            client = ModelRegistryClient.from_settings(registry, env)
+            registration = client.register(
+                model_name=registry.model_name or _default_model_name(record.target_fingerprint),
+                version_name=record.fingerprint, uri=record.draft.uri, properties=registry_properties(record),
+                description=_summary(record))
+            record = record.replace(registry=registration)
+        except (ModelRegistryError, PromotionError) as exc:  # the registry failed, or names no model
+            if recorded is not None:  # on record already, unregistered: nothing new to write
+                raise
+            failure = exc
     if out:
         publish_promotion(record, out)
     history.append(PROMOTION, record)
+    if failure is not None:
+        raise type(failure)(f"draft {record.fingerprint} is promoted and recorded in the loop history without a "
+                            f"registration (registry: null), but registering it failed: {failure}; a rerun of "
+                            "the rollout registers it") from None
     return record
 
 

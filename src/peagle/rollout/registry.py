@@ -13,6 +13,11 @@ Custom properties are a flat ``{name: str | int | float | bool}``: each becomes 
 ``MetadataValue`` (``MetadataStringValue``, ``MetadataIntValue`` -- an int32 carried as a string --,
 ``MetadataDoubleValue``, ``MetadataBoolValue``); ``None`` values are left out.
 
+The bearer token (:func:`bearer_token`) is the variable ``rollout.registry.token_env`` when it is set, else
+the pod's ServiceAccount token (:data:`SERVICE_ACCOUNT_TOKEN`, what the Kubeflow Model Registry's own
+Python client falls back to: a pipeline step's pod has it, and no step sets the variable), else none (no
+Authorization header: a registry without authentication). A 401 or 403 says which token was sent.
+
 Errors are :class:`ModelRegistryError` naming the method, the endpoint and the HTTP status (or the network
 failure); the bearer token never appears in them (it is replaced by ``***`` should a server echo it).
 No redirect is followed: urllib's would carry the Authorization header to wherever it points.
@@ -23,6 +28,7 @@ import json
 import math
 import os
 import urllib.parse
+from pathlib import Path
 from typing import Any, Mapping
 
 from ..config import shorten
@@ -37,6 +43,8 @@ MODEL_FORMAT_NAME = "peagle-p-eagle-draft"  # what the artifact is: a vLLM-forma
 MODEL_ARTIFACT = "model-artifact"  # the API's artifactType discriminator
 _INT32_DIGITS = 9  # MetadataIntValue.int_value: "^-?([1-9][0-9]{0,8}|0)$"
 _MESSAGE_LIMIT = 300  # characters of a server's error body shown in an error
+# Mounted in every pod whose ServiceAccount token is not switched off (automountServiceAccountToken).
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 Property = str | int | float | bool | None
 
@@ -70,25 +78,52 @@ def custom_properties(flat: Mapping[str, Property]) -> dict[str, dict[str, Any]]
     return {name: metadata_value(name, value) for name, value in flat.items() if value is not None}
 
 
+def bearer_token(settings: RegistrySettings, env: Mapping[str, str],
+                 service_account_token: str | os.PathLike) -> tuple[str | None, str]:
+    """``(token, where it came from)``: the variable ``settings.token_env`` when it is set and not empty,
+    else the ServiceAccount token file when there is one, else ``(None, why none)``. The second item names
+    the source for messages, never the token. A token file that is there but cannot be read is an error."""
+    if env.get(settings.token_env):
+        return env[settings.token_env], f"the variable {settings.token_env}"
+    path = Path(service_account_token)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None, f"none: {settings.token_env} is not set and there is no ServiceAccount token at {path}"
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelRegistryError(f"the ServiceAccount token {path} cannot be read ({type(exc).__name__}); "
+                                 f"set {settings.token_env} to the registry's bearer token instead") from None
+    if not token:
+        return None, f"none: {settings.token_env} is not set and the ServiceAccount token {path} is empty"
+    return token, f"the pod's ServiceAccount token ({path}; {settings.token_env} is not set)"
+
+
 class ModelRegistryClient:
     """The few calls of the Model Registry REST API a promotion makes (see the module docstring)."""
 
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0, verify_tls: bool = True):
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0, verify_tls: bool = True,
+                 token_source: str = ""):
+        """``token_source``: where ``token`` came from (never the token), said when the registry answers
+        401 or 403."""
         base = url.rstrip("/")
         if not base.startswith(("http://", "https://")):
             raise ModelRegistryError(f"Model Registry URL {strip_userinfo(url)!r} is not an http(s) URL")
         self.url = base.removesuffix(API_PREFIX)
         self.timeout_s = timeout_s
+        self.token_source = token_source or ("a token given to the client" if token else "none")
         # no redirect is followed: urllib's would carry the Authorization header to wherever it points
         self._http = JsonHttpClient(timeout_s=timeout_s, token=token, verify_tls=verify_tls,
                                     follow_redirects=False)
 
     @classmethod
-    def from_settings(cls, settings: RegistrySettings, env: Mapping[str, str] | None = None) -> "ModelRegistryClient":
-        """A client of ``settings.url``, its bearer token read from the variable ``settings.token_env``
-        (unset or empty: no Authorization header)."""
+    def from_settings(cls, settings: RegistrySettings, env: Mapping[str, str] | None = None, *,
+                      service_account_token: str | os.PathLike | None = None) -> "ModelRegistryClient":
+        """A client of ``settings.url`` with the bearer token :func:`bearer_token` finds: the variable
+        ``settings.token_env`` of ``env`` (default ``os.environ``), else the ServiceAccount token file
+        ``service_account_token`` (default :data:`SERVICE_ACCOUNT_TOKEN`), else no Authorization header."""
         env = os.environ if env is None else env
-        return cls(settings.url, env.get(settings.token_env) or None, settings.timeout_s, settings.verify_tls)
+        token, source = bearer_token(settings, env, service_account_token or SERVICE_ACCOUNT_TOKEN)
+        return cls(settings.url, token, settings.timeout_s, settings.verify_tls, token_source=source)
 
     # -- the objects ------------------------------------------------------------------------------
     def registered_model(self, name: str, *, description: str = "") -> dict[str, Any]:
@@ -168,6 +203,8 @@ class ModelRegistryClient:
                     "that answers")) from None
             # the token is masked in the whole body first: a cut could leave a prefix of it unmasked
             message = self._redact(_server_message(exc.body))[:_MESSAGE_LIMIT]
+            if exc.status in (401, 403):  # which token was refused (where it came from, never its value)
+                message += f" (authorization sent: {self.token_source})"
             raise ModelRegistryError(self._redact(f"{shown}: HTTP {exc.status} {exc.reason}: {message}")) from None
         except InvalidJsonError as exc:
             raise ModelRegistryError(f"{shown}: the answer is not JSON ({exc.size} bytes)") from None

@@ -21,7 +21,8 @@ class RegistrySettings(StrictModel):
     model_name: str = Field("", description="registered model the promoted drafts are versions of "
                             "(\"\": peagle-draft-<first 12 digits of the target fingerprint>)")
     token_env: str = Field("PEAGLE_REGISTRY_TOKEN",
-                           description="environment variable holding the bearer token (never stored in the config)")
+                           description="environment variable holding the bearer token (never stored in the config); "
+                           "unset: the pod's ServiceAccount token")
     timeout_s: float = Field(30.0, gt=0, le=600, description="limit of each request to the registry")
     verify_tls: bool = Field(True, description="verify the registry's TLS certificate")
 

@@ -153,12 +153,15 @@ def test_registry_errors_name_the_endpoint_and_status_never_the_token(tmp_path, 
     message = str(err.value)
     assert "POST" in message and "/api/model_registry/v1alpha3/registered_models/" in message
     assert "HTTP 500" in message and TOKEN not in message
-    assert history.all(PROMOTION) == []  # not recorded: a rerun registers again
+    # the promotion happened: it is recorded, without a registration (and says so); a rerun registers again
+    assert "recorded in the loop history without a registration" in message
+    assert [d["registry"] for d in history.all(PROMOTION)] == [None]
 
     with pytest.raises(ModelRegistryError) as err:  # wrong token: 401, and the token stays out of the message
         record_promotion(decision, candidate, history=history, registry=settings_of(standin),
                          env={"TEST_REGISTRY_TOKEN": "wrong-" + TOKEN})
     assert "HTTP 401" in str(err.value) and "wrong-" + TOKEN not in str(err.value)
+    assert "(authorization sent: the variable TEST_REGISTRY_TOKEN)" in str(err.value)
 
     standin.fail("GET", "/registered_model", 503)  # a token in the endpoint shown (here: the query) is redacted
     client = ModelRegistryClient(standin.url, TOKEN)
@@ -172,7 +175,87 @@ def test_registry_errors_name_the_endpoint_and_status_never_the_token(tmp_path, 
     with pytest.raises(ModelRegistryError, match="cannot reach the registry") as err:
         ModelRegistryClient(url, TOKEN, timeout_s=5).registered_model("m")
     assert TOKEN not in str(err.value)
-    assert history.all(PROMOTION) == []
+    assert [d["registry"] for d in history.all(PROMOTION)] == [None]  # the failed reruns wrote nothing more
+
+
+def test_a_registry_failure_after_the_promotion_still_records_it_and_a_rerun_registers_it(tmp_path, standin):
+    """The stable serves the draft once record_promotion runs: a failing registry must not keep the promotion
+    out of the loop history (the trigger compares live acceptance with it), and a rerun registers it."""
+    history = LoopHistory(str(tmp_path / "history"))
+    decision, candidate = promotion_case(tmp_path, "888888888888")
+    out = str(tmp_path / "run")
+    standin.fail("GET", "/registered_model", 503)
+    with pytest.raises(ModelRegistryError, match="HTTP 503.*a rerun of the rollout registers it"):
+        record_promotion(decision, candidate, history=history, registry=settings_of(standin), out=out, env=ENV)
+    (first,) = history.all(PROMOTION)
+    assert first["registry"] is None and first["decision_id"] == decision.id
+    assert read_promotion(f"{out}/promotion").registry is None  # published as recorded: truthful
+    assert history.latest(PROMOTION)["draft"]["fingerprint"] == "888888888888"  # what the next trigger reads
+    assert standin.registered_models == {}
+
+    again = record_promotion(decision, candidate, history=history, registry=settings_of(standin), out=out, env=ENV)
+    assert again.registry is not None and again.registry.reused_version is False
+    assert again.promoted_at == first["promoted_at"]  # the same promotion, now registered
+    assert [d["registry"] is None for d in history.all(PROMOTION)] == [True, False]
+    assert read_promotion(f"{out}/promotion") == again
+    assert [v["name"] for v in standin.versions_of(f"peagle-draft-{TARGET_FP[:12]}")] == ["888888888888"]
+    # registered now: a further rerun writes and registers nothing
+    assert record_promotion(decision, candidate, history=history, registry=settings_of(standin), env=ENV) == again
+    assert len(history.all(PROMOTION)) == 2 and len(standin.versions_of(f"peagle-draft-{TARGET_FP[:12]}")) == 1
+
+
+def test_the_token_is_the_variable_else_the_service_account_token_else_none(tmp_path, standin):
+    """As the Kubeflow Model Registry's Python client: without the variable (nothing sets it in a pipeline
+    step's pod) the pod's ServiceAccount token is the bearer token; without either, no Authorization header."""
+    sa_token = tmp_path / "serviceaccount" / "token"
+    sa_token.parent.mkdir()
+    sa_token.write_text(TOKEN + "\n")
+    settings = settings_of(standin)
+    from_env = ModelRegistryClient.from_settings(settings, ENV, service_account_token=tmp_path / "none")
+    assert from_env.registered_model("m")["name"] == "m"
+    from_file = ModelRegistryClient.from_settings(settings, {}, service_account_token=sa_token)
+    assert from_file.registered_model("m")["name"] == "m"  # the stand-in answers 401 to any other token
+    sa_token.write_text("other-service-account-token")  # the variable wins over the file
+    assert ModelRegistryClient.from_settings(settings, ENV, service_account_token=sa_token).registered_model("m")
+
+    with pytest.raises(ModelRegistryError, match=r"HTTP 401") as err:  # refused: says which token was sent
+        ModelRegistryClient.from_settings(settings, {}, service_account_token=sa_token).registered_model("m")
+    assert "ServiceAccount token" in str(err.value) and str(sa_token) in str(err.value)
+    assert "other-service-account-token" not in str(err.value)
+    with pytest.raises(ModelRegistryError, match=r"HTTP 401.*TEST_REGISTRY_TOKEN is not set and there is no "
+                                                 r"ServiceAccount token at"):
+        ModelRegistryClient.from_settings(settings, {}, service_account_token=tmp_path / "none").registered_model("m")
+
+    open_registry = _Answer(200, b'{"id": "1", "name": "m"}', {"Content-Type": "application/json"})
+    try:
+        ModelRegistryClient.from_settings(settings.model_copy(update={"url": open_registry.url}), {},
+                                          service_account_token=tmp_path / "none").registered_model("m")
+        ModelRegistryClient.from_settings(settings.model_copy(update={"url": open_registry.url}), {},
+                                          service_account_token=sa_token).registered_model("m")
+    finally:
+        open_registry.close()
+    assert open_registry.authorization == [None, "Bearer other-service-account-token"]
+
+
+def test_the_service_account_token_is_the_default_of_a_promotion(tmp_path, standin, monkeypatch):
+    """record_promotion, as the pipeline's rollout step calls it (no variable set), registers with the
+    ServiceAccount token."""
+    from peagle.rollout import registry as registry_module
+
+    sa_token = tmp_path / "token"
+    sa_token.write_text(TOKEN)
+    monkeypatch.setattr(registry_module, "SERVICE_ACCOUNT_TOKEN", str(sa_token))
+    monkeypatch.delenv("TEST_REGISTRY_TOKEN", raising=False)
+    history = LoopHistory(str(tmp_path / "history"))
+    decision, candidate = promotion_case(tmp_path, "999999999999")
+    record = record_promotion(decision, candidate, history=history, registry=settings_of(standin))
+    assert record.registry is not None and [d["registry"] is None for d in history.all(PROMOTION)] == [False]
+
+
+def test_an_unreadable_service_account_token_is_an_error_naming_the_file(tmp_path, standin):
+    with pytest.raises(ModelRegistryError, match=rf"ServiceAccount token {tmp_path} cannot be read .*"
+                                                 "TEST_REGISTRY_TOKEN"):
+        ModelRegistryClient.from_settings(settings_of(standin), {}, service_account_token=tmp_path)
 
 
 def test_custom_properties_follow_the_metadata_value_schema():
