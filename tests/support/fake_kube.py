@@ -61,6 +61,7 @@ class FakeCluster:
         self.on_write = None
         self.writes = 0
         self.admission: dict = {}
+        self.stuck: set[str] = set()  # predictor Deployments whose pods never start (no GPU, a Kueue gate)
         self.prune_canary = False
 
     def _admit(self, kind, old, new):
@@ -150,6 +151,9 @@ class FakeCluster:
                 out[dep] = {"metadata": {"name": dep, "generation": 1},
                             "spec": {"replicas": 1, "template": {"metadata": {"labels": dict(predictor.get("labels") or {})}}},
                             "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}}
+                if dep in self.stuck:
+                    out[dep]["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                                          "availableReplicas": 0, "unavailableReplicas": 1}
         return out
 
     # -- CustomObjectsApi --------------------------------------------------------------------

@@ -67,7 +67,9 @@ class ClusterRollout:
         After a ``promote`` decision it is left: the stable may be restarting while the canary answers
         everything, and a rerun finishes the promotion (the command's own rule: docs/traffic.md, "An
         interrupted rollout"). ``clock``/``sleep``: injectable for tests."""
-        backend = ClusterBackend(apis, self.objects, ready_timeout_s=settings.ready_timeout_s, say=say, now=clock)
+        waits = {} if clock is utc_now else {"clock": lambda: clock().timestamp(), "sleep": sleep}  # a test's clock
+        backend = ClusterBackend(apis, self.objects, ready_timeout_s=settings.ready_timeout_s, say=say, now=clock,
+                                 **waits)
         history = LoopHistory(history_uri(settings.history, traffic))
         with _sigterm_raises(clean_up):
             try:

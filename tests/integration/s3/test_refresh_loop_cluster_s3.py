@@ -55,6 +55,14 @@ def draft_files(seed: float) -> dict[str, bytes]:
     return {"model.safetensors": safetensors_bytes([seed, seed + 1]), "config.json": b'{"architectures": ["x"]}'}
 
 
+def predicted_fingerprint(seed: float, where) -> str:
+    """The fingerprint of the candidate :func:`scheduled_run` publishes for ``seed`` (its files in ``where``)."""
+    where.mkdir()
+    for name, data in draft_files(seed).items():
+        (where / name).write_bytes(data)
+    return identify_draft(str(where)).fingerprint
+
+
 class Traffic:
     """Requests answered while the rollout sleeps, split as the stand-in cluster splits them (the Route's weights),
     each captured with the draft that answered it; ``quality`` maps a draft fingerprint to its acceptance."""
@@ -174,14 +182,23 @@ def test_two_scheduled_runs_close_the_loop(seaweed_server, monkeypatch, tmp_path
     assert not [k for k in cluster.store if "-c" + fp1[:8] in k[2] or "-c" + fp2[:8] in k[2]], "a canary was left"
 
 
-@pytest.mark.parametrize("stop", ["sigterm", "error"])
+@pytest.mark.parametrize("stop", ["sigterm", "error", "stuck"])
 def test_a_rollout_step_stopped_before_its_decision_removes_its_canary(seaweed_server, monkeypatch, tmp_path, stop):
-    """The step stopped by SIGTERM (the run terminated, its deadline passed) or failing while it observes: the
+    """The step stopped by SIGTERM (the run terminated, its deadline passed), failing while it observes, or its
+    canary's pod stuck (no GPU free, held by a Kueue gate: never ready within rollout.ready_timeout_s): the
     canary goes (its GPU freed, all traffic to the untouched stable) before the step ends, and no decision is
     recorded."""
     root, base, apis, cluster, traffic, history = deployed(seaweed_server, monkeypatch, tmp_path)
     base_fp = traffic.drafts()[0]
     observe = traffic.sleep
+    if stop == "stuck":
+        cluster.stuck = {f"{NAME}-c{predicted_fingerprint(1.0, tmp_path / 'candidate')[:8]}-predictor"}
+        with pytest.raises(kube.DeployTimeout, match="not ready|did not"):
+            scheduled_run(root, "r1", base, traffic, 1.0, apis, history)
+        assert traffic.drafts() == (base_fp, None, 0)
+        assert not [k for k in cluster.store if "-c" in k[2]], "the stuck canary was left"
+        assert LoopHistory(history).all("decision") == []
+        return
 
     def stopped(seconds):
         observe(seconds)
