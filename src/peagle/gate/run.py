@@ -4,14 +4,16 @@
         [--general sharegpt-heldout@32] [--config run.yaml] [--set gate.margin=0.05] --out DIR
 
 One vLLM child interpreter runs, one after another: the target with the serving draft, the target with
-the candidate (same K, same greedy workloads in the same batches: the newest held-out traffic, then the
-general held-out set), then the float32 check (the target alone and the target with the candidate, in
+the candidate (same K, same greedy workloads in the same batches: the newest held-out traffic, the
+general held-out set, the neighbouring set), then the float32 check (the target alone and the target with the candidate, in
 float32, on ``gate.lossless_prompts`` prompts; greedy outputs must be identical). vLLM returns each
 request's acceptance histogram, so every prompt has a figure for both drafts; the difference of the
 pooled acceptance length (and first-position acceptance) gets a percentile bootstrap interval that
 resamples prompts jointly for both drafts (:func:`paired_comparison`). The candidate passes only if
 every check holds (:func:`gate_checks`): enough traffic prompts, a traffic gain of at least
-``gate.margin`` with the interval above zero, a general loss within ``gate.tolerance``, float32
+``gate.margin`` with the interval above zero, a general loss within ``gate.tolerance``, a loss on the
+neighbouring set (the traffic's domain from another source, :mod:`.neighbour`) within
+``gate.neighbour_tolerance`` when there is one, float32
 losslessness, speed (at ``gate.speed_concurrency`` requests in flight, the deployed load, the candidate's
 tokens/s is within ``gate.speed_tolerance`` of the serving draft's and of the target alone's: a third engine,
 the target alone, runs that load after both drafts; ``gate.speed_rounds`` rounds in alternating order, the
@@ -46,6 +48,7 @@ from .report import (GATE_KIND, GENERAL, TRAFFIC, DraftFigures, GateCheck, GateR
 from ..speed.table import TARGET
 from ..stats import (Estimate, acceptance_of_sums, finite_or_none, histogram_matrix, paired_acceptance_draws,
                      percentile_interval)
+from .neighbour import NEIGHBOUR, neighbour_prompt_set
 from .settings import GateSettings
 
 __all__ = ["GateError", "GateResult", "choose_k", "gate_checks", "general_prompt_set", "log_gate_metrics",
@@ -111,12 +114,13 @@ def _diff_text(e: Estimate) -> str:
 
 def gate_checks(*, traffic_prompts: int, sets: dict[str, PairedComparison], lossless_float32: dict[str, Any] | None,
                 loads: tuple[bool, str], settings: GateSettings, not_measured: str = "",
-                speed: GateCheck | None = None) -> tuple[GateCheck, ...]:
+                speed: GateCheck | None = None, neighbour: bool = False) -> tuple[GateCheck, ...]:
     """The checks of the verdict, in order; the candidate passes when all pass.
 
     ``traffic_prompts``: held-out traffic prompts available (the measured ones when measured);
     ``loads``: (the candidate's engine started and drafted, why); ``not_measured``: why vLLM did not run;
-    ``speed``: the speed check (:func:`speed_check`; None: speed not checked, ``gate.speed_concurrency`` null)."""
+    ``speed``: the speed check (:func:`speed_check`; None: speed not checked, ``gate.speed_concurrency`` null);
+    ``neighbour``: a neighbouring set was chosen (:mod:`.neighbour`), so its loss is checked."""
     missing = f"not measured: {not_measured}" if not_measured else "not measured"
     checks = [GateCheck("enough_traffic", traffic_prompts >= settings.min_traffic_prompts, float(traffic_prompts),
                         float(settings.min_traffic_prompts), f"{traffic_prompts} held-out traffic prompts, at least "
@@ -138,6 +142,16 @@ def gate_checks(*, traffic_prompts: int, sets: dict[str, PairedComparison], loss
         checks.append(GateCheck("general_loss", d.value is not None and d.value >= -settings.tolerance, d.value,
                                 -settings.tolerance, f"{_diff_text(d)} on {g.prompts} general prompts; may lose at "
                                 f"most {settings.tolerance:g} (gate.tolerance)"))
+    if neighbour:
+        n = sets.get(NEIGHBOUR)
+        if n is None:
+            checks.append(GateCheck("neighbour_loss", False, None, -settings.neighbour_tolerance, missing))
+        else:
+            d = n.acceptance_length_difference
+            checks.append(GateCheck(
+                "neighbour_loss", d.value is not None and d.value >= -settings.neighbour_tolerance, d.value,
+                -settings.neighbour_tolerance, f"{_diff_text(d)} on {n.prompts} neighbouring prompts (the traffic's "
+                f"domain, another source); may lose at most {settings.neighbour_tolerance:g} (gate.neighbour_tolerance)"))
     if lossless_float32 is None:
         why = "skipped (gate.lossless_prompts is 0)" if settings.lossless_prompts == 0 and not not_measured else missing
         checks.append(GateCheck("lossless_float32", False, None, None, why))
@@ -404,6 +418,8 @@ def run_gate(*, target: str, serving_draft: str, candidate_draft: str, traffic_p
     engine = EvaluateEngineSettings.model_validate((engine or EvaluateEngineSettings()).model_dump())
     traffic = traffic_prompt_set(traffic_prompts, settings.max_traffic_prompts)
     general_set = general_prompt_set(general or settings.general)
+    neighbour_set, neighbour_note = neighbour_prompt_set(settings.neighbour, traffic)
+    print(f"gate: {neighbour_note}", flush=True)
     target_dir = str(fetched_input(target))
     target_info = inspect_target(target_dir)
     serving_dir, serving, serving_spec = _draft(serving_draft, "serving")
@@ -419,7 +435,7 @@ def run_gate(*, target: str, serving_draft: str, candidate_draft: str, traffic_p
         k = choose_k(settings, serving_spec.num_depths, candidate_spec.num_depths)
     workloads = [Workload(ps.category, Sampling("greedy", 0.0, 1.0, settings.seed), [p.id for p in ps.prompts],
                           [p.chat() for p in ps.prompts], settings.max_tokens, False)
-                 for ps in (traffic, general_set) if ps.prompts]
+                 for ps in (traffic, general_set, neighbour_set) if ps is not None and ps.prompts]
     fit = EvaluateSettings(max_tokens=settings.max_tokens, engine=engine,
                            lossless_check="float32" if settings.lossless_prompts else "none",
                            lossless_check_max_tokens=settings.lossless_max_tokens)
@@ -449,13 +465,15 @@ def run_gate(*, target: str, serving_draft: str, candidate_draft: str, traffic_p
                                 else "not measured")
         checks = gate_checks(traffic_prompts=m.sets[TRAFFIC].prompts if TRAFFIC in m.sets else len(traffic.prompts),
                              sets=m.sets, lossless_float32=m.lossless, loads=loads, settings=settings,
-                             not_measured=not_measured, speed=speed)
+                             not_measured=not_measured, speed=speed, neighbour=neighbour_set is not None)
         total = time.perf_counter() - t0
         result = GateResult(
             passed=all(c.passed for c in checks), checks=checks,
             target={"path": strip_userinfo(str(target)), "fingerprint": fingerprint(target_dir)},
             serving_draft=serving, candidate_draft=candidate, num_speculative_tokens=k if m.sets else None,
-            sets=m.sets, sources={TRAFFIC: traffic.source, GENERAL: general_set.source}, lossless_float32=m.lossless,
+            sets=m.sets, sources={TRAFFIC: traffic.source, GENERAL: general_set.source,
+                                  **({NEIGHBOUR: neighbour_set.source} if neighbour_set is not None else {})},
+            lossless_float32=m.lossless,
             settings=json.loads(settings.model_dump_json()), device=m.device,
             timing={"checks_s": round(t_checks, 3), "vllm_s": round(total - t_checks, 3), "total_s": round(total, 3)})
         write_gate(result, stage)

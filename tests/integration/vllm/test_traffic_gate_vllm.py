@@ -23,7 +23,7 @@ def test_identical_drafts_gain_nothing_but_load_and_stay_lossless(qwen3_target, 
     general = prompt_file(tmp_path / "general.jsonl", 3, "general")
     result = run_gate(target=str(qwen3_target), serving_draft=str(ladder_init_draft),
                       candidate_draft=str(ladder_init_draft), traffic_prompts=traffic, general=str(general),
-                      settings=GateSettings(min_traffic_prompts=4, max_tokens=16, lossless_prompts=2,
+                      settings=GateSettings(min_traffic_prompts=4, max_tokens=16, lossless_prompts=2, neighbour="code@2",
                                             lossless_max_tokens=8, resamples=200, speed_concurrency=2,
                                             speed_requests_per_load=3, speed_max_tokens=8),
                       engine=VLLM_ENGINE, out=str(tmp_path / "gate"))
@@ -32,6 +32,9 @@ def test_identical_drafts_gain_nothing_but_load_and_stay_lossless(qwen3_target, 
     assert checks["loads"].passed and checks["lossless_float32"].passed and checks["enough_traffic"].passed
     t = result.sets["traffic"]
     assert t.prompts == 4 and t.acceptance_length_difference.value == 0.0
+    n = result.sets["neighbour"]  # the same domain from another source, measured on the same engines
+    assert n.prompts == 2 and n.acceptance_length_difference.value == 0.0 and checks["neighbour_loss"].passed
+    assert result.sources["neighbour"] == "code@2"
     assert t.acceptance_length_difference.interval == (0.0, 0.0)
     assert not checks["traffic_gain"].passed and not result.passed
     assert t.serving.steps > 0 and t.serving == t.candidate  # vLLM returned per-request histograms

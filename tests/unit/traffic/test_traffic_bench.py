@@ -50,13 +50,15 @@ def test_dry_run_prints_the_plan_and_starts_nothing(run_dir, tmp_path, capsys):
 def test_the_refresh_configuration_is_the_runs_with_the_window_and_writes_under_out(run_dir, tmp_path):
     import argparse
 
-    a = argparse.Namespace(run=str(run_dir), out=str(tmp_path / "out"), prompts=None, general=None, concurrency=8,
-                           max_tokens=128, epochs=1, negative_control="other-target", port=0,
+    a = argparse.Namespace(run=str(run_dir), out=str(tmp_path / "out"), prompts=None, general=None, neighbour=None,
+                           concurrency=8, max_tokens=128, epochs=1, negative_control="other-target", port=0,
                            temperature=0.8, sampled_responses="keep,regenerate", cycles=2, traffic_prompts=100,
                            live_max_tokens=96, canary_percent=50, min_requests=24, tolerance=0.1,
                            no_mirror=False, from_scenario=None, shifted_traffic="")
     plan = bench.make_plan(a)
     assert plan.temperature == 0.8 and plan.sampled == ("keep", "regenerate")
+    assert plan.neighbour == "auto"  # the run's gate.neighbour; --neighbour '' turns it off
+    assert bench.make_plan(argparse.Namespace(**{**vars(a), "neighbour": ""})).neighbour == ""
     cfg = bench.refresh_config(plan, "2026-12-03T15:00:00Z")
     assert cfg.refresh.traffic == str(tmp_path / "out" / "traffic") and cfg.refresh.since == "2026-12-03T15:00:00Z"
     assert cfg.refresh.base_data == str(run_dir.resolve() / "data") and cfg.train.epochs == 1
@@ -130,6 +132,11 @@ def test_the_table_shows_before_after_difference_and_both_verdicts():
         gate={"passed": False, "checks": [{"name": "traffic_gain", "passed": False, "detail": "0.01 < margin 0.02"}]},
         negative_control={"kind": "too-little", "passed": True}, comparisons={})))
     assert "gate: REJECTED (traffic_gain: 0.01 < margin 0.02)" in failed
+    assert "neighbouring set" not in text  # none measured: no row
+    fig = bench.paired_figures({"a": [3, 1], "b": [2, 2]}, {"a": [1, 3], "b": [1, 3]}, resamples=100)
+    doc = bench.scenario_document(stage_results(comparisons={"traffic": fig, "general": fig, "neighbour": fig}))
+    assert doc["acceptance"]["neighbour"]["prompts"] == 2
+    assert "neighbouring set (same domain, other source)" in bench.table(doc)
     assert "PASSED: the gate failed to reject it" in failed
 
 
@@ -169,8 +176,8 @@ def test_dry_run_lists_the_cycles_and_the_prompt_split(run_dir, tmp_path, capsys
 def test_the_prompts_split_into_the_refresh_window_and_the_live_traffic(run_dir, tmp_path):
     import argparse
 
-    a = argparse.Namespace(run=str(run_dir), out=str(tmp_path / "out"), prompts=None, general=None, concurrency=8,
-                           max_tokens=128, epochs=1, negative_control="other-target", port=0, temperature=0.0,
+    a = argparse.Namespace(run=str(run_dir), out=str(tmp_path / "out"), prompts=None, general=None, neighbour=None,
+                           concurrency=8, max_tokens=128, epochs=1, negative_control="other-target", port=0, temperature=0.0,
                            sampled_responses="keep", cycles=2, traffic_prompts=100, live_max_tokens=96,
                            canary_percent=50, min_requests=24, tolerance=0.1, no_mirror=False,
                            from_scenario=None, shifted_traffic="")
