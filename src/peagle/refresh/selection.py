@@ -16,6 +16,9 @@
 5. ``duplicates`` (``refresh.dedupe``): the same conversation with the same response as an earlier record;
 6. ``beyond_max_records``: older than the newest ``refresh.max_records``.
 
+After the split (below), ``template_capped``: training records beyond the newest
+``refresh.max_per_template`` of their prompt template (:func:`template_key`), when set.
+
 What is left (``usable``) is sorted by ``received_at`` (then id). The held-out slice is the newest
 records holding ``heldout_fraction`` of its distinct prompts, and at least ``min_heldout`` of them: the
 gate's traffic prompts, never trained on. It is sized by distinct prompts, not records, so that one
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -58,7 +62,8 @@ HELDOUT_CATEGORY = "traffic"
 # Every key of Selection.counts, in the order the cleaning applies them (printed in this order).
 COUNT_KEYS = ("read", "future", "failed", "other_target", "unknown_target", "completions_endpoint", "not_user_last",
               "duplicates", "beyond_max_records", "usable", "heldout", "heldout_duplicate_prompts",
-              "train_heldout_prompts", "sampled", "sampled_dropped", "sampled_regenerate", "train")
+              "train_heldout_prompts", "template_capped", "sampled", "sampled_dropped", "sampled_regenerate",
+              "train")
 
 
 class TrafficSelectionError(PeagleError, ValueError):
@@ -141,6 +146,28 @@ def _clean(records: Iterable[TrafficRecord], target_fingerprint: str, dedupe: bo
     return unique
 
 
+def template_key(chat: list[dict[str, str]]) -> str:
+    """A prompt's template: the first non-empty line of the last user message, lower-cased, digits masked,
+    whitespace collapsed -- the instruction a client wraps around its varying input."""
+    text = next((m["content"] for m in reversed(chat) if m["role"] == "user"), "") or ""
+    line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    return " ".join(re.sub(r"\d+", "0", line.lower()).split())[:200]
+
+
+def _beyond_template_cap(records: list[TrafficRecord], cap: int | None) -> set[str]:
+    """Ids of the records beyond the newest ``cap`` of their template (``records`` oldest first)."""
+    if cap is None:
+        return set()
+    kept: dict[str, int] = {}
+    beyond = set()
+    for r in reversed(records):
+        key = template_key(r.chat())
+        kept[key] = kept.get(key, 0) + 1
+        if kept[key] > cap:
+            beyond.add(r.id)
+    return beyond
+
+
 def _heldout_size(prompts: int, settings: RefreshSettings) -> int:
     """Distinct prompts the held-out slice holds, of ``prompts`` distinct prompts in the window."""
     return max(settings.min_heldout, math.ceil(settings.heldout_fraction * prompts))
@@ -190,10 +217,17 @@ def select_traffic(records: Iterable[TrafficRecord], *, target_fingerprint: str,
         heldout_prompts.add(key)
         heldout.append(r)
 
-    train, regenerate = [], []
+    eligible = []
     for r in older:
         if _prompt_key(r.chat()) in heldout_prompts:
             counts["train_heldout_prompts"] += 1
+            continue
+        eligible.append(r)
+    train, regenerate = [], []
+    capped = _beyond_template_cap(eligible, settings.max_per_template)
+    for r in eligible:
+        if r.id in capped:
+            counts["template_capped"] += 1
             continue
         if r.temperature > 0:
             counts["sampled"] += 1

@@ -101,6 +101,10 @@ class RefreshSettings(StrictModel):
     min_heldout: int = Field(16, ge=1, description="held-out slice has at least this many distinct prompts")
     max_records: int | None = Field(None, ge=1, description="newest records of the window used at most")
     dedupe: bool = Field(True, description="drop records whose conversation and response repeat an earlier one")
+    max_per_template: int | None = Field(
+        None, ge=1, description="training records kept at most per prompt template (the first line of the "
+        "user's last message, digits masked: one client's instruction wrapped around many inputs), the newest; "
+        "null: no cap. Held-out records are not capped")
     replay_fraction: float = Field(0.25, ge=0.0, lt=1.0,
                                    description="fraction of the training rows drawn from the serving draft's own "
                                    "training data (guards against forgetting)")

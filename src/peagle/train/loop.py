@@ -50,7 +50,7 @@ from .distributed import (DistEnv, all_gather_objects, all_reduce_sum, gradient_
                           shutdown, wrap_model)
 from .flops import prepared_row_flops
 from .lifecycle import data_lifecycle
-from .loss import EPS, LossStats, metrics_from_stats, row_loss
+from .loss import EPS, LossStats, RowLoss, metrics_from_stats, per_element_loss, row_loss
 from .metrics_log import TrainLog, log_line
 from .optim import build_optimizer, build_scheduler
 from .settings import TrainRunConfig, TrainSettings
@@ -115,6 +115,7 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     data = data_lifecycle(dataset, s, env, full_plan)
 
     wrapped, teacher = build_draft(cfg, info, spec, token_counts, init, env)
+    anchor = frozen_anchor(init, spec, device) if s.anchor_weight and init is not None else None
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     optimizer = build_optimizer(wrapped, s)
     scheduler = build_scheduler(optimizer, s, total_steps)
@@ -151,8 +152,15 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
             spec.layer_types, row.anchors, row.depths[0], row.document_ids, spec.sliding_window, "flex")
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             out = wrapped(row.input_ids, row.aux_hidden, row.position_ids, row.depths, masks)
-        return row_loss(out.logits[0, row.supervised], teacher(row.teacher_hidden), row.supervised_depths,
-                        spec.num_depths, s.loss, s.depth_weight)
+        logits = out.logits[0, row.supervised]
+        rl = row_loss(logits, teacher(row.teacher_hidden), row.supervised_depths, spec.num_depths, s.loss,
+                      s.depth_weight)
+        if anchor is None:
+            return rl
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            anchored = anchor(row.input_ids, row.aux_hidden, row.position_ids, row.depths, masks).logits[0, row.supervised]
+        # KL(warm-start draft || draft), summed like the main loss; the metrics stay the main loss's
+        return RowLoss(rl.loss_sum + s.anchor_weight * per_element_loss(logits, anchored, "kl").sum(), rl.stats)
 
     K = spec.num_depths
     val_metrics: dict = {}
@@ -219,6 +227,9 @@ def check_settings(s: TrainSettings, env: DistEnv) -> tuple[str, bool]:
     attention = s.attention if s.attention != "auto" else ("flex" if cuda else "dense")
     if attention == "flex" and not cuda:
         raise ConfigError("train.attention=flex needs CUDA (flex attention has no backward pass on CPU); use dense")
+    if s.anchor_weight and not s.init_from:
+        raise ConfigError(f"train.anchor_weight={s.anchor_weight:g} pulls toward the warm-start draft: it needs "
+                          "train.init_from (a refresh sets it to the serving draft)")
     if s.global_batch_rows % env.world_size:
         raise ConfigError(f"train.global_batch_rows={s.global_batch_rows} is not divisible by the world size "
                          f"{env.world_size}; every rank must train the same number of rows per step")
@@ -285,6 +296,14 @@ def build_draft(cfg: TrainRunConfig, info, spec, token_counts: dict[int, int] | 
         model.embed_tokens.weight.requires_grad_(False)
     return wrap_model(model, s.distributed, env), teacher
 
+
+
+def frozen_anchor(init: InitDraft, spec, device: torch.device) -> torch.nn.Module:
+    """A frozen copy of the warm-start draft (``train.anchor_weight``): its predictions, never updated."""
+    model = init.model(spec).to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
 
 
 def use_bf16(precision: str, device: torch.device) -> bool:

@@ -112,6 +112,11 @@ class TrainSettings(StrictModel):
     embeddings: Literal["train", "frozen"] = Field(
         "train", description="draft token embeddings: train them (the P-EAGLE recipe) or keep the target's "
         "(no optimiser state for the vocabulary-sized table)")
+    anchor_weight: float = Field(
+        0.0, ge=0.0, le=100.0, description="weight of a KL term that pulls the draft toward the warm-start draft's "
+        "own predictions (a frozen copy of train.init_from, on every supervised position, added to the loss): "
+        "keeps a refresh near the serving draft where its new data says little; 0: none; > 0 needs "
+        "train.init_from")
     epochs: int = Field(1, ge=1, le=1000, description="passes over the training split (at most 1000: "
                         "the plan of every epoch is made, one after the other, before step 1)")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps (default: all epochs)")

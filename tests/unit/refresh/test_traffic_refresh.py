@@ -20,7 +20,8 @@ from peagle.traffic.log import TrafficWriter
 from peagle.records.traffic import TrafficRecord
 from peagle.commands.refresh import main
 from peagle.refresh.steps import RefreshLayout, lineage_step, prepare_step, refresh, replay_count, select_step
-from peagle.refresh.selection import (TrafficSelectionError, prompt_row, select_traffic, write_selection)
+from peagle.refresh.selection import (TrafficSelectionError, prompt_row, select_traffic, template_key,
+                                      write_selection)
 from peagle.traffic.settings import CaptureSettings, RefreshSettings
 from support.traffic_records import traffic_record
 
@@ -87,6 +88,23 @@ def test_heldout_prompts_leave_training_and_repeat_once():
     assert [r.messages[0]["content"] for r in sel.heldout].count(ask) == 1 and len(sel.heldout) == 4
     assert sel.counts["heldout_duplicate_prompts"] == 1 and sel.counts["train_heldout_prompts"] == 1
     assert ask not in [r.messages[0]["content"] for r in sel.train] and len(sel.train) == 9
+
+
+def test_a_template_cap_keeps_the_newest_training_records_of_each_instruction():
+    """refresh.max_per_template (issue #40): one client's instruction wrapped around many inputs counts as one
+    template; only its newest records train, other templates and the held-out slice are untouched."""
+    wrapped = "Complete the following Python function. Answer with the whole function in a code block.\n\ndef f{}():"
+    records = [record(i, prompt=wrapped.format(i) if i % 3 else None, response=f"Answer {i}.") for i in range(24)]
+    free = select_traffic(records, target_fingerprint=TARGET_FP, settings=settings())
+    sel = select_traffic(records, target_fingerprint=TARGET_FP, settings=settings(max_per_template=3))
+    assert [r.id for r in sel.heldout] == [r.id for r in free.heldout]  # the held-out slice is not capped
+    trained_wrapped = [r for r in sel.train if r.messages[0]["content"].startswith("Complete")]
+    free_wrapped = [r for r in free.train if r.messages[0]["content"].startswith("Complete")]
+    assert [r.id for r in trained_wrapped] == [r.id for r in free_wrapped[-3:]]  # the newest three
+    # "Question {i}: what is ..." -- digits masked: one template too
+    assert len([r for r in sel.train if r.messages[0]["content"].startswith("Question")]) == 3
+    assert sel.counts["template_capped"] == len(free.train) - len(sel.train) > 0
+    assert template_key([{"role": "user", "content": "  \nQuestion 12: x\nmore"}]) == "question 0: x"
 
 
 @pytest.mark.parametrize("policy,trained,regenerate", [("keep", 9, 0), ("drop", 6, 0), ("regenerate", 9, 3)])
