@@ -87,6 +87,27 @@ def table(rows: list[Mapping[str, Any]]) -> str:
                          "general AL diff [95% CI]", "gate", "refresh minutes"], body)
 
 
+def capture_window(plan: "bt.Plan", clock: "bt.Clock") -> str:
+    """Serve the run's draft with capture on and replay the traffic prompts; returns the window's start."""
+    from peagle.traffic.replay import load_prompts
+    from peagle.traffic.settings import CaptureSettings
+
+    prompts = [q for name in plan.prompts for q in load_prompts(name)]
+    plan.out.mkdir(parents=True, exist_ok=True)
+    capture = CaptureSettings(enabled=True, uri=plan.traffic, target_dir=plan.target, draft_dir=plan.serving_draft,
+                              flush_interval_s=2.0)
+    with clock.stage("serve serving draft"):
+        server = bt.serve(plan, plan.serving_draft, plan.out / "logs" / "serve-serving.log", capture).start()
+    try:
+        since = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+        with clock.stage("replay traffic (captured)"):
+            bt.replay_prompts(server.url, prompts, concurrency=plan.concurrency, max_tokens=plan.max_tokens,
+                              out=plan.out / "replay" / "traffic.jsonl")
+    finally:
+        server.stop()
+    return since
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--run", required=True, help="a finished pipeline run directory (models/, data/, run.json)")
@@ -95,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", action="append", help="traffic prompt set or .jsonl (repeatable; default humaneval)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--reuse-capture", action="store_true",
+                   help="refresh the window an earlier run of this bench captured under --out (its capture.json), "
+                        "instead of capturing again")
     p.add_argument("--dry-run", action="store_true", help="print the plan and the recipes, start nothing")
     a = p.parse_args(argv)
     names = [n.strip() for n in a.recipes.split(",") if n.strip()]
@@ -112,23 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {n}: {json.dumps(RECIPES[n]) or '(the defaults)'}", flush=True)
     if a.dry_run:
         return 0
-    from peagle.traffic.replay import load_prompts
-    from peagle.traffic.settings import CaptureSettings
-
-    prompts = [q for name in plan.prompts for q in load_prompts(name)]
-    plan.out.mkdir(parents=True, exist_ok=True)
     clock = bt.Clock()
-    capture = CaptureSettings(enabled=True, uri=plan.traffic, target_dir=plan.target, draft_dir=plan.serving_draft,
-                              flush_interval_s=2.0)
-    with clock.stage("serve serving draft"):
-        server = bt.serve(plan, plan.serving_draft, plan.out / "logs" / "serve-serving.log", capture).start()
-    try:
-        since = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-        with clock.stage("replay traffic (captured)"):
-            bt.replay_prompts(server.url, prompts, concurrency=plan.concurrency, max_tokens=plan.max_tokens,
-                              out=plan.out / "replay" / "traffic.jsonl")
-    finally:
-        server.stop()
+    captured = plan.out / "capture.json"
+    if a.reuse_capture:
+        if not captured.is_file():
+            p.error(f"--reuse-capture: {captured} does not exist (no earlier capture under --out)")
+        since = json.loads(captured.read_text())["since"]
+    else:
+        since = capture_window(plan, clock)
+        captured.write_text(json.dumps({"since": since, "traffic": plan.traffic, "prompts": plan.prompts}) + "\n")
     rows = []
     for n in names:
         recipe_clock = bt.Clock()

@@ -34,6 +34,9 @@ def test_dry_run_lists_the_recipes_and_an_unknown_one_is_refused(tmp_path):
                           str(tmp_path / "out"), "--recipes", "baseline,nope", "--dry-run"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown recipes nope" in bad.stderr
+    reuse = subprocess.run([sys.executable, str(BENCH / "bench_refresh_recipes.py"), "--run", str(run), "--out",
+                            str(tmp_path / "out"), "--reuse-capture"], capture_output=True, text=True, timeout=120)
+    assert reuse.returncode == 2 and "capture.json does not exist" in reuse.stderr
 
 
 def test_each_recipe_is_the_refresh_configuration_with_its_overrides(tmp_path):
