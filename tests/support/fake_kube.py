@@ -62,6 +62,8 @@ class FakeCluster:
         self.writes = 0
         self.admission: dict = {}
         self.stuck: set[str] = set()  # predictor Deployments whose pods never start (no GPU, a Kueue gate)
+        # (isvc, predictor) -> why the storage initializer fails, or None (support.kserve_admission.storage_failure)
+        self.storage_check = None
         self.prune_canary = False
 
     def _admit(self, kind, old, new):
@@ -151,7 +153,7 @@ class FakeCluster:
                 out[dep] = {"metadata": {"name": dep, "generation": 1},
                             "spec": {"replicas": 1, "template": {"metadata": {"labels": dict(predictor.get("labels") or {})}}},
                             "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}}
-                if dep in self.stuck:
+                if dep in self.stuck or (self.storage_check is not None and self.storage_check(isvc, predictor)):
                     out[dep]["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
                                           "availableReplicas": 0, "unavailableReplicas": 1}
         return out

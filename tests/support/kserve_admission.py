@@ -21,6 +21,18 @@ with the upstream source it is read from, for :class:`support.fake_kube.FakeClus
 * ``prune_canary``: a KServe older than 0.20, whose CRD has no ``spec.canary``: the API server prunes the
   unknown field without an error (structural schema pruning; the rollout is not strict there).
 
+* :func:`odh_hardware_profile_webhook`: odh-model-controller resolves the InferenceService's hardware profile
+  (``internal/webhook/serving/hardwareprofile/resolver.go`` ``ProfileRef``: a missing
+  ``opendatahub.io/hardware-profile-namespace`` is the InferenceService's own namespace) and refuses one it
+  cannot find (``internal/webhook/serving/v1beta1/inferenceservice_webhook.go`` ``applyHardwareProfile``:
+  "hardware profile ... not found in namespace ..."); the global profiles live in the dashboard's namespace.
+
+* :func:`storage_failure`: why KServe's storage initializer cannot fetch a predictor's model: an ``s3://``
+  URI without a bucket (the bucket comes from the URI), or ``s3://`` URIs with no credentials -- no
+  ServiceAccount on the predictor and no ``opendatahub.io/connections`` annotation, which is what
+  odh-model-controller needs to give the initializer a data connection's credentials (issue #39's review).
+  Such a predictor never becomes ready.
+
 * :func:`served_split`: who answers the in-cluster requests, given the routing objects. OpenShift's router
   splits a Route by its ``alternateBackends`` weights (openshift/router, ``haproxy-config.template``:
   weighted ``server`` lines); a Gateway API implementation splits an HTTPRoute by ``backendRefs`` weights.
@@ -34,6 +46,9 @@ from __future__ import annotations
 from typing import Any
 
 RAW_MODES = ("Standard", "RawDeployment")
+HW_NAME, HW_NAMESPACE = "opendatahub.io/hardware-profile-name", "opendatahub.io/hardware-profile-namespace"
+CONNECTIONS = "opendatahub.io/connections"
+GLOBAL_PROFILES_NAMESPACE = "redhat-ods-applications"  # where OpenShift AI keeps the dashboard's profiles
 
 
 class Refused(Exception):
@@ -78,6 +93,34 @@ def kserve_inferenceservice_webhook(old: dict | None, new: dict) -> None:
         if (before.get("name") or "") != (stable.get("name") or "") and \
                 _predictor_storage_uri(before) == _predictor_storage_uri(stable):
             raise Refused(f"InferenceService {name}: predictor.name change requires a model change")
+
+
+def odh_hardware_profile_webhook(old: dict | None, new: dict,
+                                 profiles: tuple[tuple[str, str], ...] = ((GLOBAL_PROFILES_NAMESPACE, "nvidia-gpu"),)
+                                 ) -> None:
+    """Raise :class:`Refused` where odh-model-controller refuses ``new``'s hardware profile: ``profiles`` are the
+    (namespace, name) that exist; a profile named without its namespace is looked up in the object's own."""
+    annotations = new["metadata"].get("annotations") or {}
+    name = annotations.get(HW_NAME)
+    if not name:
+        return
+    namespace = annotations.get(HW_NAMESPACE) or new["metadata"].get("namespace", "")
+    if (namespace, name) not in profiles:
+        raise Refused(f"hardware profile {name!r} not found in namespace {namespace!r}")
+
+
+def storage_failure(isvc: dict, predictor: dict) -> str | None:
+    """Why KServe's storage initializer cannot fetch ``predictor``'s model (of InferenceService ``isvc``), or
+    None (see the module docstring)."""
+    uris = [u.get("uri", "") for u in predictor.get("storageUris") or []]
+    uris.append(str((predictor.get("model") or {}).get("storageUri") or ""))
+    s3 = [u for u in uris if u.startswith("s3://")]
+    if bucketless := [u for u in s3 if u.startswith("s3:///")]:
+        return f"no bucket in {bucketless[0]}"
+    connection = ((isvc["metadata"].get("annotations") or {}).get(CONNECTIONS))
+    if s3 and not predictor.get("serviceAccountName") and not connection:
+        return f"no credentials for {s3[0]} (no serviceAccountName, no {CONNECTIONS} annotation)"
+    return None
 
 
 def served_split(store: dict, namespace: str, endpoint: tuple[str, str], *, gateway_ingress: bool = False

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from support.fake_kube import FakeCluster
-from support.kserve_admission import kserve_inferenceservice_webhook, served_split
+from support.kserve_admission import kserve_inferenceservice_webhook, served_split, storage_failure
 from support.loop_records import lineage_doc
 from support.refresh_pipeline import trigger_arguments
 from support.seaweed import BUCKET, unique
@@ -148,6 +148,7 @@ def deployed(seaweed_server, monkeypatch, tmp_path):
 
     cluster = FakeCluster(reconcile=True)
     cluster.admission["InferenceService"] = kserve_inferenceservice_webhook
+    cluster.storage_check = storage_failure  # a canary whose model cannot be fetched never serves
     apis = Apis(core=cluster, apps=cluster, custom=cluster)
     # what the default pipeline's deploy step applies (its smoke test needs a server: not here)
     kube.apply(apis, serving_objects(base, NAME, "kserve", DC, 3, ServingSettings.model_validate(json.loads(SERVING)),
