@@ -212,8 +212,9 @@ class RolloutObjects:
 
     def canary_refs(self, candidate: Candidate) -> list[tuple[str, str, str]]:
         """(apiVersion, kind, name) of the canary's objects to delete when it is removed (promoted or not:
-        the stable release never uses them)."""
-        return [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in self.canary(candidate)]
+        the stable release never uses them), in reverse apply order: the serving object (and its GPU) goes
+        first, its ServiceAccount last, so a right the runner lacks leaves the least behind."""
+        return [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in reversed(self.canary(candidate))]
 
 
 def _empty_leaves(values: Mapping, prefix: str = "") -> list[str]:

@@ -128,7 +128,7 @@ def test_route_canary_release_is_apart_from_the_stable_one():
     assert canary_pod["peagle.io/draft-fingerprint"] == CANDIDATE_FP
     fetch = canary["Deployment"]["spec"]["template"]["spec"]["initContainers"][0]
     assert fetch["args"][0].endswith("/runs/candidate/")
-    assert ro.canary_refs(c) == [("v1", "Service", cname), ("apps/v1", "Deployment", cname)]
+    assert ro.canary_refs(c) == [("apps/v1", "Deployment", cname), ("v1", "Service", cname)]  # serving first
 
 
 @pytest.mark.parametrize("case", ["route-deployment", "route-kserve-raw"])
