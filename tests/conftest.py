@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from support.seaweed import seaweed_server, weed_binary  # noqa: F401 - the fixtures, for every test module
+from support.seaweed import s3_env, seaweed_server, weed_binary  # noqa: F401 - the fixtures, for every test module
 
 # Fixtures defined in support modules, for every test: the session-scoped ladder of tiny artefacts, the
 # stand-in Kubernetes API server of the TrainJob launcher tests.

@@ -26,3 +26,18 @@ def load_bench(name: str) -> ModuleType:
     if "harness" not in sys.modules:
         _load("harness")
     return sys.modules.get(name) or _load(name)
+
+
+def plan_run_dir(tmp_path: Path) -> Path:
+    """A pipeline run directory as far as a bench's plan reads it: ``run.json`` with the embedded default's
+    config and parameters."""
+    import json
+
+    from peagle.pipeline.local import embedded
+    from peagle.run_config import RunConfig
+
+    run = tmp_path / "run"
+    run.mkdir()
+    config = RunConfig.model_validate(embedded.merged_config({})).model_dump(mode="json")
+    (run / "run.json").write_text(json.dumps({"config": config, "params": embedded.PARAMS, "run_uri": str(run)}))
+    return run

@@ -138,3 +138,13 @@ def seaweed_server(tmp_path_factory, weed_binary):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def s3_env(monkeypatch, seaweed_server):
+    """The shared server's AWS variables in the environment, and no data-connection bucket
+    (``AWS_S3_BUCKET``): URIs must name theirs."""
+    for k, v in seaweed_server.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_S3_BUCKET", raising=False)
+    return seaweed_server

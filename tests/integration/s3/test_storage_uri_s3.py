@@ -4,18 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from peagle.cli import main
 from support.seaweed import BUCKET, unique
-
-
-@pytest.fixture
-def s3_env(monkeypatch, seaweed_server):
-    for k, v in seaweed_server.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_S3_BUCKET", raising=False)
-    return seaweed_server
 
 
 def _chats(tmp_path):

@@ -16,14 +16,6 @@ from support.safetensors_damage import SAFETENSORS_DAMAGE, WEIGHTS
 from support.seaweed import BUCKET, unique
 
 
-@pytest.fixture
-def s3_env(monkeypatch, seaweed_server):
-    for k, v in seaweed_server.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_S3_BUCKET", raising=False)
-    return seaweed_server
-
-
 class NoDownloadS3Store(S3Store):
     """An S3Store that fails any whole-object read of more than a small file."""
 

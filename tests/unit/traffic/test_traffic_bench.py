@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from support.bench_scripts import BENCH, load_bench
+from support.bench_scripts import BENCH, load_bench, plan_run_dir
 
 bench = load_bench("bench_traffic")
 
@@ -19,14 +19,7 @@ REQUIRED_KEYS = ("target", "serving_draft", "candidate_draft", "gate", "negative
 @pytest.fixture
 def run_dir(tmp_path):
     """A pipeline run directory as far as the plan reads it: run.json with the run's config and K."""
-    from peagle.pipeline.local import embedded
-    from peagle.run_config import RunConfig
-
-    run = tmp_path / "run"
-    run.mkdir()
-    config = RunConfig.model_validate(embedded.merged_config({})).model_dump(mode="json")
-    (run / "run.json").write_text(json.dumps({"config": config, "params": embedded.PARAMS, "run_uri": str(run)}))
-    return run
+    return plan_run_dir(tmp_path)
 
 
 def test_help_runs_as_a_script_with_the_harness_beside_it():
