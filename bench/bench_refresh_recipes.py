@@ -30,22 +30,38 @@ from harness import banner, format_table, load_average
 
 import bench_traffic as bt
 
+# The refresh recipe before issue #40: no pull toward the serving draft, no weight on its misses. Every recipe
+# but "default" starts from it and turns its own levers on, so a row measures what its levers buy; "default"
+# is the refresh as shipped.
+BEFORE = {"refresh": {"anchor_weight": 0.0, "rejected_weight": 0.0}}
+
+
+def _before(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s: {**BEFORE.get(s, {}), **sections.get(s, {})} for s in {*BEFORE, *sections}}
+
+
 # recipe -> run-config overrides (section -> keys), over the run's configuration and bench_traffic's refresh
 # settings (one epoch). "lr_scale" multiplies the run's own train.lr, at which the refresh warm-starts by
 # default (the embedded run: 3e-3, a linear warmup of 10 steps, then cosine to 0, over ~70 steps per epoch);
 # "warmup_steps" re-warms longer, so the warm-started weights are not hit at the peak learning rate at once;
-# "anchor_weight" adds a KL term to the serving draft's own predictions (train.anchor_weight);
-# "max_per_template" trains on the newest N records of each prompt template only (HumanEval: one template).
+# refresh.anchor_weight adds a KL term to the serving draft's own predictions; refresh.rejected_weight weighs
+# the positions the serving draft gets wrong; "max_per_template" trains on the newest N records of each
+# prompt template only (HumanEval: one template).
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
-    "baseline": {},
-    "lr-0.3x": {"train": {"lr_scale": 0.3}},
-    "lr-0.1x": {"train": {"lr_scale": 0.1}},
-    "lr-0.3x-warmup-25": {"train": {"lr_scale": 0.3, "warmup_steps": 25}},
-    "replay-0.5": {"refresh": {"replay_fraction": 0.5}},
-    "epochs-2": {"train": {"epochs": 2}},
-    "kl-anchor-1": {"train": {"anchor_weight": 1.0}},
-    "kl-anchor-0.3": {"train": {"anchor_weight": 0.3}},
-    "template-cap-32": {"refresh": {"max_per_template": 32}},
+    "default": {},
+    "baseline": _before(),
+    "lr-0.3x": _before(train={"lr_scale": 0.3}),
+    "lr-0.1x": _before(train={"lr_scale": 0.1}),
+    "lr-0.3x-warmup-25": _before(train={"lr_scale": 0.3, "warmup_steps": 25}),
+    "replay-0.5": _before(refresh={"replay_fraction": 0.5}),
+    "epochs-2": _before(train={"epochs": 2}),
+    "kl-anchor-1": _before(refresh={"anchor_weight": 1.0}),
+    "kl-anchor-0.3": _before(refresh={"anchor_weight": 0.3}),
+    "kl-anchor-3": _before(refresh={"anchor_weight": 3.0}),
+    "rejected-2": _before(refresh={"rejected_weight": 2.0}),
+    "template-cap-32": _before(refresh={"max_per_template": 32}),
+    "kl-anchor-1+lr-0.3x": _before(refresh={"anchor_weight": 1.0}, train={"lr_scale": 0.3}),
+    "kl-anchor-1+rejected-2": _before(refresh={"anchor_weight": 1.0, "rejected_weight": 2.0}),
 }
 SETS = ("traffic", "neighbour", "general")
 

@@ -109,6 +109,13 @@ class RefreshSettings(StrictModel):
                                    description="fraction of the training rows drawn from the serving draft's own "
                                    "training data (guards against forgetting)")
     base_data: str = Field("", description="prepared data the serving draft was trained on (replay source)")
+    anchor_weight: float = Field(
+        1.0, ge=0.0, le=100.0, description="the refresh's KL term to the serving draft's own predictions (it sets "
+        "train.anchor_weight for the refresh's training): keeps the candidate near the serving draft where the "
+        "window says little, so a gain on the window does not cost the neighbouring traffic; 0: none")
+    rejected_weight: float = Field(
+        0.0, ge=0.0, le=100.0, description="extra weight on the positions the serving draft gets wrong (it sets "
+        "train.rejected_weight for the refresh's training); 0: none")
     sampled_responses: Literal["keep", "drop", "regenerate"] = Field(
         "keep", description="responses sampled at temperature > 0: train on them, drop them, or let the target "
         "regenerate them greedily")

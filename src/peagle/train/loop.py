@@ -50,7 +50,7 @@ from .distributed import (DistEnv, all_gather_objects, all_reduce_sum, gradient_
                           shutdown, wrap_model)
 from .flops import prepared_row_flops
 from .lifecycle import data_lifecycle
-from .loss import EPS, LossStats, RowLoss, metrics_from_stats, per_element_loss, row_loss
+from .loss import EPS, LossStats, RowLoss, metrics_from_stats, missed_weight, per_element_loss, row_loss
 from .metrics_log import TrainLog, log_line
 from .optim import build_optimizer, build_scheduler
 from .settings import TrainRunConfig, TrainSettings
@@ -115,7 +115,8 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
     data = data_lifecycle(dataset, s, env, full_plan)
 
     wrapped, teacher = build_draft(cfg, info, spec, token_counts, init, env)
-    anchor = frozen_anchor(init, spec, device) if s.anchor_weight and init is not None else None
+    serving = (frozen_anchor(init, spec, device)
+               if (s.anchor_weight or s.rejected_weight) and init is not None else None)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     optimizer = build_optimizer(wrapped, s)
     scheduler = build_scheduler(optimizer, s, total_steps)
@@ -152,15 +153,17 @@ def _train(cfg: TrainRunConfig, dataset: SampleDataset | None, env: DistEnv) -> 
             spec.layer_types, row.anchors, row.depths[0], row.document_ids, spec.sliding_window, "flex")
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             out = wrapped(row.input_ids, row.aux_hidden, row.position_ids, row.depths, masks)
-        logits = out.logits[0, row.supervised]
-        rl = row_loss(logits, teacher(row.teacher_hidden), row.supervised_depths, spec.num_depths, s.loss,
-                      s.depth_weight)
-        if anchor is None:
-            return rl
+        logits, teacher_logits = out.logits[0, row.supervised], teacher(row.teacher_hidden)
+        if serving is None:
+            return row_loss(logits, teacher_logits, row.supervised_depths, spec.num_depths, s.loss, s.depth_weight)
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            anchored = anchor(row.input_ids, row.aux_hidden, row.position_ids, row.depths, masks).logits[0, row.supervised]
+            served = serving(row.input_ids, row.aux_hidden, row.position_ids, row.depths, masks).logits[0, row.supervised]
+        weight = missed_weight(served, teacher_logits, s.rejected_weight) if s.rejected_weight else None
+        rl = row_loss(logits, teacher_logits, row.supervised_depths, spec.num_depths, s.loss, s.depth_weight, weight)
+        if not s.anchor_weight:
+            return rl
         # KL(warm-start draft || draft), summed like the main loss; the metrics stay the main loss's
-        return RowLoss(rl.loss_sum + s.anchor_weight * per_element_loss(logits, anchored, "kl").sum(), rl.stats)
+        return RowLoss(rl.loss_sum + s.anchor_weight * per_element_loss(logits, served, "kl").sum(), rl.stats)
 
     K = spec.num_depths
     val_metrics: dict = {}
@@ -230,6 +233,9 @@ def check_settings(s: TrainSettings, env: DistEnv) -> tuple[str, bool]:
     if s.anchor_weight and not s.init_from:
         raise ConfigError(f"train.anchor_weight={s.anchor_weight:g} pulls toward the warm-start draft: it needs "
                           "train.init_from (a refresh sets it to the serving draft)")
+    if s.rejected_weight and not s.init_from:
+        raise ConfigError(f"train.rejected_weight={s.rejected_weight:g} weighs the positions the warm-start draft "
+                          "misses: it needs train.init_from (a refresh sets it to the serving draft)")
     if s.global_batch_rows % env.world_size:
         raise ConfigError(f"train.global_batch_rows={s.global_batch_rows} is not divisible by the world size "
                          f"{env.world_size}; every rank must train the same number of rows per step")
@@ -299,7 +305,8 @@ def build_draft(cfg: TrainRunConfig, info, spec, token_counts: dict[int, int] | 
 
 
 def frozen_anchor(init: InitDraft, spec, device: torch.device) -> torch.nn.Module:
-    """A frozen copy of the warm-start draft (``train.anchor_weight``): its predictions, never updated."""
+    """A frozen copy of the warm-start draft (``train.anchor_weight``, ``train.rejected_weight``): its
+    predictions, never updated."""
     model = init.model(spec).to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)

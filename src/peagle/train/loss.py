@@ -80,13 +80,16 @@ class RowLoss:
 
 
 def row_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, depths: torch.Tensor,
-             num_depths: int, kind: str, depth_weight: float = 1.0) -> RowLoss:
-    """Loss sum and metric counts of one row's supervised elements ([n, Vd] logits, [n] depths)."""
+             num_depths: int, kind: str, depth_weight: float = 1.0,
+             element_weight: torch.Tensor | None = None) -> RowLoss:
+    """Loss sum and metric counts of one row's supervised elements ([n, Vd] logits, [n] depths); an
+    ``element_weight`` [n] (no grad) multiplies each element's term of the loss sum, not the metrics."""
     ell = per_element_loss(draft_logits, teacher_logits, kind)
+    weighted = ell if element_weight is None else ell * element_weight.to(ell.dtype)
     if depth_weight == 1.0:
-        loss_sum = ell.sum()
+        loss_sum = weighted.sum()
     else:
-        loss_sum = (ell * depth_weight ** depths.to(ell.dtype)).sum()
+        loss_sum = (weighted * depth_weight ** depths.to(ell.dtype)).sum()
     with torch.no_grad():
         correct = (draft_logits.argmax(-1) == teacher_logits.argmax(-1)).double()
         d = depths.clamp(max=num_depths - 1)
@@ -97,6 +100,19 @@ def row_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, depths: t
                           torch.tensor(float(ell.numel()), dtype=torch.float64, device=ell.device),
                           per_depth_correct, per_depth_count)
     return RowLoss(loss_sum, stats)
+
+
+def missed_weight(serving_logits: torch.Tensor, teacher_logits: torch.Tensor, weight: float) -> torch.Tensor:
+    """[n] element weights that stress where the serving draft misses (``train.rejected_weight``).
+
+    An element the serving draft (the frozen warm-start copy) gets wrong -- its argmax is not the target's,
+    so greedy verification rejects its token there -- weighs ``1 + weight``, the others 1; rescaled so that
+    the row's weights still sum to n: the loss keeps its scale (and the learning rate its meaning), only
+    the emphasis moves to the misses."""
+    with torch.no_grad():
+        missed = (serving_logits.argmax(-1) != teacher_logits.argmax(-1)).float()
+        w = 1.0 + weight * missed
+        return w * (w.numel() / w.sum().clamp(min=1.0))
 
 
 def metrics_from_stats(stats: LossStats, prefix: str = "") -> dict[str, float]:

@@ -117,6 +117,11 @@ class TrainSettings(StrictModel):
         "own predictions (a frozen copy of train.init_from, on every supervised position, added to the loss): "
         "keeps a refresh near the serving draft where its new data says little; 0: none; > 0 needs "
         "train.init_from")
+    rejected_weight: float = Field(
+        0.0, ge=0.0, le=100.0, description="extra weight on the positions the warm-start draft gets wrong (its "
+        "argmax is not the target's: greedy verification rejects its token there): such a position weighs "
+        "1 + this, the others 1, rescaled so the row's loss keeps its scale; learns where the serving draft "
+        "fails; 0: none; > 0 needs train.init_from")
     epochs: int = Field(1, ge=1, le=1000, description="passes over the training split (at most 1000: "
                         "the plan of every epoch is made, one after the other, before step 1)")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps (default: all epochs)")

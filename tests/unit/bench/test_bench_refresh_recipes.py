@@ -3,29 +3,17 @@
 vLLM for about an hour: a bench, not a test."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
-from support.bench_scripts import BENCH, load_bench
+from support.bench_scripts import BENCH, load_bench, plan_run_dir
 
 load_bench("bench_traffic")  # the recipes bench imports it by name, as when it runs from bench/
 bench = load_bench("bench_refresh_recipes")
 
 
-def run_dir(tmp_path):
-    from peagle.pipeline.local import embedded
-    from peagle.run_config import RunConfig
-
-    run = tmp_path / "run"
-    run.mkdir()
-    config = RunConfig.model_validate(embedded.merged_config({})).model_dump(mode="json")
-    (run / "run.json").write_text(json.dumps({"config": config, "params": embedded.PARAMS, "run_uri": str(run)}))
-    return run
-
-
 def test_dry_run_lists_the_recipes_and_an_unknown_one_is_refused(tmp_path):
-    run = run_dir(tmp_path)
+    run = plan_run_dir(tmp_path)
     done = subprocess.run([sys.executable, str(BENCH / "bench_refresh_recipes.py"), "--run", str(run), "--out",
                            str(tmp_path / "out"), "--dry-run"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -42,7 +30,7 @@ def test_dry_run_lists_the_recipes_and_an_unknown_one_is_refused(tmp_path):
 def test_each_recipe_is_the_refresh_configuration_with_its_overrides(tmp_path):
     import argparse
 
-    run = run_dir(tmp_path)
+    run = plan_run_dir(tmp_path)
     plan = bench.bt.make_plan(argparse.Namespace(
         run=str(run), out=str(tmp_path / "out"), prompts=None, general=None, neighbour=None, concurrency=8,
         max_tokens=128, epochs=1, negative_control="other-target", port=0, temperature=0.0, sampled_responses="keep",
@@ -54,6 +42,10 @@ def test_each_recipe_is_the_refresh_configuration_with_its_overrides(tmp_path):
     replay = bench.recipe_config(plan, "2026-12-04T00:00:00Z", bench.RECIPES["replay-0.5"], tmp_path / "w")
     assert replay.refresh.replay_fraction == 0.5 and replay.train.lr == base.train.lr
     assert base.refresh.replay_fraction == 0.25 and base.train.epochs == 1  # the bench's refresh: one epoch
+    assert base.refresh.anchor_weight == 1.0 and base.refresh.rejected_weight == 0.0  # "default": as shipped
+    assert cfg.refresh.anchor_weight == 0.0 and replay.refresh.anchor_weight == 0.0  # the others: levers off ...
+    both = bench.recipe_config(plan, "2026-12-04T00:00:00Z", bench.RECIPES["kl-anchor-1+rejected-2"], tmp_path / "w")
+    assert (both.refresh.anchor_weight, both.refresh.rejected_weight) == (1.0, 2.0)  # ... but their own
     assert cfg.refresh.since == "2026-12-04T00:00:00Z" and cfg.gate.neighbour == "auto"
     assert cfg.gate.speed_concurrency is None and cfg.work_dir == str(tmp_path / "w")
 

@@ -303,6 +303,33 @@ def test_a_refresh_out_that_would_replace_data_is_refused_before_any_work(qwen3_
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing written, nothing lost
 
 
+def test_the_refresh_trains_with_its_own_levers_and_refuses_them_in_train(tmp_path, monkeypatch):
+    """The refresh's recipe (refresh.anchor_weight, default 1: a KL term to the serving draft;
+    refresh.rejected_weight) sets the training's levers; the same lever set in train is refused, naming where it
+    belongs, so one key decides."""
+    import peagle.train as train_module
+    from peagle.config import ConfigError
+    from peagle.refresh.steps import train_step
+
+    seen = {}
+
+    def stop(run):
+        seen.update(init_from=run.train.init_from, anchor=run.train.anchor_weight, rejected=run.train.rejected_weight)
+        raise KeyboardInterrupt  # the run config is what this test reads: no training
+
+    monkeypatch.setattr(train_module, "train", stop)
+    layout = RefreshLayout.of(str(tmp_path / "refresh"))
+    for refresh_levers, expected in (({}, (1.0, 0.0)), ({"anchor_weight": 0.0, "rejected_weight": 2.0}, (0.0, 2.0))):
+        with pytest.raises(KeyboardInterrupt):
+            train_step(tiny_config("traffic", "", **refresh_levers), target="t", serving_draft="serving", layout=layout)
+        assert (seen["init_from"], seen["anchor"], seen["rejected"]) == ("serving", *expected)
+    cfg = RunConfig.model_validate({**TINY, "train": {**TINY.get("train", {}), "anchor_weight": 0.5},
+                                    "refresh": {"traffic": "traffic"}})
+    with pytest.raises(ConfigError, match=r"train.anchor_weight=0.5 in a refresh: the refresh sets it from "
+                                          r"refresh.anchor_weight; set that instead"):
+        train_step(cfg, target="t", serving_draft="serving", layout=layout)
+
+
 def test_refresh_end_to_end_with_a_stand_in_gate(qwen3_target, base_data, serving_draft, tmp_path, monkeypatch):
     """select -> prepare -> extract (hf) -> train warm-started from the serving draft -> gate -> lineage."""
     import peagle.gate.run as gate_module

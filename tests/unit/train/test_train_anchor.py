@@ -1,5 +1,6 @@
-"""train.anchor_weight: a KL term to the warm-start draft's own predictions (its frozen copy), the refresh lever
-that keeps a candidate near the serving draft where its new data says little (issue #40)."""
+"""The refresh levers that read the warm-start draft's own predictions (its frozen copy), issue #40:
+train.anchor_weight, a KL term that keeps a candidate near the serving draft where its new data says little;
+train.rejected_weight, more weight where the serving draft misses."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,7 @@ from peagle.model import Draft, init_draft, inspect_target, load_draft, resolve_
 from peagle.train import train
 from peagle.train.batches import pack_rows, row_seed
 from peagle.train.loop import row_maker
-from peagle.train.loss import per_element_loss
+from peagle.train.loss import missed_weight, per_element_loss, row_loss
 from support.train_data import target_dataset, tiny_config
 
 DRAFT = {"num_layers": 1, "num_depths": 3, "draft_vocab_size": 256}
@@ -62,4 +63,29 @@ def test_an_anchor_without_a_warm_start_is_refused(qwen3_target, tmp_path):
     cfg = tiny_config(qwen3_target, tmp_path, draft=DRAFT, anchor_weight=1.0)
     with pytest.raises(ConfigError, match="train.anchor_weight=1 pulls toward the warm-start draft: it needs "
                                           "train.init_from"):
+        train(cfg, target_dataset(qwen3_target, 4, seed=1))
+
+
+def test_the_serving_drafts_misses_weigh_more_and_the_loss_keeps_its_scale():
+    """train.rejected_weight: an element whose serving-draft argmax is not the target's weighs 1 + w before
+    the row's weights are rescaled to sum to n; the metrics stay unweighted."""
+    teacher = torch.tensor([[5.0, 0.0, 0.0], [0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])
+    serving = torch.tensor([[5.0, 0.0, 0.0], [5.0, 0.0, 0.0], [0.0, 0.0, 5.0], [0.0, 5.0, 0.0]])  # misses 1, 3
+    w = missed_weight(serving, teacher, 3.0)
+    assert torch.allclose(w, torch.tensor([0.4, 1.6, 0.4, 1.6]))  # (1, 4, 1, 4) * 4 / 10
+    assert float(w.sum()) == pytest.approx(4.0)
+    assert torch.equal(missed_weight(teacher, teacher, 3.0), torch.ones(4))  # nothing missed: plain loss
+
+    draft = torch.randn(4, 3)
+    depths = torch.tensor([0, 1, 0, 1])
+    ell = per_element_loss(draft, teacher, "kl")
+    weighted, plain = row_loss(draft, teacher, depths, 2, "kl", 0.5, w), row_loss(draft, teacher, depths, 2, "kl", 0.5)
+    assert float(weighted.loss_sum) == pytest.approx(float((ell * w * 0.5 ** depths).sum()), rel=1e-5)
+    assert torch.equal(weighted.stats.to_tensor(), plain.stats.to_tensor())
+
+
+def test_weighting_the_misses_without_a_warm_start_is_refused(qwen3_target, tmp_path):
+    cfg = tiny_config(qwen3_target, tmp_path, draft=DRAFT, rejected_weight=2.0)
+    with pytest.raises(ConfigError, match="train.rejected_weight=2 weighs the positions the warm-start draft "
+                                          "misses: it needs train.init_from"):
         train(cfg, target_dataset(qwen3_target, 4, seed=1))
