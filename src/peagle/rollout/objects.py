@@ -151,8 +151,11 @@ class RolloutObjects:
         return deep_merge(v, {"runtimeName": self.canary_name(candidate)}) if self.serverless else v
 
     def _canary_values(self, candidate: Candidate) -> dict:
-        """kserve-canary: what the canary predictor differs by (its model source and fingerprint)."""
-        overrides = self._candidate(candidate)
+        """kserve-canary: what the canary predictor differs by (its model source and fingerprint): the candidate's
+        values that differ from the stable's. The candidate's values are a whole release's (what route and
+        httproute render the canary from), whose empty settings (an image digest, ``gpu.count: 0``) the
+        stable has too and need no override."""
+        overrides = _differing(self._candidate(candidate), self._values)
         if empty := _empty_leaves(overrides):
             # Helm's mergeOverwrite skips them: the canary predictor would not be the promoted one.
             raise RenderError(f"candidate values {', '.join(empty)} are empty: kserve.canary.values cannot "
@@ -215,6 +218,19 @@ class RolloutObjects:
         the stable release never uses them), in reverse apply order: the serving object (and its GPU) goes
         first, its ServiceAccount last, so a right the runner lacks leaves the least behind."""
         return [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in reversed(self.canary(candidate))]
+
+
+def _differing(values: Mapping, base: Mapping) -> dict:
+    """The leaves of ``values`` that ``base`` does not hold with the same value (lists compared whole)."""
+    out: dict = {}
+    for k, v in values.items():
+        b = base.get(k) if isinstance(base, Mapping) else None
+        if isinstance(v, Mapping) and v and isinstance(b, Mapping):
+            if sub := _differing(v, b):
+                out[k] = sub
+        elif k not in base or v != b:
+            out[k] = v
+    return out
 
 
 def _empty_leaves(values: Mapping, prefix: str = "") -> list[str]:
