@@ -6,9 +6,14 @@ vLLM calls every ``vllm.general_plugins`` entry point once per process before it
 of them: our offline engines, extraction and evaluation workers, ``peagle run`` and ``vllm serve`` in
 the CPU image all load it, because peagle is installed beside vLLM (``pyproject.toml`` registers it).
 
-What it does: on the CPU platform, on a host with AMX, it asks Linux for AMX tile permission
-(:func:`peagle.cpu_features.request_amx`). vLLM's CPU attention kernel uses AMX tiles there and dies
-with SIGILL in a process that has not asked. On CUDA, and on CPUs without AMX, it does nothing.
+What it does:
+
+* registers the weight-transfer engine ``peagle-draft`` (:class:`peagle.swap.engine.PublishedDraftEngine`,
+  by module path: nothing is imported until a server started with ``--weight-transfer-config
+  '{"backend": "peagle-draft"}'`` builds it), which swaps the served draft for a published one;
+* on the CPU platform, on a host with AMX, it asks Linux for AMX tile permission
+  (:func:`peagle.cpu_features.request_amx`). vLLM's CPU attention kernel uses AMX tiles there and dies
+  with SIGILL in a process that has not asked. On CUDA, and on CPUs without AMX, it does nothing.
 
 ``VLLM_PLUGINS`` (a comma-separated allow-list) disables it when set without ``peagle``.
 """
@@ -29,6 +34,7 @@ def register() -> None:
     global STATUS
     if STATUS is not None:
         return
+    _register_draft_swap()
     try:
         from vllm.platforms import current_platform
 
@@ -45,6 +51,20 @@ def register() -> None:
                        "die with SIGILL", os.getpid(), STATUS)
     elif STATUS == "granted":
         logger.info("peagle: AMX tile permission granted in pid %d", os.getpid())
+
+
+#: the weight-transfer backend name of the draft swap (``peagle.swap.engine.BACKEND``, not imported here)
+SWAP_BACKEND = "peagle-draft"
+
+
+def _register_draft_swap() -> None:
+    try:
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+        if SWAP_BACKEND not in WeightTransferEngineFactory._registry:
+            WeightTransferEngineFactory.register_engine(SWAP_BACKEND, "peagle.swap.engine", "PublishedDraftEngine")
+    except Exception as exc:  # noqa: BLE001 - a vLLM without the factory serves on, without the swap
+        logger.warning("peagle: the draft swap engine is not registered (%r)", exc)
 
 
 def worker_report(worker=None) -> dict:
