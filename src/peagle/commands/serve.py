@@ -21,6 +21,7 @@ from ..errors import PeagleError, report
 from ..speed import SpeculationSchedule
 from ..storage import check_uri, parse_uri
 from ..traffic import serve
+from ..traffic.swap import TOKEN_ENV as SWAP_TOKEN_ENV
 from ..traffic.serve import DEFAULT_PORT, server_command, supervise
 from ..traffic.settings import CaptureSettings
 
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", metavar="PATH", help="the speculation schedule the evaluation chose (its "
                    "schedule.json or the evaluate output): K per batch size; the target alone where it drafts nowhere")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    p.add_argument("--swap", action="store_true", help="answer the draft swap endpoint /peagle/v1/draft behind the "
+                   "bearer token in the environment variable PEAGLE_SWAP_TOKEN (docs/traffic.md)")
     p.add_argument("--config", help="YAML with 'engine' and 'capture' sections")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one setting, e.g. --set capture.sample_rate=0.5 (repeatable)")
@@ -97,9 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(ns)
         check_settings(ns, cfg)
         schedule = SpeculationSchedule.read(ns.schedule) if ns.schedule else None
+        swap_token = os.environ.get(SWAP_TOKEN_ENV, "").strip() if ns.swap else None
+        if ns.swap and not swap_token:
+            raise C.ConfigError(f"--swap: the swap endpoint's token comes from the environment variable "
+                                f"{SWAP_TOKEN_ENV}, which is empty")
         cmd, env = server_command(ns.target, ns.draft, k=ns.num_speculative_tokens, host=ns.host, port=ns.port,
                                   served_model_name=ns.served_model_name, engine=cfg.engine,
-                                  capture=cfg.capture, dtype=ns.dtype, schedule=schedule)
+                                  capture=cfg.capture, dtype=ns.dtype, schedule=schedule, swap_token=swap_token)
     except PeagleError as exc:
         return report(exc)
     where = f", capturing into {cfg.capture.uri}" if cfg.capture.enabled else ""

@@ -23,8 +23,8 @@ registers this class under that name in every vLLM process (``peagle.vllm_plugin
    way, and the error is raised: the old draft keeps serving.
 
 Steps 1 and 2 refuse before the model is touched (:class:`~peagle.swap.checks.SwapRefused`). What serves
-is kept as :attr:`PublishedDraftEngine.serving` (its fingerprint answers ``peagle_draft_fingerprint``,
-a ``collective_rpc`` a caller confirms the swap by).
+is kept as :attr:`PublishedDraftEngine.serving`; its fingerprint is what a caller confirms the swap by: the
+worker extension :class:`DraftSwapWorker` answers ``collective_rpc("peagle_draft_fingerprint")``.
 """
 from __future__ import annotations
 
@@ -191,3 +191,11 @@ def worker_fingerprint(worker=None) -> str | None:
         spec = worker.speculative_config
         engine.serving = read_start_up(str(spec.draft_model_config.model))
     return engine.serving.fingerprint
+
+
+class DraftSwapWorker:
+    """A vLLM worker extension (``--worker-extension-cls peagle.swap.engine.DraftSwapWorker``): the worker
+    answers ``collective_rpc("peagle_draft_fingerprint")`` -- by name, so a server needs no pickled callables."""
+
+    def peagle_draft_fingerprint(self) -> str | None:
+        return worker_fingerprint(self)

@@ -12,6 +12,8 @@ thread (:class:`~peagle.traffic.log.TrafficWriter`) parses the bytes (:mod:`peag
 ``metrics.speculative_decoding`` from the chunk carrying them -- the server runs with
 ``--enable-force-include-usage`` so a stream's final chunk has them), redacts it and publishes it.
 A body larger than ``max_record_bytes`` stops being copied and the request is counted as too large.
+It also answers the draft swap endpoint (:mod:`peagle.traffic.swap`, on with a token only); a record is
+labelled with the draft that served when its request arrived.
 Nothing raised inside the capture reaches the server: errors are counted and logged.
 
 What is stored of a request: its messages (role and text) or prompt, the model name, the numeric sampling
@@ -40,6 +42,7 @@ from ..net.sse import (StreamedAnswer, UnsupportedContent, choice_text, content_
 from .log import CaptureSkipped, TrafficWriter
 from ..records.traffic import CHAT_ENDPOINT, ENDPOINTS, TrafficRecord
 from .settings import CaptureSettings
+from .swap import SWAP_PATH, ServedDraft, SwapEndpoint
 
 log = logging.getLogger("peagle.traffic")
 Scope = dict[str, Any]
@@ -90,6 +93,7 @@ class CaptureMiddleware:
         self.app = app
         self.settings = CaptureSettings.from_env(os.environ)
         self.writer: TrafficWriter | None = None
+        self.swap = SwapEndpoint.from_env(os.environ)  # /peagle/v1/draft, with a token only (peagle.traffic.swap)
         if self.settings.enabled:
             _prometheus_counters()
             self.writer = TrafficWriter(self.settings, on_count=_to_prometheus)
@@ -97,6 +101,9 @@ class CaptureMiddleware:
             log.info("capturing served traffic into %s (sample rate %s)", self.settings.uri, self.settings.sample_rate)
 
     async def __call__(self, scope: Scope, receive, send) -> None:
+        if self.swap is not None and scope.get("type") == "http" and scope.get("path", "").rstrip("/") == SWAP_PATH:
+            await self.swap(scope, receive, send)
+            return
         writer = self.writer
         if (writer is None or scope.get("type") != "http" or scope.get("method") != "POST"
                 or scope.get("path", "").rstrip("/") not in ENDPOINTS or not writer.sampled()):
@@ -132,6 +139,7 @@ class _Capture:
         self.endpoint, self.limit = endpoint, limit
         self.received_at = datetime.now(timezone.utc)
         self.start = time.monotonic()
+        self.draft_fingerprint = ServedDraft.fingerprint  # the draft that answers from the start (after a swap)
         self.request: list[bytes] = []
         self.response: list[bytes] = []
         self.request_size = self.response_size = 0
@@ -212,7 +220,8 @@ class _Capture:
         model = request.get("model")
         return TrafficRecord.new(
             received_at=self.received_at, endpoint=self.endpoint, model=model if isinstance(model, str) else "",
-            sampling=_sampling(request), stream=stream, status=status, timing=timing, **fields)
+            sampling=_sampling(request), stream=stream, status=status, timing=timing,
+            draft_fingerprint=self.draft_fingerprint, **fields)
 
 
 def _sampling(request: dict[str, Any]) -> dict[str, Any]:

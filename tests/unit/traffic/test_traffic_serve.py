@@ -57,6 +57,28 @@ def test_server_command_with_capture_sets_exactly_the_capture_settings(qwen3_tar
     assert back == capture.model_copy(update={"target_dir": str(qwen3_target), "draft_dir": str(ladder_init_draft)})
 
 
+def test_server_command_with_the_swap_serves_its_endpoint_and_engine(qwen3_target, ladder_init_draft):
+    """--swap: the middleware (capture off), the peagle-draft weight-transfer engine, the worker extension the
+    endpoint asks which draft serves, and the token in the server's environment only."""
+    argv, env = S.server_command(str(qwen3_target), str(ladder_init_draft), swap_token="t0ken")
+    assert _arg(argv, "--middleware") == "peagle.traffic.middleware.CaptureMiddleware"
+    assert json.loads(_arg(argv, "--weight-transfer-config")) == {"backend": "peagle-draft"}
+    assert _arg(argv, "--worker-extension-cls") == "peagle.swap.engine.DraftSwapWorker"
+    assert env["PEAGLE_SWAP_TOKEN"] == "t0ken" and "t0ken" not in " ".join(argv)
+    capture = CaptureSettings(enabled=True, uri="s3://bucket/traffic")
+    argv, _ = S.server_command(str(qwen3_target), str(ladder_init_draft), capture=capture, swap_token="t0ken")
+    assert argv.count("--middleware") == 1
+
+
+def test_serve_swap_without_its_token_stops_before_anything_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(S.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    monkeypatch.delenv("PEAGLE_SWAP_TOKEN", raising=False)
+    rc = serve_command.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "-k", "1", "--swap"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["peagle: error: --swap: the swap endpoint's token comes from the environment variable "
+                               "PEAGLE_SWAP_TOKEN, which is empty"], err
+
+
 def test_server_command_serves_the_evaluations_schedule(qwen3_target, ladder_init_draft, tmp_path):
     from peagle.speed import ScheduleRange, SpeculationSchedule
 

@@ -1,0 +1,190 @@
+"""The draft swap endpoint inside vLLM's API server (issue #41): ``/peagle/v1/draft``, behind a bearer token.
+
+Served by :class:`peagle.traffic.middleware.CaptureMiddleware` (the project's ``--middleware``) when the
+server's environment holds :data:`TOKEN_ENV` (a Kubernetes Secret's value); without it the path is not
+answered (404, as any unknown path), so the swap is off by default. Not vLLM's development routes
+(``VLLM_SERVER_DEV_MODE``), which expose far more than a swap.
+
+* ``GET /peagle/v1/draft`` -> ``{"fingerprint": FP}``: the draft every worker serves (each asked).
+* ``POST /peagle/v1/draft`` with ``{"uri": URI, "fingerprint": FP}`` (FP optional: the draft it must be)
+  swaps the draft through the engine's ``start_draft_weight_update`` -> ``update_weights`` ->
+  ``finish_weight_update`` (the ``peagle-draft`` weight-transfer engine, :mod:`peagle.swap.engine`: the
+  server must start with ``--weight-transfer-config '{"backend": "peagle-draft"}'`` and
+  ``--worker-extension-cls peagle.swap.engine.DraftSwapWorker``), then asks every worker which draft it
+  serves. 200 ``{"fingerprint", "previous", "seconds", "served_model_names"}``; a draft the engine refuses
+  or fails to load: 409 ``{"error", "fingerprint"}`` with the draft that still serves; 400 a bad request;
+  401 without the token; 409 while another swap runs.
+
+After a swap the served model name that carries the draft (``<name>:draft-<FP>``, the chart's second
+name) names the new draft, and the capture labels records of requests that arrive from then on with it.
+Prometheus: ``peagle_draft_swaps_total{outcome="swapped|refused|unauthorized"}``.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+log = logging.getLogger("peagle.traffic")
+SWAP_PATH = "/peagle/v1/draft"
+TOKEN_ENV = "PEAGLE_SWAP_TOKEN"
+MAX_BODY = 64 * 1024
+DRAFT_NAME_MARK = ":draft-"
+# the worker extension peagle.swap.engine.DraftSwapWorker (--worker-extension-cls) and its method
+WORKER_EXTENSION = "peagle.swap.engine.DraftSwapWorker"
+FINGERPRINT_RPC = "peagle_draft_fingerprint"  # the chart's second served model name: <name>:draft-<fingerprint>
+
+
+class ServedDraft:
+    """Which draft this server's workers serve since the last swap (None: the one it started with)."""
+
+    fingerprint: str | None = None
+
+
+def _counter():
+    global _SWAPS
+    if _SWAPS is None:
+        try:
+            from prometheus_client import Counter
+        except ImportError:
+            return None
+        _SWAPS = Counter("peagle_draft_swaps", "Draft swaps asked of this server, by outcome", ["outcome"])
+    return _SWAPS
+
+
+_SWAPS: Any = None
+
+
+def _count(outcome: str) -> None:
+    counter = _counter()
+    if counter is not None:
+        counter.labels(outcome=outcome).inc()
+
+
+async def _reply(send, status: int, doc: Mapping[str, Any], headers: tuple = ()) -> None:
+    body = json.dumps(doc).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive) -> bytes | None:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message.get("type") != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def served_fingerprint(engine_client) -> str | None:
+    """The draft every worker serves (one answer), else None; raises when workers disagree."""
+    answers = set(await engine_client.collective_rpc(FINGERPRINT_RPC))
+    if len(answers) > 1:
+        raise RuntimeError(f"the workers serve different drafts: {sorted(map(str, answers))}")
+    return next(iter(answers), None)
+
+
+def rename_served_draft(app_state, previous: str | None, now: str) -> list[str]:
+    """Point the served model names ``<name>:draft-<previous>`` at ``now``; returns the names now served."""
+    from dataclasses import replace
+
+    models = getattr(app_state, "openai_serving_models", None)
+    if models is None:
+        return []
+    paths = []
+    for p in models.base_model_paths:
+        name, mark, fp = p.name.rpartition(DRAFT_NAME_MARK)
+        if mark and name and (previous is None or fp == previous):
+            p = replace(p, name=f"{name}{DRAFT_NAME_MARK}{now}")
+        paths.append(p)
+    models.base_model_paths[:] = paths
+    return [p.name for p in paths]
+
+
+class SwapEndpoint:
+    """The ASGI handler of :data:`SWAP_PATH` (see the module docstring)."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise ValueError("a swap endpoint needs a token")
+        self._token = token.encode()
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "SwapEndpoint | None":
+        token = env.get(TOKEN_ENV, "").strip()
+        return cls(token) if token else None
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope.get("headers", ()):
+            if bytes(name).lower() == b"authorization":
+                scheme, _, given = bytes(value).partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._token)
+        return False
+
+    async def __call__(self, scope, receive, send) -> None:
+        if not self._authorized(scope):
+            _count("unauthorized")
+            await _reply(send, 401, {"error": f"{SWAP_PATH} needs the swap token (Authorization: Bearer ...)"},
+                         ((b"www-authenticate", b"Bearer"),))
+            return
+        client = scope["app"].state.engine_client
+        if scope.get("method") == "GET":
+            await _reply(send, 200, {"fingerprint": await served_fingerprint(client)})
+            return
+        if scope.get("method") != "POST":
+            await _reply(send, 405, {"error": f"{SWAP_PATH}: GET or POST"}, ((b"allow", b"GET, POST"),))
+            return
+        body = await _read_body(receive)
+        try:
+            asked = json.loads(body) if body is not None else None
+        except ValueError:
+            asked = None
+        if (not isinstance(asked, dict) or not isinstance(asked.get("uri"), str) or not asked["uri"]
+                or not isinstance(asked.get("fingerprint", ""), str) or set(asked) - {"uri", "fingerprint"}):
+            await _reply(send, 400, {"error": 'expected a JSON object {"uri": "<published draft>", "fingerprint": '
+                                     '"<optional: the draft it must be>"} of at most 64 KiB'})
+            return
+        if self._lock.locked():
+            await _reply(send, 409, {"error": "another swap is running"})
+            return
+        async with self._lock:
+            await self._swap(scope["app"].state, client, asked["uri"], asked.get("fingerprint", ""), send)
+
+    async def _swap(self, state, client, uri: str, fingerprint: str, send) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        t0 = time.monotonic()
+        previous = await served_fingerprint(client)
+        try:
+            await client.start_draft_weight_update()
+            # a failed update ends the engine's session itself; finish only after a success
+            await client.update_weights(WeightTransferUpdateRequest(update_info={"uri": uri,
+                                                                                 "fingerprint": fingerprint}))
+            await client.finish_weight_update()
+        except Exception as exc:  # noqa: BLE001 - the engine refused or failed: the old draft serves on
+            now = await served_fingerprint(client)
+            _count("refused")
+            log.warning("peagle: draft swap to %s refused (%s); serving %s", uri, exc, now)
+            await _reply(send, 409, {"error": str(exc), "fingerprint": now})
+            return
+        now = await served_fingerprint(client)
+        names = rename_served_draft(state, previous, now) if now else []
+        ServedDraft.fingerprint = now
+        _count("swapped")
+        seconds = round(time.monotonic() - t0, 3)
+        log.info("peagle: draft %s swapped in for %s in %.2f s (%s)", now, previous, seconds, uri)
+        await _reply(send, 200, {"fingerprint": now, "previous": previous, "seconds": seconds,
+                                 "served_model_names": names})
