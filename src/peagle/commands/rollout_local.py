@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "this candidate; recorded with the decision")
     p.add_argument("--port", type=int, default=8000, help="the stable's port (its URL never changes)")
     p.add_argument("--canary-port", type=int, help="the canary's port (default: a free one)")
+    p.add_argument("--swap", action="store_true", help="promote by swapping the stable's draft in place (its draft "
+                   "swap endpoint, with a token made for this session), restarting it only if the swap is refused")
     p.add_argument("--num-speculative-tokens", "-k", type=int, help="K (default: the drafts' trained depths)")
     p.add_argument("--log-dir", help="server logs (default: a new temporary directory)")
     C.add_run_config_args(p, reads="its 'engine', 'capture' and 'rollout' sections are read",
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         backend = LocalBackend(ns.target, ns.stable_draft, capture=cfg.capture, stable_fingerprint=stable.fingerprint,
                                log_dir=ns.log_dir or tempfile.mkdtemp(prefix="peagle-rollout-"), port=ns.port,
                                canary_port=ns.canary_port, k=ns.num_speculative_tokens, engine=cfg.engine,
-                               start_timeout_s=cfg.rollout.ready_timeout_s)
+                               start_timeout_s=cfg.rollout.ready_timeout_s, swap=ns.swap)
         with backend:
             decision, _ = rollout_under_traffic(
                 backend, candidate, prompts, traffic=TrafficLog(ns.traffic), settings=cfg.rollout, history=history,

@@ -17,6 +17,9 @@ servers (:class:`peagle.traffic.serve.ServerProcess`):
 * ``update_stable`` restarts the stable on the **same port** with the candidate's draft while the
   stable has weight 0 (the canary carries all traffic meanwhile, and the router drains the stable's
   requests in flight first), the local counterpart of a Deployment's Recreate behind a weighted route;
+  with ``swap`` (``peagle rollout local --swap``) it swaps the stable's draft in place instead
+  (:func:`peagle.traffic.swap.swap_draft`, the server confirming the candidate's fingerprint), and
+  restarts only when the swap is refused;
 * ``remove_canary`` gives the canary weight 0, drains it, then stops it.
 
 ``peagle rollout local`` (:mod:`peagle.commands.rollout_local`) serves the stable, replays a prompt set
@@ -25,6 +28,7 @@ live records and prints the decision. Exit status: 0 promoted, 1 rolled back, 2 
 """
 from __future__ import annotations
 
+import secrets
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,6 +44,7 @@ from ..traffic.log import TrafficLog
 from ..traffic.replay import ReplayResult, WeightedRouter, replay
 from ..traffic.serve import ServerProcess, free_port, server_command
 from ..traffic.settings import CaptureSettings
+from ..traffic.swap import SwapFailed, swap_draft
 from .assemble import read_gate
 from .controller import run_rollout
 from .objects import Candidate
@@ -77,7 +82,8 @@ class LocalBackend:
                  host: str = "127.0.0.1", engine: EngineSettings | None = None,
                  start_timeout_s: float = 1800.0, drain_timeout_s: float = 600.0,
                  server: Callable[..., Any] = ServerProcess, clock: Callable[[], datetime] = utc_now,
-                 say: Callable[[str], None] = print):
+                 say: Callable[[str], None] = print, swap: bool = False,
+                 swapper: Callable[..., dict] = swap_draft):
         if not capture.uri:
             raise C.ConfigError("the local rollout needs a traffic log: capture.uri is empty")
         self.target, self.k, self.host, self.engine = str(target), k, host, engine
@@ -96,6 +102,10 @@ class LocalBackend:
         self._canary_fp: str | None = None
         self._canary_started_at: datetime | None = None
         self._starts = 0
+        # the servers' swap token: made here, known to this process and its servers only
+        self._swap_token = secrets.token_urlsafe(32) if swap else None
+        self._swapper = swapper
+        self.swaps = 0  # promotions done by a swap (the others restarted the stable)
         self.canary_serving = threading.Event()  # set while the canary has weight (traffic may start)
 
     # ---- the servers ----------------------------------------------------------------------------------
@@ -105,7 +115,8 @@ class LocalBackend:
         capture = self.capture.model_copy(update={"target_dir": self.target, "draft_dir": draft,
                                                   "draft_fingerprint": fingerprint})
         argv, env = server_command(self.target, draft, k=self.k, host=self.host, port=port,
-                                   served_model_name=SERVED_MODEL_NAME, engine=self.engine, capture=capture)
+                                   served_model_name=SERVED_MODEL_NAME, engine=self.engine, capture=capture,
+                                   swap_token=self._swap_token)
         log = self.log_dir / f"{self._starts:02d}-{role}-{fingerprint[:12]}.log"
         self._say(f"serving draft {fingerprint} as the {role} on port {port} (log {log})")
         try:
@@ -178,6 +189,17 @@ class LocalBackend:
     def update_stable(self, candidate: "Candidate") -> None:
         if self._stable is not None and self._stable_fp == candidate.fingerprint:
             return  # it serves the candidate already (start() returned once it was healthy)
+        if self._swap_token and self._stable is not None:
+            try:  # in place: no restart, no request fails, the traffic may stay where it is
+                answer = self._swapper(self.stable_url, self._swap_token, candidate.draft, candidate.fingerprint)
+            except SwapFailed as exc:
+                self._say(f"the stable did not swap to draft {candidate.fingerprint} ({exc}); restarting it instead")
+            else:
+                self._stable_draft, self._stable_fp = candidate.draft, candidate.fingerprint
+                self.swaps += 1
+                self._say(f"the stable swapped to draft {candidate.fingerprint} in {answer.get('seconds')} s, "
+                          "without a restart")
+                return
         weights = self.router.weights()
         if weights[self.stable_url] != 0 or self._canary_fp != candidate.fingerprint:
             # restarting it now would fail the requests the router still sends it

@@ -188,3 +188,37 @@ class SwapEndpoint:
         log.info("peagle: draft %s swapped in for %s in %.2f s (%s)", now, previous, seconds, uri)
         await _reply(send, 200, {"fingerprint": now, "previous": previous, "seconds": seconds,
                                  "served_model_names": names})
+
+
+# ---- the client side ---------------------------------------------------------------------------------------
+
+
+class SwapFailed(RuntimeError):
+    """A server did not swap its draft (``serving``: the draft it says it serves, when it answered)."""
+
+    def __init__(self, message: str, serving: str | None = None):
+        super().__init__(message)
+        self.serving = serving
+
+
+def swap_draft(url: str, token: str, uri: str, fingerprint: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Ask the server at ``url`` (its root) to serve the published draft ``uri`` (which must be ``fingerprint``);
+    returns its answer once every worker serves it; :class:`SwapFailed` otherwise."""
+    from ..net.json_client import HttpError, JsonHttpClient
+
+    where = url.rstrip("/") + SWAP_PATH
+    try:
+        answer = JsonHttpClient(timeout_s=timeout_s, token=token).request_json(
+            "POST", where, {"uri": uri, "fingerprint": fingerprint})
+    except HttpError as exc:
+        try:
+            doc = json.loads(exc.body or "{}")
+        except ValueError:
+            doc = {}
+        doc = doc if isinstance(doc, dict) else {}
+        raise SwapFailed(f"{where} answered {exc.status or exc.reason}: {doc.get('error') or exc.body or exc}",
+                         doc.get("fingerprint")) from None
+    if not isinstance(answer, dict) or answer.get("fingerprint") != fingerprint:
+        raise SwapFailed(f"{where} serves {answer.get('fingerprint') if isinstance(answer, dict) else answer!r} "
+                         f"after the swap, not {fingerprint}")
+    return answer

@@ -107,6 +107,46 @@ def test_promotion_restarts_the_stable_on_its_port_only_while_it_has_no_traffic(
     assert ev[5] == ("stop", 8123, CANDIDATE.fingerprint, (100, 0))
 
 
+@pytest.mark.parametrize("refused", [False, True])
+def test_with_the_swap_promotion_swaps_the_stable_in_place_and_restarts_only_when_refused(tmp_path, refused):
+    from peagle.traffic.swap import SwapFailed
+
+    class Recording(Servers):
+        made: list = []
+
+        def __call__(self, argv, env, log_path, *, start_timeout_s):
+            self.made.append((argv, env))
+            return super().__call__(argv, env, log_path, start_timeout_s=start_timeout_s)
+
+    servers, asked = Recording(), []
+
+    def swapper(url, token, uri, fingerprint):
+        asked.append((url, uri, fingerprint, servers.weights()))
+        if refused:
+            raise SwapFailed("409: not the running draft's kind of draft", "s" * 12)
+        return {"fingerprint": fingerprint, "previous": "s" * 12, "seconds": 1.5}
+
+    b = L.LocalBackend("/models/target", "/drafts/stable", capture=CaptureSettings(uri=str(tmp_path / "t")),
+                       log_dir=tmp_path / "logs", port=8123, canary_port=8124, stable_fingerprint="s" * 12, k=2,
+                       server=servers, clock=lambda: T0, say=lambda line: None, swap=True, swapper=swapper)
+    servers.backend = b
+    b.start()
+    stable = servers.events[0]
+    b.deploy_canary(CANDIDATE, 50)
+    b.set_weight(CANDIDATE, 100)
+    b.update_stable(CANDIDATE)
+    assert asked == [("http://127.0.0.1:8123", CANDIDATE.draft, CANDIDATE.fingerprint, (0, 100))]
+    assert b.stable_fingerprint() == CANDIDATE.fingerprint and b.stable_draft == CANDIDATE.draft
+    restarted = [e for e in servers.events if e[1] == 8123][1:]
+    assert (b.swaps, restarted) == ((0, [("stop", 8123, "s" * 12, (0, 100)), ("start", 8123, CANDIDATE.fingerprint,
+                                                                                 (0, 100))]) if refused else (1, []))
+    assert stable == ("start", 8123, "s" * 12, (100, 0))
+    # every server has the session's token, in its environment only
+    token = b._swap_token
+    assert len(token) >= 32 and servers.made
+    assert all(env["PEAGLE_SWAP_TOKEN"] == token and token not in " ".join(argv) for argv, env in servers.made)
+
+
 def test_rollback_never_touches_the_stable(backend):
     backend.start()
     backend.deploy_canary(OTHER, 50)
