@@ -10,7 +10,9 @@ One procedure (:func:`run_rollout`) over a serving :class:`Backend` -- the clust
 
    * **promote** = ``set_weight(100)`` -> ``update_stable`` -> ``remove_canary``: all traffic goes to the
      (ready) canary while the stable restarts with the candidate's draft, and back once that serves, so
-     the weighted backends are ready at every moment and the stable endpoint never goes unready;
+     the weighted backends are ready at every moment and the stable endpoint never goes unready; a
+     backend that ``swaps_in_place`` (``peagle rollout local --swap``) skips ``set_weight(100)``: its
+     stable swaps the draft while it keeps its share;
    * **rollback** = ``remove_canary`` (the stable is never touched).
 
 Convergence (a rerun after the process was killed at any step):
@@ -131,7 +133,9 @@ def run_rollout(backend: Backend, candidate: "Candidate", *, traffic: "TrafficLo
     say(f"promoting draft {candidate.fingerprint}: all traffic to the canary while the stable is updated")
     if backend.canary_fingerprint() != candidate.fingerprint:  # aborted after the decision: serve it again
         backend.deploy_canary(candidate, settings.canary_percent)
-    backend.set_weight(candidate, 100)
+    if not getattr(backend, "swaps_in_place", False):
+        backend.set_weight(candidate, 100)
+    # a backend that swaps the stable's draft in place keeps the split meanwhile: the swap fails no request
     backend.update_stable(candidate)
     return _finish_promotion(backend, candidate, history, settings, out, say, decision=recorded)
 

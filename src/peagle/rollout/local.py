@@ -160,6 +160,12 @@ class LocalBackend:
         return self._canary_started_at
 
     @property
+    def swaps_in_place(self) -> bool:
+        """Promotion swaps the stable's draft while it keeps its share (the controller skips sending all
+        traffic to the canary first)."""
+        return self._swap_token is not None
+
+    @property
     def stable_draft(self) -> str:
         return self._stable_draft
 
@@ -194,6 +200,8 @@ class LocalBackend:
                 answer = self._swapper(self.stable_url, self._swap_token, candidate.draft, candidate.fingerprint)
             except SwapFailed as exc:
                 self._say(f"the stable did not swap to draft {candidate.fingerprint} ({exc}); restarting it instead")
+                if self._canary_fp == candidate.fingerprint:
+                    self.set_weight(candidate, 100)  # the restart needs the stable without traffic
             else:
                 self._stable_draft, self._stable_fp = candidate.draft, candidate.fingerprint
                 self.swaps += 1

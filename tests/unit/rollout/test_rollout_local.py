@@ -132,10 +132,10 @@ def test_with_the_swap_promotion_swaps_the_stable_in_place_and_restarts_only_whe
     servers.backend = b
     b.start()
     stable = servers.events[0]
+    assert b.swaps_in_place  # the controller swaps without sending all traffic to the canary first
     b.deploy_canary(CANDIDATE, 50)
-    b.set_weight(CANDIDATE, 100)
     b.update_stable(CANDIDATE)
-    assert asked == [("http://127.0.0.1:8123", CANDIDATE.draft, CANDIDATE.fingerprint, (0, 100))]
+    assert asked == [("http://127.0.0.1:8123", CANDIDATE.draft, CANDIDATE.fingerprint, (50, 50))]
     assert b.stable_fingerprint() == CANDIDATE.fingerprint and b.stable_draft == CANDIDATE.draft
     restarted = [e for e in servers.events if e[1] == 8123][1:]
     assert (b.swaps, restarted) == ((0, [("stop", 8123, "s" * 12, (0, 100)), ("start", 8123, CANDIDATE.fingerprint,
