@@ -153,10 +153,17 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
 # Per-request acceptance in each response's usage (vLLM refuses it without a speculative config).
 - "--per-request-spec-decode-metrics=summary"
 {{- end }}
-{{- if .Values.capture.enabled }}
+{{- if or .Values.capture.enabled .Values.swap.enabled }}
 - "--middleware=peagle.traffic.middleware.CaptureMiddleware"
+{{- end }}
+{{- if .Values.capture.enabled }}
 # Streams end with a usage chunk, which carries the acceptance the capture records.
 - "--enable-force-include-usage"
+{{- end }}
+{{- if .Values.swap.enabled }}
+# The draft swap: the peagle-draft engine loads a published draft; every worker reports which draft it serves.
+- "--weight-transfer-config={\"backend\": \"peagle-draft\"}"
+- "--worker-extension-cls=peagle.swap.engine.DraftSwapWorker"
 {{- end }}
 {{- range .Values.vllm.extraArgs }}
 - {{ . | quote }}
@@ -177,6 +184,14 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
 - name: HF_HOME
   value: /cache/hf
 {{- include "peagle-serving.captureEnv" . }}
+{{- if .Values.swap.enabled }}
+# The swap endpoint's bearer token, from its Secret (never in the rendered objects).
+- name: PEAGLE_SWAP_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.swap.tokenSecret.name }}
+      key: {{ .Values.swap.tokenSecret.key }}
+{{- end }}
 {{- with .Values.vllm.env }}
 {{ toYaml . }}
 {{- end }}
@@ -247,6 +262,11 @@ envFrom:
 {{- $c := .Values.capture -}}
 {{- range .Values.vllm.env -}}
 {{- if hasPrefix "PEAGLE_CAPTURE_" (toString .name) }}{{ fail (printf "vllm.env: %s is set by the chart from capture.*; set the capture value instead" .name) }}{{ end -}}
+{{- if eq (toString .name) "PEAGLE_SWAP_TOKEN" }}{{ fail "vllm.env: PEAGLE_SWAP_TOKEN comes from swap.tokenSecret (a Secret), never from a value" }}{{ end -}}
+{{- end -}}
+{{- if .Values.swap.enabled -}}
+{{- if not .Values.swap.tokenSecret.name }}{{ fail "swap.tokenSecret.name is required with swap.enabled=true: the Secret holding the swap endpoint's bearer token" }}{{ end -}}
+{{- if not .Values.speculative.enabled }}{{ fail "swap.enabled=true swaps the draft: it needs speculative.enabled=true" }}{{ end -}}
 {{- end -}}
 {{- if $c.enabled -}}
 {{- if not $c.uri }}{{ fail "capture.uri is required with capture.enabled=true (s3://bucket/prefix, or an absolute path on capture.pvc)" }}{{ end -}}
