@@ -20,8 +20,9 @@ class GateSettings(StrictModel):
                            "(peagle.evaluate.prompts; several joined with '+'), 'auto' (the project's and "
                            "MT-Bench's slice for the traffic's detected domain: code, math; none for other "
                            "traffic) or '' (none)")
-    neighbour_tolerance: float = Field(0.05, ge=0.0, le=10.0, description="largest acceptance-length loss allowed "
-                                       "on the neighbouring set")
+    neighbour_tolerance: float = Field(0.02, ge=0.0, le=10.0, description="largest acceptance-length loss allowed "
+                                       "on the neighbouring set (the traffic's domain: a refresh must carry its gain "
+                                       "there, so no more than the least gain gate.margin asks on the traffic)")
     min_traffic_prompts: int = Field(16, ge=1, description="fewer held-out traffic prompts than this: rejected")
     max_traffic_prompts: int | None = Field(64, ge=1, description="newest held-out traffic prompts evaluated at most")
     max_tokens: int = Field(96, ge=1, le=8192, description="tokens generated per prompt")
