@@ -30,10 +30,10 @@ from harness import banner, format_table, load_average
 
 import bench_traffic as bt
 
-# The refresh recipe before issue #40: no pull toward the serving draft, no weight on its misses. Every recipe
-# but "default" starts from it and turns its own levers on, so a row measures what its levers buy; "default"
-# is the refresh as shipped.
-BEFORE = {"refresh": {"anchor_weight": 0.0, "rejected_weight": 0.0}}
+# The refresh recipe before issue #40: one pass, no pull toward the serving draft, no weight on its misses.
+# Every recipe but "default" starts from it and turns its own levers on, so a row measures what its levers
+# buy; "default" is the refresh as shipped (peagle.traffic.settings.RefreshSettings).
+BEFORE = {"refresh": {"epochs": 1, "anchor_weight": 0.0, "rejected_weight": 0.0}}
 
 
 def _before(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -41,7 +41,7 @@ def _before(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 # recipe -> run-config overrides (section -> keys), over the run's configuration and bench_traffic's refresh
-# settings (one epoch). "lr_scale" multiplies the run's own train.lr, at which the refresh warm-starts by
+# settings. "lr_scale" multiplies the run's own train.lr, at which the refresh warm-starts by
 # default (the embedded run: 3e-3, a linear warmup of 10 steps, then cosine to 0, over ~70 steps per epoch);
 # "warmup_steps" re-warms longer, so the warm-started weights are not hit at the peak learning rate at once;
 # refresh.anchor_weight adds a KL term to the serving draft's own predictions; refresh.rejected_weight weighs
@@ -54,7 +54,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "lr-0.1x": _before(train={"lr_scale": 0.1}),
     "lr-0.3x-warmup-25": _before(train={"lr_scale": 0.3, "warmup_steps": 25}),
     "replay-0.5": _before(refresh={"replay_fraction": 0.5}),
-    "epochs-2": _before(train={"epochs": 2}),
+    "epochs-2": _before(refresh={"epochs": 2}),
     "kl-anchor-1": _before(refresh={"anchor_weight": 1.0}),
     "kl-anchor-0.3": _before(refresh={"anchor_weight": 0.3}),
     "kl-anchor-3": _before(refresh={"anchor_weight": 3.0}),
@@ -62,6 +62,11 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "template-cap-32": _before(refresh={"max_per_template": 32}),
     "kl-anchor-1+lr-0.3x": _before(refresh={"anchor_weight": 1.0}, train={"lr_scale": 0.3}),
     "kl-anchor-1+rejected-2": _before(refresh={"anchor_weight": 1.0, "rejected_weight": 2.0}),
+    "kl-anchor-1+epochs-2": _before(refresh={"anchor_weight": 1.0, "epochs": 2}),
+    "kl-anchor-1+replay-0.5": _before(refresh={"anchor_weight": 1.0, "replay_fraction": 0.5}),
+    "kl-anchor-3+epochs-2": _before(refresh={"anchor_weight": 3.0, "epochs": 2}),
+    "kl-anchor-1+epochs-2+replay-0.5": _before(refresh={"anchor_weight": 1.0, "replay_fraction": 0.5,
+                                                        "epochs": 2}),
 }
 SETS = ("traffic", "neighbour", "general")
 
@@ -125,6 +130,8 @@ def capture_window(plan: "bt.Plan", clock: "bt.Clock") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from peagle.traffic.settings import RefreshSettings
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--run", required=True, help="a finished pipeline run directory (models/, data/, run.json)")
     p.add_argument("--out", required=True, help="where the bench writes (traffic log, one refresh per recipe)")
@@ -143,13 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown recipes {', '.join(unknown)}: choose from {', '.join(RECIPES)}")
     plan = bt.make_plan(argparse.Namespace(
         run=a.run, out=a.out, prompts=a.prompts, general=None, neighbour=None, concurrency=a.concurrency,
-        max_tokens=a.max_tokens, epochs=1, negative_control="other-target", port=0, temperature=0.0,
+        max_tokens=a.max_tokens, epochs=RefreshSettings().epochs, negative_control="other-target", port=0,
+        temperature=0.0,
         sampled_responses="keep", cycles=0, traffic_prompts=0, live_max_tokens=96, canary_percent=50,
         min_requests=1, tolerance=0.1, no_mirror=True, from_scenario=None, shifted_traffic=""))
     load0 = load_average()
     print(banner(), flush=True)
     for n in names:
-        print(f"  {n}: {json.dumps(RECIPES[n]) or '(the defaults)'}", flush=True)
+        print(f"  {n}: {json.dumps(RECIPES[n]) if RECIPES[n] else '(the refresh as shipped)'}", flush=True)
     if a.dry_run:
         return 0
     clock = bt.Clock()

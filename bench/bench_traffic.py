@@ -352,8 +352,8 @@ def refresh_config(plan: Plan, since: str):
     a work directory under ``--out`` (nothing is written into the run)."""
     return run_config(json.loads((plan.run / "run.json").read_text())["config"], {
         "refresh": {"traffic": plan.traffic, "base_data": plan.base_data, "since": since,
-                    "sampled_responses": plan.sampled[0]},
-        "train": {"epochs": plan.epochs, "max_steps": None},
+                    "sampled_responses": plan.sampled[0], "epochs": plan.epochs},
+        "train": {"max_steps": None},
         "gate": {"general": plan.general, "num_speculative_tokens": plan.k},
         "work_dir": str(plan.out / "work")})
 
@@ -754,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
                    "like the general set (default: the run's gate.neighbour, 'auto'; '' for none)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight during the replays")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per traffic answer")
-    p.add_argument("--epochs", type=int, default=1, help="epochs of the warm-started training")
+    p.add_argument("--epochs", type=int, default=2, help="epochs of the warm-started training (refresh.epochs)")
     p.add_argument("--negative-control", choices=NEGATIVE_CONTROLS, default="other-target")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of the captured traffic (> 0: sampled responses)")

@@ -322,9 +322,9 @@ def extract_step(cfg: RefreshRunConfig, *, target: str, layout: RefreshLayout) -
 
 def train_step(cfg: RefreshRunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> str:
     """Train the candidate on ``layout.hidden_states`` warm-started from ``serving_draft``
-    (``train.init_from``: its weights and draft vocabulary), with the refresh's levers on the serving draft's
-    predictions (``refresh.anchor_weight``, ``refresh.rejected_weight``); publish it at ``layout.draft``,
-    return that."""
+    (``train.init_from``: its weights and draft vocabulary), ``refresh.epochs`` passes, with the refresh's levers
+    on the serving draft's predictions (``refresh.anchor_weight``, ``refresh.rejected_weight``); publish it at
+    ``layout.draft``, return that."""
     from ..model.adapter import DRAFT_KIND
     from ..stage_io import copy_published
     from ..train import TrainError, train
@@ -338,7 +338,7 @@ def train_step(cfg: RefreshRunConfig, *, target: str, serving_draft: str, layout
                                 f"refresh.{lever}; set that instead")
     run = _with(cfg, target__path=target, train__data=layout.hidden_states_of("train"), train__output=layout.train,
                 train__init_from=serving_draft, train__anchor_weight=cfg.refresh.anchor_weight,
-                train__rejected_weight=cfg.refresh.rejected_weight)
+                train__rejected_weight=cfg.refresh.rejected_weight, train__epochs=cfg.refresh.epochs)
     result = train(run)
     if not result.final_uri:
         raise TrainError(f"training into {layout.train} published no draft")

@@ -109,6 +109,10 @@ class RefreshSettings(StrictModel):
                                    description="fraction of the training rows drawn from the serving draft's own "
                                    "training data (guards against forgetting)")
     base_data: str = Field("", description="prepared data the serving draft was trained on (replay source)")
+    epochs: int = Field(
+        2, ge=1, le=100, description="passes of the refresh's training over the window's rows (it sets train.epochs "
+        "for the refresh: the run's train.epochs is its main training's); with refresh.anchor_weight, two passes "
+        "learn the window without losing next door (docs/traffic.md, What each lever buys)")
     anchor_weight: float = Field(
         1.0, ge=0.0, le=100.0, description="the refresh's KL term to the serving draft's own predictions (it sets "
         "train.anchor_weight for the refresh's training): keeps the candidate near the serving draft where the "

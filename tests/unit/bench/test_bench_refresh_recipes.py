@@ -33,7 +33,7 @@ def test_each_recipe_is_the_refresh_configuration_with_its_overrides(tmp_path):
     run = plan_run_dir(tmp_path)
     plan = bench.bt.make_plan(argparse.Namespace(
         run=str(run), out=str(tmp_path / "out"), prompts=None, general=None, neighbour=None, concurrency=8,
-        max_tokens=128, epochs=1, negative_control="other-target", port=0, temperature=0.0, sampled_responses="keep",
+        max_tokens=128, epochs=2, negative_control="other-target", port=0, temperature=0.0, sampled_responses="keep",
         cycles=0, traffic_prompts=0, live_max_tokens=96, canary_percent=50, min_requests=1, tolerance=0.1,
         no_mirror=True, from_scenario=None, shifted_traffic=""))
     base = bench.recipe_config(plan, "2026-12-04T00:00:00Z", {}, tmp_path / "w")
@@ -41,7 +41,8 @@ def test_each_recipe_is_the_refresh_configuration_with_its_overrides(tmp_path):
     assert cfg.train.warmup_steps == 25 and cfg.train.lr == 0.3 * base.train.lr  # relative to the run's own lr
     replay = bench.recipe_config(plan, "2026-12-04T00:00:00Z", bench.RECIPES["replay-0.5"], tmp_path / "w")
     assert replay.refresh.replay_fraction == 0.5 and replay.train.lr == base.train.lr
-    assert base.refresh.replay_fraction == 0.25 and base.train.epochs == 1  # the bench's refresh: one epoch
+    assert base.refresh.replay_fraction == 0.25 and base.refresh.epochs == 2  # as shipped: two passes
+    assert replay.refresh.epochs == 1  # the recipes start from the refresh before issue #40: one pass
     assert base.refresh.anchor_weight == 1.0 and base.refresh.rejected_weight == 0.0  # "default": as shipped
     assert cfg.refresh.anchor_weight == 0.0 and replay.refresh.anchor_weight == 0.0  # the others: levers off ...
     both = bench.recipe_config(plan, "2026-12-04T00:00:00Z", bench.RECIPES["kl-anchor-1+rejected-2"], tmp_path / "w")

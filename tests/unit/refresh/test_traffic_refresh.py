@@ -304,8 +304,8 @@ def test_a_refresh_out_that_would_replace_data_is_refused_before_any_work(qwen3_
 
 
 def test_the_refresh_trains_with_its_own_levers_and_refuses_them_in_train(tmp_path, monkeypatch):
-    """The refresh's recipe (refresh.anchor_weight, default 1: a KL term to the serving draft;
-    refresh.rejected_weight) sets the training's levers; the same lever set in train is refused, naming where it
+    """The refresh's recipe (refresh.epochs, default 2; refresh.anchor_weight, default 1: a KL term to the serving
+    draft; refresh.rejected_weight) sets the training's; the same lever set in train is refused, naming where it
     belongs, so one key decides."""
     import peagle.train as train_module
     from peagle.config import ConfigError
@@ -314,15 +314,17 @@ def test_the_refresh_trains_with_its_own_levers_and_refuses_them_in_train(tmp_pa
     seen = {}
 
     def stop(run):
-        seen.update(init_from=run.train.init_from, anchor=run.train.anchor_weight, rejected=run.train.rejected_weight)
+        seen.update(init_from=run.train.init_from, anchor=run.train.anchor_weight, rejected=run.train.rejected_weight,
+                    epochs=run.train.epochs)
         raise KeyboardInterrupt  # the run config is what this test reads: no training
 
     monkeypatch.setattr(train_module, "train", stop)
     layout = RefreshLayout.of(str(tmp_path / "refresh"))
-    for refresh_levers, expected in (({}, (1.0, 0.0)), ({"anchor_weight": 0.0, "rejected_weight": 2.0}, (0.0, 2.0))):
+    for refresh_levers, expected in (({}, (1.0, 0.0, 2)),
+                                     ({"anchor_weight": 0.0, "rejected_weight": 2.0, "epochs": 1}, (0.0, 2.0, 1))):
         with pytest.raises(KeyboardInterrupt):
             train_step(tiny_config("traffic", "", **refresh_levers), target="t", serving_draft="serving", layout=layout)
-        assert (seen["init_from"], seen["anchor"], seen["rejected"]) == ("serving", *expected)
+        assert (seen["init_from"], seen["anchor"], seen["rejected"], seen["epochs"]) == ("serving", *expected)
     cfg = RunConfig.model_validate({**TINY, "train": {**TINY.get("train", {}), "anchor_weight": 0.5},
                                     "refresh": {"traffic": "traffic"}})
     with pytest.raises(ConfigError, match=r"train.anchor_weight=0.5 in a refresh: the refresh sets it from "

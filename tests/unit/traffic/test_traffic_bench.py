@@ -54,7 +54,7 @@ def test_the_refresh_configuration_is_the_runs_with_the_window_and_writes_under_
     assert bench.make_plan(argparse.Namespace(**{**vars(a), "neighbour": ""})).neighbour == ""
     cfg = bench.refresh_config(plan, "2026-12-03T15:00:00Z")
     assert cfg.refresh.traffic == str(tmp_path / "out" / "traffic") and cfg.refresh.since == "2026-12-03T15:00:00Z"
-    assert cfg.refresh.base_data == str(run_dir.resolve() / "data") and cfg.train.epochs == 1
+    assert cfg.refresh.base_data == str(run_dir.resolve() / "data") and cfg.refresh.epochs == 1
     assert cfg.gate.general == "sharegpt-heldout@32" and cfg.gate.num_speculative_tokens == 4
     assert cfg.work_dir == str(tmp_path / "out" / "work")
     assert cfg.draft.draft_vocab_size == 8192  # the run's own sections are kept
