@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         captured.write_text(json.dumps({"since": since, "traffic": plan.traffic, "prompts": plan.prompts}) + "\n")
     rows = []
     for n in names:
+        shutil.rmtree(plan.out / n, ignore_errors=True)  # an earlier run's recipe of this name: its checkpoints
         recipe_clock = bt.Clock()
         cfg = recipe_config(plan, since, RECIPES[n], plan.out / n / "work")
         outcome = bt.refresh_once(cfg, plan, plan.out / n / "refresh", recipe_clock)
