@@ -34,7 +34,8 @@ import bench_traffic as bt
 # The refresh recipe before issue #40: one pass, no pull toward the serving draft, no weight on its misses.
 # Every recipe but "default" starts from it and turns its own levers on, so a row measures what its levers
 # buy; "default" is the refresh as shipped (peagle.traffic.settings.RefreshSettings).
-BEFORE = {"refresh": {"epochs": 1, "anchor_weight": 0.0, "rejected_weight": 0.0}}
+BEFORE = {"refresh": {"epochs": 1, "lr_scale": 1.0, "warmup_steps": None, "anchor_weight": 0.0,
+                      "rejected_weight": 0.0}}
 
 
 def _before(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -66,6 +67,8 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "kl-anchor-1+epochs-2": _before(refresh={"anchor_weight": 1.0, "epochs": 2}),
     "kl-anchor-1+replay-0.5": _before(refresh={"anchor_weight": 1.0, "replay_fraction": 0.5}),
     "kl-anchor-3+epochs-2": _before(refresh={"anchor_weight": 3.0, "epochs": 2}),
+    "kl-anchor-1+epochs-2+lr-0.3x-warmup-25": _before(refresh={"anchor_weight": 1.0, "epochs": 2},
+                                                     train={"lr_scale": 0.3, "warmup_steps": 25}),
     "kl-anchor-1+epochs-2+replay-0.5": _before(refresh={"anchor_weight": 1.0, "replay_fraction": 0.5,
                                                         "epochs": 2}),
 }

@@ -322,7 +322,8 @@ def extract_step(cfg: RefreshRunConfig, *, target: str, layout: RefreshLayout) -
 
 def train_step(cfg: RefreshRunConfig, *, target: str, serving_draft: str, layout: RefreshLayout) -> str:
     """Train the candidate on ``layout.hidden_states`` warm-started from ``serving_draft``
-    (``train.init_from``: its weights and draft vocabulary), ``refresh.epochs`` passes, with the refresh's levers
+    (``train.init_from``: its weights and draft vocabulary), ``refresh.epochs`` passes at ``refresh.lr_scale`` times
+    the run's learning rate (re-warmed over ``refresh.warmup_steps``), with the refresh's levers
     on the serving draft's predictions (``refresh.anchor_weight``, ``refresh.rejected_weight``); publish it at
     ``layout.draft``, return that."""
     from ..model.adapter import DRAFT_KIND
@@ -336,9 +337,13 @@ def train_step(cfg: RefreshRunConfig, *, target: str, serving_draft: str, layout
         if getattr(cfg.train, lever):
             raise C.ConfigError(f"train.{lever}={getattr(cfg.train, lever):g} in a refresh: the refresh sets it from "
                                 f"refresh.{lever}; set that instead")
+    r = cfg.refresh
+    schedule = {"train__lr": cfg.train.lr * r.lr_scale}
+    if r.warmup_steps is not None:
+        schedule["train__warmup_steps"] = r.warmup_steps
     run = _with(cfg, target__path=target, train__data=layout.hidden_states_of("train"), train__output=layout.train,
-                train__init_from=serving_draft, train__anchor_weight=cfg.refresh.anchor_weight,
-                train__rejected_weight=cfg.refresh.rejected_weight, train__epochs=cfg.refresh.epochs)
+                train__init_from=serving_draft, train__anchor_weight=r.anchor_weight,
+                train__rejected_weight=r.rejected_weight, train__epochs=r.epochs, **schedule)
     result = train(run)
     if not result.final_uri:
         raise TrainError(f"training into {layout.train} published no draft")

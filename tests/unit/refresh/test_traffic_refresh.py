@@ -315,7 +315,7 @@ def test_the_refresh_trains_with_its_own_levers_and_refuses_them_in_train(tmp_pa
 
     def stop(run):
         seen.update(init_from=run.train.init_from, anchor=run.train.anchor_weight, rejected=run.train.rejected_weight,
-                    epochs=run.train.epochs)
+                    epochs=run.train.epochs, lr=run.train.lr, warmup=run.train.warmup_steps)
         raise KeyboardInterrupt  # the run config is what this test reads: no training
 
     monkeypatch.setattr(train_module, "train", stop)
@@ -325,6 +325,10 @@ def test_the_refresh_trains_with_its_own_levers_and_refuses_them_in_train(tmp_pa
         with pytest.raises(KeyboardInterrupt):
             train_step(tiny_config("traffic", "", **refresh_levers), target="t", serving_draft="serving", layout=layout)
         assert (seen["init_from"], seen["anchor"], seen["rejected"], seen["epochs"]) == ("serving", *expected)
+    base = tiny_config("traffic", "")
+    with pytest.raises(KeyboardInterrupt):
+        train_step(tiny_config("traffic", "", lr_scale=0.3, warmup_steps=25), target="t", serving_draft="s", layout=layout)
+    assert seen["lr"] == pytest.approx(0.3 * base.train.lr) and seen["warmup"] == 25  # the run's lr, scaled
     cfg = RunConfig.model_validate({**TINY, "train": {**TINY.get("train", {}), "anchor_weight": 0.5},
                                     "refresh": {"traffic": "traffic"}})
     with pytest.raises(ConfigError, match=r"train.anchor_weight=0.5 in a refresh: the refresh sets it from "
