@@ -80,7 +80,7 @@ def recipe_config(plan: "bt.Plan", since: str, overrides: Mapping[str, Mapping[s
     base = bt.refresh_config(plan, since).model_dump(mode="json")
     for section, keys in overrides.items():
         keys = dict(keys)
-        if "lr_scale" in keys:
+        if section == "train" and "lr_scale" in keys:  # refresh.lr_scale is the refresh's own setting
             keys["lr"] = base["train"]["lr"] * keys.pop("lr_scale")
         base.setdefault(section, {}).update(keys)
     # every recipe's draft has the same shape, so the same speed: the gate's speed engines are left out here
