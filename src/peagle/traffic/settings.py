@@ -111,13 +111,14 @@ class RefreshSettings(StrictModel):
     base_data: str = Field("", description="prepared data the serving draft was trained on (replay source)")
     epochs: int = Field(
         2, ge=1, le=100, description="passes of the refresh's training over the window's rows (it sets train.epochs "
-        "for the refresh: the run's train.epochs is its main training's); with refresh.anchor_weight, two passes "
-        "learn the window without losing next door (docs/traffic.md, What each lever buys)")
+        "for the refresh: the run's train.epochs is its main training's); with refresh.anchor_weight and the "
+        "lower, re-warmed learning rate, two passes learn the window without losing next door or on general "
+        "chat (docs/traffic.md, What each lever buys)")
     lr_scale: float = Field(
-        1.0, gt=0.0, le=10.0, description="the refresh's learning rate as a multiple of the run's train.lr (the "
-        "serving draft's own), which the warm start would otherwise take at once")
+        0.3, gt=0.0, le=10.0, description="the refresh's learning rate as a multiple of the run's train.lr (the "
+        "serving draft's own, which a warm start would otherwise take at once); 1: the run's")
     warmup_steps: int | None = Field(
-        None, ge=0, description="the refresh's learning-rate warmup in steps (it sets train.warmup_steps for the "
+        25, ge=0, description="the refresh's learning-rate warmup in steps (it sets train.warmup_steps for the "
         "refresh: the warm-started weights are re-warmed); null: the run's train.warmup_steps")
     anchor_weight: float = Field(
         1.0, ge=0.0, le=100.0, description="the refresh's KL term to the serving draft's own predictions (it sets "

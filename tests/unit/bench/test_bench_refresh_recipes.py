@@ -41,7 +41,8 @@ def test_each_recipe_is_the_refresh_configuration_with_its_overrides(tmp_path):
     assert cfg.train.warmup_steps == 25 and cfg.train.lr == 0.3 * base.train.lr  # relative to the run's own lr
     replay = bench.recipe_config(plan, "2026-12-04T00:00:00Z", bench.RECIPES["replay-0.5"], tmp_path / "w")
     assert replay.refresh.replay_fraction == 0.5 and replay.train.lr == base.train.lr
-    assert base.refresh.replay_fraction == 0.25 and base.refresh.epochs == 2  # as shipped: two passes
+    assert base.refresh.replay_fraction == 0.25 and base.refresh.epochs == 2  # as shipped: two passes ...
+    assert (base.refresh.lr_scale, base.refresh.warmup_steps) == (0.3, 25)  # ... at 0.3 of the lr, re-warmed
     assert replay.refresh.epochs == 1  # the recipes start from the refresh before issue #40: one pass
     assert base.refresh.anchor_weight == 1.0 and base.refresh.rejected_weight == 0.0  # "default": as shipped
     assert cfg.refresh.anchor_weight == 0.0 and replay.refresh.anchor_weight == 0.0  # the others: levers off ...

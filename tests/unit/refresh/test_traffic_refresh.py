@@ -304,8 +304,9 @@ def test_a_refresh_out_that_would_replace_data_is_refused_before_any_work(qwen3_
 
 
 def test_the_refresh_trains_with_its_own_levers_and_refuses_them_in_train(tmp_path, monkeypatch):
-    """The refresh's recipe (refresh.epochs, default 2; refresh.anchor_weight, default 1: a KL term to the serving
-    draft; refresh.rejected_weight) sets the training's; the same lever set in train is refused, naming where it
+    """The refresh's recipe (refresh.epochs, default 2; refresh.lr_scale 0.3 of the run's lr, re-warmed over
+    refresh.warmup_steps 25; refresh.anchor_weight, default 1: a KL term to the serving draft;
+    refresh.rejected_weight) sets the training's; the same lever set in train is refused, naming where it
     belongs, so one key decides."""
     import peagle.train as train_module
     from peagle.config import ConfigError
@@ -326,9 +327,10 @@ def test_the_refresh_trains_with_its_own_levers_and_refuses_them_in_train(tmp_pa
             train_step(tiny_config("traffic", "", **refresh_levers), target="t", serving_draft="serving", layout=layout)
         assert (seen["init_from"], seen["anchor"], seen["rejected"], seen["epochs"]) == ("serving", *expected)
     base = tiny_config("traffic", "")
-    with pytest.raises(KeyboardInterrupt):
-        train_step(tiny_config("traffic", "", lr_scale=0.3, warmup_steps=25), target="t", serving_draft="s", layout=layout)
-    assert seen["lr"] == pytest.approx(0.3 * base.train.lr) and seen["warmup"] == 25  # the run's lr, scaled
+    for levers, lr, warmup in (({}, 0.3, 25), ({"lr_scale": 1.0, "warmup_steps": None}, 1.0, base.train.warmup_steps)):
+        with pytest.raises(KeyboardInterrupt):
+            train_step(tiny_config("traffic", "", **levers), target="t", serving_draft="s", layout=layout)
+        assert seen["lr"] == pytest.approx(lr * base.train.lr) and seen["warmup"] == warmup  # the run's lr, scaled
     cfg = RunConfig.model_validate({**TINY, "train": {**TINY.get("train", {}), "anchor_weight": 0.5},
                                     "refresh": {"traffic": "traffic"}})
     with pytest.raises(ConfigError, match=r"train.anchor_weight=0.5 in a refresh: the refresh sets it from "
