@@ -12,7 +12,11 @@ decision:
 * ``restart``: all traffic to the canary, the stable restarted with the candidate (drained first), all traffic
   back, the canary removed;
 * ``swap`` (``peagle rollout local --swap``): the stable swaps its draft in place through its swap endpoint
-  while it keeps its share, the canary removed.
+  while it keeps its share, the canary removed;
+* ``refused``: no canary; the stable (swap on) is asked to swap to drafts it must refuse, one after the
+  other: a damaged copy of the candidate (one flipped byte: its manifest no longer matches) and a draft of
+  another architecture (the candidate's spec with one more decoder layer). Each must leave the old draft
+  serving, and the replay must lose no request.
 
 The replay sends every prompt once. Per mode: failed requests; the promotion's seconds
 (the decision to the stable serving the candidate with the canary gone, all traffic on the candidate's draft);
@@ -27,13 +31,14 @@ import json
 import math
 import threading
 import time
+from functools import partial
 from typing import Any, Mapping, Sequence
 
 from harness import banner, format_table, load_average
 
 import bench_traffic as bt
 
-MODES = ("restart", "swap")
+MODES = ("restart", "swap", "refused")
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
@@ -80,13 +85,21 @@ def run_mode(mode: str, plan: "bt.Plan", candidate_draft: str, prompts: list, a:
     from peagle.traffic.replay import replay
     from peagle.traffic.serve import free_port
     from peagle.traffic.settings import CaptureSettings
+    from peagle.traffic.swap import swap_draft
 
     out = plan.out / mode
     stable, candidate = candidate_of(plan.serving_draft), candidate_of(candidate_draft)
     capture = CaptureSettings(enabled=True, uri=str(out / "traffic"), flush_interval_s=1.0)
+    answers: list[dict] = []
+
+    def swapper(*args, **kwargs) -> dict:
+        answers.append(swap_draft(*args, **kwargs))
+        return answers[-1]
+
     backend = LocalBackend(plan.target, plan.serving_draft, capture=capture, log_dir=out / "logs", port=free_port(),
                            stable_fingerprint=stable.fingerprint, k=plan.k, engine=bt.server_engine(plan),
-                           say=lambda line: print(f"[{mode}] {line}", flush=True), swap=mode == "swap")
+                           say=lambda line: print(f"[{mode}] {line}", flush=True), swap=mode == "swap",
+                           swapper=swapper)
     result: dict[str, Any] = {}
     with backend:
         backend.deploy_canary(candidate, a.canary_percent)
@@ -110,6 +123,83 @@ def run_mode(mode: str, plan: "bt.Plan", candidate_draft: str, prompts: list, a:
                            done_at=done_at, old=stable.fingerprint, new=candidate.fingerprint)
     figures["errors"] = sorted({r.error[:160] for r in rows if r.error})[:5]
     figures["swaps"] = backend.swaps
+    figures["swap_answers"] = answers  # the server's own seconds, and where they went (phases)
+    return figures
+
+
+def refused_drafts(candidate: str, target: str, out) -> dict[str, str]:
+    """A damaged copy of ``candidate`` and a draft of another architecture (one more layer), under ``out``."""
+    import shutil
+
+    from peagle.config import DraftSettings
+    from peagle.model import init_draft
+    from peagle.model.adapter import read_spec, save_draft
+
+    damaged = out / "damaged"
+    shutil.rmtree(damaged, ignore_errors=True)
+    shutil.copytree(candidate, damaged)
+    weights = damaged / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    spec = read_spec(candidate)
+    other = out / "other-architecture"
+    shutil.rmtree(other, ignore_errors=True)
+    settings = DraftSettings(num_layers=spec.num_layers + 1, num_depths=spec.num_depths,
+                             draft_vocab_size=spec.draft_vocab_size)
+    save_draft(init_draft(target, settings), other)
+    return {"damaged": str(damaged), "other-architecture": str(other)}
+
+
+def run_refused(plan: "bt.Plan", candidate_draft: str, prompts: list, a: argparse.Namespace) -> dict[str, Any]:
+    """Swaps the stable must refuse, asked under the replay: failed requests, the draft serving after each."""
+    from peagle.net.json_client import JsonHttpClient
+    from peagle.rollout.local import LocalBackend, candidate_of
+    from peagle.traffic.log import TrafficLog
+    from peagle.traffic.replay import replay
+    from peagle.traffic.serve import free_port
+    from peagle.traffic.settings import CaptureSettings
+    from peagle.traffic.swap import SWAP_PATH, SwapFailed, swap_draft
+
+    out = plan.out / "refused"
+    out.mkdir(parents=True, exist_ok=True)
+    stable = candidate_of(plan.serving_draft)
+    bad = refused_drafts(candidate_draft, plan.target, out)
+    capture = CaptureSettings(enabled=True, uri=str(out / "traffic"), flush_interval_s=1.0)
+    backend = LocalBackend(plan.target, plan.serving_draft, capture=capture, log_dir=out / "logs", port=free_port(),
+                           stable_fingerprint=stable.fingerprint, k=plan.k, engine=bt.server_engine(plan),
+                           say=lambda line: print(f"[refused] {line}", flush=True), swap=True)
+    result: dict[str, Any] = {}
+    asks = []
+    with backend:
+        sender = threading.Thread(target=lambda: result.update(replay=replay(
+            backend.router, prompts, concurrency=a.concurrency, max_tokens=a.max_tokens, retries=0, progress=None)))
+        sender.start()
+        time.sleep(a.warmup_s)
+        decision_at = time.time()
+        for kind, uri in bad.items():
+            t0 = time.time()
+            try:
+                answer = swap_draft(backend.stable_url, backend._swap_token, uri, "")
+                outcome, error, serving = "swapped", "", answer.get("fingerprint")
+            except SwapFailed as exc:
+                outcome, error, serving = "refused", str(exc), exc.serving
+            confirmed = JsonHttpClient(timeout_s=60, token=backend._swap_token).request_json(
+                "GET", backend.stable_url + SWAP_PATH).get("fingerprint")
+            asks.append({"draft": kind, "outcome": outcome, "seconds": round(time.time() - t0, 2),
+                         "serving_after": serving, "confirmed": confirmed, "error": error[:300]})
+            print(f"[refused] {kind}: {outcome} in {asks[-1]['seconds']} s; serving {confirmed}; {error[:160]}",
+                  flush=True)
+        done_at = time.time()
+        sender.join()
+        time.sleep(3.0)
+    rows = result["replay"].rows
+    records = TrafficLog(capture.uri).records()
+    figures = mode_figures(records, sum(1 for r in rows if r.error), len(rows), decision_at=decision_at,
+                           done_at=done_at, old=stable.fingerprint, new="")
+    figures["errors"] = sorted({r.error[:160] for r in rows if r.error})[:5]
+    figures["asks"] = asks
+    figures["old_draft_serves"] = all(x["confirmed"] == stable.fingerprint for x in asks)
     return figures
 
 
@@ -145,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.out.mkdir(parents=True, exist_ok=True)
     rows = {}
     for mode in modes:
-        rows[mode] = run_mode(mode, plan, a.candidate, prompts, a)
+        runner = run_refused if mode == "refused" else partial(run_mode, mode)
+        rows[mode] = runner(plan, a.candidate, prompts, a)
         doc = {"format": "peagle.bench.swap/v1", "run": str(plan.run), "candidate": a.candidate,
                "concurrency": a.concurrency, "max_tokens": a.max_tokens, "prompts": a.prompts,
                "load_average": {"start": load0, "now": load_average()}, "modes": rows}

@@ -17,6 +17,7 @@ write has taken effect (before an interruption), so a test can check what client
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from typing import Any
 
@@ -150,8 +151,13 @@ class FakeCluster:
             spec = isvc.get("spec") or {}
             for predictor in [spec.get("predictor") or {}] + [c.get("predictor") or {} for c in spec.get("canary") or []]:
                 dep = f"{name}-{predictor['name']}-predictor" if predictor.get("name") else f"{name}-predictor"
+                # KServe's raw Deployment selects its pods by app: isvc.<deployment> (v0.20
+                # pkg/controller/v1beta1/inferenceservice/reconcilers/deployment/deployment_reconciler.go,
+                # constants.GetRawServiceLabel)
                 out[dep] = {"metadata": {"name": dep, "generation": 1},
-                            "spec": {"replicas": 1, "template": {"metadata": {"labels": dict(predictor.get("labels") or {})}}},
+                            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": f"isvc.{dep}"}},
+                                     "template": {"metadata": {"labels": dict(predictor.get("labels") or {})},
+                                                  "spec": copy.deepcopy(predictor)}},
                             "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}}
                 if dep in self.stuck or (self.storage_check is not None and self.storage_check(isvc, predictor)):
                     out[dep]["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
@@ -178,6 +184,35 @@ class FakeCluster:
 
     def patch_namespaced_deployment(self, name, namespace, body):
         return self._patch("Deployment", namespace, name, body)
+
+    def pods(self, namespace: str) -> list[tuple[dict, dict]]:
+        """(pod, its Deployment) for every Deployment (stored, or KServe's predictor) with a selector: ``spec.replicas``
+        ready pods each, named after the template they run (a template change makes new pods, as a ReplicaSet's
+        pod-template-hash does), with an IP. Only with ``reconcile`` (no controller makes pods otherwise)."""
+        if not self.reconcile:
+            return []
+        deployments = {name: d for (kind, ns, name), d in self.store.items() if kind == "Deployment" and ns == namespace}
+        deployments.update(self.predictor_deployments(namespace))
+        out = []
+        for index, (name, dep) in enumerate(sorted(deployments.items())):
+            selector = ((dep.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+            if not selector:
+                continue
+            template = (dep.get("spec") or {}).get("template") or {}
+            labels = {**((template.get("metadata") or {}).get("labels") or {}), **selector}
+            digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:6]
+            for i in range((dep.get("spec") or {}).get("replicas", 1)):
+                out.append(({"metadata": {"name": f"{name}-{digest}-{i}", "namespace": namespace, "labels": labels},
+                             "status": {"podIP": f"10.1.{index}.{i + 1}",
+                                        "conditions": [{"type": "Ready", "status": "True"}]}}, dep))
+        return out
+
+    def list_namespaced_pod(self, namespace, label_selector=""):
+        """The pods (:meth:`pods`) whose labels hold every ``k=v`` of ``label_selector``."""
+        wanted = dict(part.split("=", 1) for part in label_selector.split(",") if part)
+        self.calls.append(("list", "Pod", label_selector))
+        return {"items": [copy.deepcopy(pod) for pod, _ in self.pods(namespace)
+                          if wanted.items() <= pod["metadata"]["labels"].items()]}
 
     def read_namespaced_deployment(self, name, namespace):
         predictor = self.predictor_deployments(namespace).get(name)

@@ -8,10 +8,11 @@ from peagle.rollout.settings import RolloutSettings
 from support.traffic_records import spec_decode, traffic_record, write_records
 
 STABLE, GOOD, BAD, OTHER = "aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc", "dddddddddddd"
+BETTER = "eeeeeeeeeeee"  # better than GOOD: a second promotion after GOOD's
 TARGET = "f" * 12
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 # acceptance histograms (steps with 0..3 accepted tokens) per draft: the good candidate accepts more
-HISTOGRAMS = {STABLE: [4, 4, 4, 4], GOOD: [1, 3, 5, 7], BAD: [9, 4, 2, 1], OTHER: [4, 4, 4, 4]}
+HISTOGRAMS = {STABLE: [4, 4, 4, 4], GOOD: [1, 3, 5, 7], BAD: [9, 4, 2, 1], OTHER: [4, 4, 4, 4], BETTER: [0, 1, 4, 11]}
 
 
 class Killed(BaseException):

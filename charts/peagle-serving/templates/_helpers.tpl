@@ -191,6 +191,11 @@ ServingRuntime carries all of them (the InferenceService adds none), the Deploym
     secretKeyRef:
       name: {{ .Values.swap.tokenSecret.name }}
       key: {{ .Values.swap.tokenSecret.key }}
+# A pod that starts after a promotion by swap serves the promoted draft (the pointer, when it names this template's).
+- name: PEAGLE_DRAFT_POINTER
+  value: /etc/peagle/draft-pointer
+- name: PEAGLE_TEMPLATE_DRAFT
+  value: {{ include "peagle-serving.draftFingerprint" . | quote }}
 {{- end }}
 {{- with .Values.vllm.env }}
 {{ toYaml . }}
@@ -226,12 +231,38 @@ so a record names its draft the same way whichever path deployed it). tests/inte
 {{- end }}
 {{- end -}}
 
-{{/* The S3 credentials of an s3:// capture URI: every key of the Secret (a data connection) as env. */}}
+{{/* S3 credentials as env, every key of a Secret (a data connection): the capture's (an s3:// capture URI)
+     and the swap's (swap.s3SecretName: the promoted drafts it reads). */}}
 {{- define "peagle-serving.captureEnvFrom" -}}
-{{- if and .Values.capture.enabled (hasPrefix "s3://" .Values.capture.uri) }}
+{{- $secrets := list -}}
+{{- if and .Values.capture.enabled (hasPrefix "s3://" .Values.capture.uri) }}{{ $secrets = append $secrets .Values.capture.s3SecretName }}{{ end -}}
+{{- if and .Values.swap.enabled .Values.swap.s3SecretName }}{{ $secrets = append $secrets .Values.swap.s3SecretName }}{{ end -}}
+{{- with $secrets | uniq }}
 envFrom:
+  {{- range . }}
   - secretRef:
-      name: {{ .Values.capture.s3SecretName }}
+      name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The draft pointer (peagle.swap.pointer): the ConfigMap a promotion by swap writes, read when a pod starts.
+     Named after the runtime, so a canary (a runtime of its own) never reads the stable's; optional: without
+     it the template's draft serves. */}}
+{{- define "peagle-serving.pointerVolumeMount" -}}
+{{- if .Values.swap.enabled }}
+- name: draft-pointer
+  mountPath: /etc/peagle/draft-pointer
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "peagle-serving.pointerVolume" -}}
+{{- if .Values.swap.enabled }}
+- name: draft-pointer
+  configMap:
+    name: {{ printf "%s-draft" (include "peagle-serving.runtimeName" .) }}
+    optional: true
 {{- end }}
 {{- end -}}
 
@@ -263,6 +294,7 @@ envFrom:
 {{- range .Values.vllm.env -}}
 {{- if hasPrefix "PEAGLE_CAPTURE_" (toString .name) }}{{ fail (printf "vllm.env: %s is set by the chart from capture.*; set the capture value instead" .name) }}{{ end -}}
 {{- if eq (toString .name) "PEAGLE_SWAP_TOKEN" }}{{ fail "vllm.env: PEAGLE_SWAP_TOKEN comes from swap.tokenSecret (a Secret), never from a value" }}{{ end -}}
+{{- if has (toString .name) (list "PEAGLE_DRAFT_POINTER" "PEAGLE_TEMPLATE_DRAFT") }}{{ fail (printf "vllm.env: %s is set by the chart with swap.enabled" .name) }}{{ end -}}
 {{- end -}}
 {{- if .Values.swap.enabled -}}
 {{- if not .Values.swap.tokenSecret.name }}{{ fail "swap.tokenSecret.name is required with swap.enabled=true: the Secret holding the swap endpoint's bearer token" }}{{ end -}}

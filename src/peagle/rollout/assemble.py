@@ -9,6 +9,7 @@ model source into the :class:`~.objects.Candidate` and :class:`~.objects.Rollout
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -28,6 +29,7 @@ from ..gate.report import GateResult
 from ..traffic.log import TrafficLog
 from .cluster import ClusterBackend
 from .controller import RolloutError, abort_rollout, run_rollout, utc_now
+from .inplace import PodSwap
 from .objects import Candidate, RolloutObjects
 from .settings import RolloutSettings
 
@@ -55,7 +57,8 @@ class ClusterRollout:
     def run(self, apis: "Apis", *, traffic: str, settings: "RolloutSettings", target_fingerprint: str | None,
             stable_draft: str, out: str | None = None, say: Callable[[str], None] = print,
             on_decision: Callable[["Decision"], None] | None = None, clean_up: bool = False,
-            clock: Callable[[], datetime] = utc_now, sleep: Callable[[float], None] = time.sleep) -> "Decision":
+            clock: Callable[[], datetime] = utc_now, sleep: Callable[[float], None] = time.sleep,
+            environ: Mapping[str, str] | None = None, pod_swap_io: dict | None = None) -> "Decision":
         """Roll the candidate out on the cluster behind ``apis`` and decide on the live records in the traffic
         log ``traffic``; the loop history is ``history_uri(settings.history, traffic)``. With ``out`` the decision is
         published under ``<out>/rollout/`` (``decision.json``; the decision is also the manifest's metadata) and a
@@ -66,9 +69,12 @@ class ClusterRollout:
         the canary is removed -- its GPU freed, all traffic to the untouched stable -- and the error raised.
         After a ``promote`` decision it is left: the stable may be restarting while the canary answers
         everything, and a rerun finishes the promotion (the command's own rule: docs/traffic.md, "An
-        interrupted rollout"). ``clock``/``sleep``: injectable for tests."""
+        interrupted rollout"). Promotion swaps the draft in the stable's pods where :func:`pod_swap` says so
+        (the token from ``environ``, default ``os.environ``). ``clock``/``sleep``/``pod_swap_io``: injectable
+        for tests."""
         waits = {} if clock is utc_now else {"clock": lambda: clock().timestamp(), "sleep": sleep}  # a test's clock
         backend = ClusterBackend(apis, self.objects, ready_timeout_s=settings.ready_timeout_s, say=say, now=clock,
+                                 swap=pod_swap(self.objects, settings, environ=environ, **(pod_swap_io or {})),
                                  **waits)
         history = LoopHistory(history_uri(settings.history, traffic))
         with _sigterm_raises(clean_up):
@@ -125,6 +131,22 @@ def _sigterm_raises(active: bool) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def pod_swap(objects: RolloutObjects, settings: RolloutSettings, *, environ: Mapping[str, str] | None = None,
+             **io: Any) -> PodSwap | None:
+    """How the stable's pods are swapped (:mod:`.inplace`), or None: promote by restart. Swapped when the stable
+    release serves the swap endpoint (chart ``swap.enabled``) and ``rollout.in_place`` is on; then the endpoint's
+    token must be in ``environ[settings.swap_token_env]`` (refused before anything is deployed). ``io``: a
+    test's ``swapper``/``reader``."""
+    if not settings.in_place or not ((objects.values.get("swap") or {}).get("enabled")):
+        return None
+    token = (os.environ if environ is None else environ).get(settings.swap_token_env, "").strip()
+    if not token:
+        raise RolloutError(f"the stable release serves the swap endpoint (swap.enabled) but {settings.swap_token_env} "
+                           "is not set: give the rollout the token of swap.tokenSecret (its Secret), or set "
+                           "rollout.in_place=false to promote by restart")
+    return PodSwap(token=token, port=objects.serving_port(), timeout_s=settings.swap_timeout_s, **io)
 
 
 def publish_decision(decision: "Decision", out: str) -> str:

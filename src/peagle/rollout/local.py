@@ -205,8 +205,8 @@ class LocalBackend:
             else:
                 self._stable_draft, self._stable_fp = candidate.draft, candidate.fingerprint
                 self.swaps += 1
-                self._say(f"the stable swapped to draft {candidate.fingerprint} in {answer.get('seconds')} s, "
-                          "without a restart")
+                self._say(f"the stable swapped to draft {candidate.fingerprint} in {answer.get('seconds')} s "
+                          f"({answer.get('phases')}), without a restart")
                 return
         weights = self.router.weights()
         if weights[self.stable_url] != 0 or self._canary_fp != candidate.fingerprint:

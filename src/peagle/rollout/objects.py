@@ -117,7 +117,27 @@ class RolloutObjects:
         self.serverless = mode == "kserve" and deployment_mode in SERVERLESS_MODES
         self.served_model_name = (self._values.get("vllm") or {}).get("servedModelName") or name
 
+    @property
+    def values(self) -> dict:
+        """The stable release's chart values (as given, with mode and name)."""
+        return self._values
+
+    def serving_port(self) -> int:
+        """The port the stable's pods serve on (its container's first port, as the chart renders it)."""
+        for o in self.stable():
+            spec = o.get("spec") or {}
+            containers = spec.get("containers") or ((spec.get("template") or {}).get("spec") or {}).get("containers")
+            if o["kind"] in ("ServingRuntime", "Deployment") and containers:
+                return int(containers[0]["ports"][0]["containerPort"])
+        raise RenderError(f"release {self.name}: no serving container port in the rendered objects")
+
     # -- names
+    @property
+    def runtime_name(self) -> str:
+        """The stable release's ServingRuntime (kserve) or runtime name (the chart's ``runtimeName``, else the
+        release name): what its draft pointer is named after (:func:`peagle.swap.pointer.pointer_name`)."""
+        return self._values.get("runtimeName") or self.name
+
     @property
     def stable_service(self) -> str:
         """The stable release's Service, the routing object's first backend."""

@@ -54,6 +54,13 @@ class RolloutSettings(StrictModel):
     seed: int = Field(0, description="seed of the bootstrap")
     ready_timeout_s: float = Field(1800.0, gt=0, le=MAX_DURATION_S,
                                    description="wait this long for a canary or a promoted stable to serve")
+    in_place: bool = Field(True, description="promote by swapping the draft inside the stable's running pods, one at a "
+                       "time, where the stable serves the swap endpoint (chart swap.enabled): no restart; a pod that "
+                       "refuses falls back to the restart. false: always restart the stable (peagle rollout local: --swap)")
+    swap_token_env: str = Field("PEAGLE_SWAP_TOKEN", min_length=1,
+                                description="environment variable holding the swap endpoint's bearer token (the "
+                                "Secret of the chart's swap.tokenSecret; never stored in the config)")
+    swap_timeout_s: float = Field(600.0, gt=0, le=MAX_DURATION_S, description="limit of one pod's swap")
     history: str = Field("", description="loop history root (refreshes, decisions, promotions): a local directory "
                          "or s3:// URI (\"\": <refresh.traffic>/_loop)")
     registry: RegistrySettings = Field(default_factory=RegistrySettings)

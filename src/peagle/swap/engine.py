@@ -96,6 +96,10 @@ class PublishedDraftEngine(WeightTransferEngine[DraftSwapInit, DraftSwapUpdate])
 
     def __init__(self, config, vllm_config, device: torch.device, model: torch.nn.Module) -> None:
         super().__init__(config, vllm_config, device, model)
+        spec = getattr(vllm_config, "speculative_config", None)
+        draft_config = getattr(spec, "draft_model_config", None)
+        # where the draft vLLM started with lives: read (once) when first asked which draft serves
+        self.start_up = str(draft_config.model) if draft_config is not None else None
         self.serving: ServedDraft | None = None
         self.swaps = 0
 
@@ -142,7 +146,9 @@ class PublishedDraftEngine(WeightTransferEngine[DraftSwapInit, DraftSwapUpdate])
     def serving_draft(self) -> ServedDraft:
         """The draft now loaded (read from the start-up directory the first time)."""
         if self.serving is None:
-            self.serving = read_start_up(str(self.model_config.model))
+            if self.start_up is None:
+                raise SwapRefused("this server serves no draft (no speculative config): nothing to swap")
+            self.serving = read_start_up(self.start_up)
         return self.serving
 
     def _load(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -187,10 +193,7 @@ def worker_fingerprint(worker=None) -> str | None:
     engine = getattr(worker, "weight_transfer_engine", None)
     if not isinstance(engine, PublishedDraftEngine) or worker.get_draft_model() is None:
         return None
-    if engine.serving is None:
-        spec = worker.speculative_config
-        engine.serving = read_start_up(str(spec.draft_model_config.model))
-    return engine.serving.fingerprint
+    return engine.serving_draft().fingerprint
 
 
 class DraftSwapWorker:

@@ -12,8 +12,9 @@ thread (:class:`~peagle.traffic.log.TrafficWriter`) parses the bytes (:mod:`peag
 ``metrics.speculative_decoding`` from the chunk carrying them -- the server runs with
 ``--enable-force-include-usage`` so a stream's final chunk has them), redacts it and publishes it.
 A body larger than ``max_record_bytes`` stops being copied and the request is counted as too large.
-It also answers the draft swap endpoint (:mod:`peagle.traffic.swap`, on with a token only); a record is
-labelled with the draft that served when its request arrived.
+It also answers the draft swap endpoint (:mod:`peagle.traffic.swap`, on with a token only), and under a
+draft pointer (:mod:`peagle.swap.pointer`) answers 503 until the pointed draft serves; a record is labelled
+with the draft that served when its request arrived.
 Nothing raised inside the capture reaches the server: errors are counted and logged.
 
 What is stored of a request: its messages (role and text) or prompt, the model name, the numeric sampling
@@ -42,7 +43,7 @@ from ..net.sse import (StreamedAnswer, UnsupportedContent, choice_text, content_
 from .log import CaptureSkipped, TrafficWriter
 from ..records.traffic import CHAT_ENDPOINT, ENDPOINTS, TrafficRecord
 from .settings import CaptureSettings
-from .swap import SWAP_PATH, ServedDraft, SwapEndpoint
+from .swap import SWAP_PATH, ServedDraft, StartupSwap, SwapEndpoint
 
 log = logging.getLogger("peagle.traffic")
 Scope = dict[str, Any]
@@ -94,6 +95,7 @@ class CaptureMiddleware:
         self.settings = CaptureSettings.from_env(os.environ)
         self.writer: TrafficWriter | None = None
         self.swap = SwapEndpoint.from_env(os.environ)  # /peagle/v1/draft, with a token only (peagle.traffic.swap)
+        self.startup = StartupSwap.from_env(os.environ)  # a draft pointer: its draft serves before the pod is ready
         if self.settings.enabled:
             _prometheus_counters()
             self.writer = TrafficWriter(self.settings, on_count=_to_prometheus)
@@ -101,6 +103,8 @@ class CaptureMiddleware:
             log.info("capturing served traffic into %s (sample rate %s)", self.settings.uri, self.settings.sample_rate)
 
     async def __call__(self, scope: Scope, receive, send) -> None:
+        if self.startup is not None and await self.startup.hold(scope, send):
+            return
         if self.swap is not None and scope.get("type") == "http" and scope.get("path", "").rstrip("/") == SWAP_PATH:
             await self.swap(scope, receive, send)
             return

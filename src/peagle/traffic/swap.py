@@ -11,7 +11,7 @@ answered (404, as any unknown path), so the swap is off by default. Not vLLM's d
   ``finish_weight_update`` (the ``peagle-draft`` weight-transfer engine, :mod:`peagle.swap.engine`: the
   server must start with ``--weight-transfer-config '{"backend": "peagle-draft"}'`` and
   ``--worker-extension-cls peagle.swap.engine.DraftSwapWorker``), then asks every worker which draft it
-  serves. 200 ``{"fingerprint", "previous", "seconds", "served_model_names"}``; a draft the engine refuses
+  serves. 200 ``{"fingerprint", "previous", "seconds", "phases", "served_model_names"}``; a draft the engine refuses
   or fails to load: 409 ``{"error", "fingerprint"}`` with the draft that still serves; 400 a bad request;
   401 without the token; 409 while another swap runs.
 
@@ -164,30 +164,137 @@ class SwapEndpoint:
             await self._swap(scope["app"].state, client, asked["uri"], asked.get("fingerprint", ""), send)
 
     async def _swap(self, state, client, uri: str, fingerprint: str, send) -> None:
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        t0 = time.monotonic()
-        previous = await served_fingerprint(client)
         try:
-            await client.start_draft_weight_update()
-            # a failed update ends the engine's session itself; finish only after a success
-            await client.update_weights(WeightTransferUpdateRequest(update_info={"uri": uri,
-                                                                                 "fingerprint": fingerprint}))
-            await client.finish_weight_update()
-        except Exception as exc:  # noqa: BLE001 - the engine refused or failed: the old draft serves on
-            now = await served_fingerprint(client)
-            _count("refused")
-            log.warning("peagle: draft swap to %s refused (%s); serving %s", uri, exc, now)
-            await _reply(send, 409, {"error": str(exc), "fingerprint": now})
+            answer = await swap_in(state, client, uri, fingerprint)
+        except SwapRejected as exc:
+            await _reply(send, 409, {"error": str(exc), "fingerprint": exc.serving})
             return
+        await _reply(send, 200, answer)
+
+
+class SwapRejected(RuntimeError):
+    """The engine refused the draft or failed to load it; ``serving``: the draft that serves on."""
+
+    def __init__(self, message: str, serving: str | None):
+        super().__init__(message)
+        self.serving = serving
+
+
+async def swap_in(state, client, uri: str, fingerprint: str) -> dict[str, Any]:
+    """Swap the draft of the server whose app state is ``state`` (engine client ``client``) for the published
+    ``uri`` (which must be ``fingerprint``, unless ""): the engine's draft update session, then every worker
+    asked which draft it serves; the served names and the capture's label follow. Returns the endpoint's
+    200 answer; :class:`SwapRejected` with the draft still serving otherwise."""
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    t0 = time.monotonic()
+    previous = await served_fingerprint(client)
+    t_asked = time.monotonic()
+    try:
+        await client.start_draft_weight_update()
+        # a failed update ends the engine's session itself; finish only after a success
+        await client.update_weights(WeightTransferUpdateRequest(update_info={"uri": uri, "fingerprint": fingerprint}))
+        await client.finish_weight_update()
+    except Exception as exc:  # noqa: BLE001 - the engine refused or failed: the old draft serves on
         now = await served_fingerprint(client)
-        names = rename_served_draft(state, previous, now) if now else []
-        ServedDraft.fingerprint = now
-        _count("swapped")
-        seconds = round(time.monotonic() - t0, 3)
-        log.info("peagle: draft %s swapped in for %s in %.2f s (%s)", now, previous, seconds, uri)
-        await _reply(send, 200, {"fingerprint": now, "previous": previous, "seconds": seconds,
-                                 "served_model_names": names})
+        _count("refused")
+        log.warning("peagle: draft swap to %s refused (%s); serving %s", uri, exc, now)
+        raise SwapRejected(str(exc), now) from None
+    t_loaded = time.monotonic()
+    now = await served_fingerprint(client)
+    names = rename_served_draft(state, previous, now) if now else []
+    ServedDraft.fingerprint = now
+    _count("swapped")
+    t_end = time.monotonic()
+    seconds = round(t_end - t0, 3)
+    log.info("peagle: draft %s swapped in for %s in %.2f s (%s)", now, previous, seconds, uri)
+    # where the seconds went: asking the workers which draft serves, the engine's update session, confirming
+    phases = {"ask_s": round(t_asked - t0, 3), "load_s": round(t_loaded - t_asked, 3),
+              "confirm_s": round(t_end - t_loaded, 3)}
+    return {"fingerprint": now, "previous": previous, "seconds": seconds, "phases": phases,
+            "served_model_names": names}
+
+
+class StartupSwap:
+    """A pod that starts under a draft pointer (:mod:`peagle.swap.pointer`) serves the pointed draft before it
+    reports ready. Until the swap has succeeded every request is answered 503 -- ``/health`` too, so the
+    readiness probe keeps the pod out of its Service -- and the first request starts it. A pointer of another
+    template is ignored (a deploy replaced the promotion). A swap that fails keeps the pod unready, the
+    reason in its answers and its log, and is tried again on a request :attr:`RETRY_S` later: a pod never
+    serves a draft other than the one it was told to."""
+
+    RETRY_S = 30.0  # a failed swap is tried again on a request this long after it failed
+
+    def __init__(self, pointer_dir: str, template: str):
+        self.pointer_dir, self.template = pointer_dir, template
+        self.done = False
+        self.error: str | None = None
+        self._task: asyncio.Task | None = None
+        self._failed_at = 0.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "StartupSwap | None":
+        from ..swap.pointer import POINTER_ENV, TEMPLATE_ENV
+
+        directory = env.get(POINTER_ENV, "").strip()
+        return cls(directory, env.get(TEMPLATE_ENV, "").strip()) if directory else None
+
+    async def hold(self, scope, send) -> bool:
+        """Answer ``scope`` with 503 while the pointed draft is not serving yet (True: answered)."""
+        if self.done:
+            return False
+        if scope.get("type") != "http":
+            return False
+        if self._task is None or (self._task.done() and time.monotonic() - self._failed_at >= self.RETRY_S):
+            self.error = None
+            self._task = asyncio.ensure_future(self._run(scope["app"].state))
+            await asyncio.sleep(0)
+        if self.done:
+            return False
+        await _reply(send, 503, {"error": self.error or "loading the promoted draft this release serves (its draft "
+                                 "pointer); not ready yet"})
+        return True
+
+    async def _run(self, state) -> None:
+        self._failed_at = time.monotonic()  # (the task ends here unless it succeeds)
+        try:
+            await self._swap_to_pointer(state)
+        finally:
+            self._failed_at = time.monotonic()
+
+    async def _swap_to_pointer(self, state) -> None:
+        from ..swap.pointer import PointerError, read_pointer
+
+        try:
+            pointer = read_pointer(self.pointer_dir)
+        except (OSError, PointerError) as exc:
+            self.error = f"the draft pointer cannot be read: {exc}"
+            log.error("peagle: %s", self.error)
+            return
+        if pointer is None or not pointer.applies_to(self.template):
+            if pointer is not None:
+                log.warning("peagle: the draft pointer (%s) is for pod template draft %s, this pod's is %s: ignored",
+                            pointer.uri, pointer.template, self.template or "unknown")
+            self.done = True
+            return
+        client = state.engine_client
+        try:
+            if await served_fingerprint(client) == pointer.fingerprint:
+                self.done = True
+                return
+            answer = await swap_in(state, client, pointer.uri, pointer.fingerprint)
+        except SwapRejected as exc:
+            self.error = (f"the promoted draft {pointer.fingerprint} ({pointer.uri}) did not load: {exc}; "
+                          f"serving nothing until it does (draft {exc.serving} loaded)")
+            log.error("peagle: %s", self.error)
+            return
+        except Exception as exc:  # noqa: BLE001 - kept unready, with the reason
+            self.error = f"the promoted draft {pointer.fingerprint} ({pointer.uri}) did not load: {exc}"
+            log.error("peagle: %s", self.error)
+            return
+        log.info("peagle: serving the promoted draft %s (%s) in %.2f s", pointer.fingerprint, pointer.uri,
+                 answer["seconds"])
+        self.done = True
 
 
 # ---- the client side ---------------------------------------------------------------------------------------
@@ -204,12 +311,14 @@ class SwapFailed(RuntimeError):
 def swap_draft(url: str, token: str, uri: str, fingerprint: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
     """Ask the server at ``url`` (its root) to serve the published draft ``uri`` (which must be ``fingerprint``);
     returns its answer once every worker serves it; :class:`SwapFailed` otherwise."""
-    from ..net.json_client import HttpError, JsonHttpClient
+    from ..net.json_client import HttpError, InvalidJsonError, JsonHttpClient
 
     where = url.rstrip("/") + SWAP_PATH
     try:
         answer = JsonHttpClient(timeout_s=timeout_s, token=token).request_json(
             "POST", where, {"uri": uri, "fingerprint": fingerprint})
+    except InvalidJsonError as exc:
+        raise SwapFailed(f"{where}: {exc}") from None
     except HttpError as exc:
         try:
             doc = json.loads(exc.body or "{}")
@@ -222,3 +331,18 @@ def swap_draft(url: str, token: str, uri: str, fingerprint: str, *, timeout_s: f
         raise SwapFailed(f"{where} serves {answer.get('fingerprint') if isinstance(answer, dict) else answer!r} "
                          f"after the swap, not {fingerprint}")
     return answer
+
+
+def served_draft(url: str, token: str, *, timeout_s: float = 60.0) -> str | None:
+    """The draft the server at ``url`` says every worker serves (``GET`` :data:`SWAP_PATH`);
+    :class:`SwapFailed` when it does not answer that."""
+    from ..net.json_client import HttpError, InvalidJsonError, JsonHttpClient
+
+    where = url.rstrip("/") + SWAP_PATH
+    try:
+        answer = JsonHttpClient(timeout_s=timeout_s, token=token).request_json("GET", where)
+    except (HttpError, InvalidJsonError) as exc:
+        raise SwapFailed(f"{where}: {exc}") from None
+    if not isinstance(answer, dict) or not isinstance(answer.get("fingerprint"), (str, type(None))):
+        raise SwapFailed(f"{where} answered {answer!r:.200}, not {{\"fingerprint\": ...}}")
+    return answer["fingerprint"]

@@ -52,3 +52,39 @@ def test_the_swap_is_off_by_default_and_on_renders_its_engine_and_token_referenc
 def test_incomplete_or_unsafe_swap_values_fail_naming_the_value(values, message):
     with pytest.raises(RenderError, match=message):
         render({"mode": "kserve", "storage": DC, **values}, "qwen3-peagle", "ml", CHART)
+
+
+def pod_spec(mode: str, name: str = "qwen3-peagle", **values) -> dict:
+    objs = {o["kind"]: o for o in render({"mode": mode, "storage": DC, **values}, name, "ml", CHART)}
+    return objs["ServingRuntime"]["spec"] if mode == "kserve" else objs["Deployment"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("mode", ["kserve", "deployment"])
+def test_a_pod_reads_the_draft_pointer_of_its_own_runtime_and_knows_its_template_draft(mode):
+    """A promotion by swap leaves the template alone; a pod that starts later reads ConfigMap <runtime>-draft
+    (optional) and compares it with its template's draft (peagle.swap.pointer)."""
+    from peagle.swap.pointer import POINTER_ENV, POINTER_MOUNT, TEMPLATE_ENV
+
+    assert "draft-pointer" not in {v["name"] for v in pod_spec(mode).get("volumes", [])}
+    spec = pod_spec(mode, swap=SWAP, speculative={"draftFingerprint": "0123456789ab"})
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "draft-pointer"]
+    assert volume["configMap"] == {"name": "qwen3-peagle-draft", "optional": True}
+    c = spec["containers"][0]
+    assert {"name": "draft-pointer", "mountPath": POINTER_MOUNT, "readOnly": True} in c["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env[POINTER_ENV] == POINTER_MOUNT and env[TEMPLATE_ENV] == "0123456789ab"
+    if mode == "kserve":  # a canary's runtime is its own: its pods read <canary runtime>-draft, never the stable's
+        canary = pod_spec(mode, swap=SWAP, runtimeName="qwen3-peagle-c89abcdef")
+        assert [v["configMap"]["name"] for v in canary["volumes"] if v["name"] == "draft-pointer"] == [
+            "qwen3-peagle-c89abcdef-draft"]
+
+
+def test_the_swap_reads_s3_drafts_with_the_credentials_of_its_secret():
+    c = container("kserve", swap={**SWAP, "s3SecretName": "aws-connection-drafts"},
+                  capture={"enabled": True, "uri": "s3://traffic/q/", "s3SecretName": "aws-connection-traffic"})
+    assert c["envFrom"] == [{"secretRef": {"name": "aws-connection-traffic"}},
+                            {"secretRef": {"name": "aws-connection-drafts"}}]
+    same = container("kserve", swap={**SWAP, "s3SecretName": "t"},
+                     capture={"enabled": True, "uri": "s3://traffic/q/", "s3SecretName": "t"})
+    assert same["envFrom"] == [{"secretRef": {"name": "t"}}]
+    assert "envFrom" not in container("kserve", swap=SWAP)

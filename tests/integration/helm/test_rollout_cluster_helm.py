@@ -14,9 +14,11 @@ import json
 import pytest
 
 from support.fake_kube import FakeCluster, Interrupted
+from support.pod_swaps import PodEndpoints
 from support.kserve_admission import kserve_inferenceservice_webhook, served_split
-from support.rollout_fakes import BAD, GOOD, SETTINGS, STABLE, TARGET, Served
+from support.rollout_fakes import BAD, BETTER, GOOD, SETTINGS, STABLE, TARGET, Served
 from peagle.deploy import Apis, kube
+from peagle.rollout.assemble import pod_swap
 from peagle.rollout.cluster import ClusterBackend, phase_record_name
 from peagle.rollout.controller import RolloutError, run_rollout
 from peagle.records.history import LoopHistory
@@ -31,8 +33,15 @@ ROUTED = {"route": {"allowUnauthenticated": True},
 # case -> (routing, chart mode, stable values beyond BASE)
 CASES = {"route": ("route", "deployment", ROUTED), "httproute": ("httproute", "kserve", ROUTED),
          "kserve-canary-raw": ("kserve-canary", "kserve", {})}
+RESTART_CASES = list(CASES)
+# the stable serves the swap endpoint: promotion swaps the draft in its pods (peagle.rollout.inplace)
+SWAP_VALUES = {"swap": {"enabled": True, "tokenSecret": {"name": "peagle-swap", "key": "token"}}}
+TOKEN = "swap-token"
+CASES.update({"route-swap": ("route", "deployment", {**ROUTED, **SWAP_VALUES}),
+              "kserve-canary-swap": ("kserve-canary", "kserve", SWAP_VALUES)})
+SWAP_CASES = ["route-swap", "kserve-canary-swap"]
 # KServe splits by spec.canary's trafficPercent only through its Gateway API ingress (support.kserve_admission)
-GATEWAY_INGRESS = {"kserve-canary-raw": True}
+GATEWAY_INGRESS = {"kserve-canary-raw": True, "kserve-canary-swap": True}
 
 
 def merged(a: dict, b: dict) -> dict:
@@ -158,12 +167,19 @@ def setup(tmp_path, case: str, tag: str):
     return cluster, apis, served, LoopHistory(str(tmp_path / f"loop-{tag}"))
 
 
-def backend_on(apis, case: str, served: Served, *, gateway_ingress: bool | None = None) -> ClusterBackend:
+def backend_on(apis, case: str, served: Served, *, gateway_ingress: bool | None = None,
+               pods: PodEndpoints | None = None, objects: RolloutObjects | None = None) -> ClusterBackend:
     """A backend as a fresh process builds it. The stand-in reconciles at once: what is not ready on the
     first read never will be (ready_timeout_s=0). The requests ``served`` sends are split as the cluster
-    would split them (support.kserve_admission.served_split)."""
-    backend = ClusterBackend(apis, objects_for(case), ready_timeout_s=0, interval=0, now=served.clock,
-                             say=lambda _: None)
+    would split them (support.kserve_admission.served_split). ``pods``: the stable's pods' swap endpoints
+    (promotion by swap, as peagle.rollout.assemble.pod_swap builds it)."""
+    objects = objects or objects_for(case)
+    swap = None
+    if pods is not None:
+        swap = pod_swap(objects, SETTINGS, environ={"PEAGLE_SWAP_TOKEN": TOKEN}, swapper=pods.swapper,
+                        reader=pods.reader)
+    backend = ClusterBackend(apis, objects, ready_timeout_s=0, interval=0, now=served.clock,
+                             say=lambda _: None, swap=swap)
     ingress = GATEWAY_INGRESS.get(case, False) if gateway_ingress is None else gateway_ingress
     served.backend = ClusterTraffic(backend, apis.core, ingress)
     return backend
@@ -207,7 +223,7 @@ def stable_serving(cluster: FakeCluster, case: str) -> tuple:
     return (copy.deepcopy(cluster.store[("Deployment", NS, NAME)]["spec"]),)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", RESTART_CASES)
 @pytest.mark.parametrize("verdict", ["promote", "rollback"])
 def test_an_interrupted_rollout_leaves_the_stable_serving_and_a_rerun_converges(tmp_path, case, verdict):
     """Kill the rollout right after each write to the API server in turn (phase recorded, canary applied,
@@ -277,3 +293,117 @@ def test_a_kserve_without_spec_canary_fails_the_rollout_at_once(tmp_path):
     cluster.prune_canary = True
     with pytest.raises(RolloutError, match="dropped spec.canary"):
         rollout(backend_on(apis, case, served), served, history, candidate_for(case, GOOD))
+
+
+# ---- promotion by swap (issue #41): the stable's pods swap the draft, its template never changes ----------------
+
+
+def pointer_of(cluster: FakeCluster) -> dict | None:
+    cm = cluster.store.get(("ConfigMap", NS, f"{NAME}-draft"))
+    return None if cm is None else cm["data"]
+
+
+def stable_pods_serve(cluster: FakeCluster, pods: PodEndpoints, case: str) -> set[str]:
+    """What every pod of the stable Deployment answers (each asked, as the rollout asks)."""
+    dep = f"{NAME}-predictor" if CASES[case][1] == "kserve" else NAME
+    port = objects_for(case).serving_port()
+    return {pods.reader(f"http://{pod['status']['podIP']}:{port}", TOKEN) for pod, d in cluster.pods(NS)
+            if d["metadata"]["name"] == dep}
+
+
+@pytest.mark.parametrize("case", SWAP_CASES)
+@pytest.mark.parametrize("verdict", ["promote", "rollback"])
+def test_a_promotion_by_swap_never_restarts_the_stable_and_an_interrupted_one_converges(tmp_path, case, verdict):
+    """Killed after every write (the pointer written, between two pods' swaps, during the canary's removal),
+    the stable's serving objects never change -- promoted or not -- and a rerun converges: promoted, every
+    stable pod answers the candidate's draft, and the pointer names it over the stable's template."""
+    fingerprint = GOOD if verdict == "promote" else BAD
+    cand = candidate_for(case, fingerprint)
+    for kill_at in range(1, 40):
+        cluster, apis, served, history = setup(tmp_path, case, f"{kill_at}")
+        pods = PodEndpoints(cluster, NS, TOKEN)
+        before = stable_serving(cluster, case)
+        cluster.interrupt_at = cluster.writes + kill_at
+        try:
+            rollout(backend_on(apis, case, served, pods=pods), served, history, cand)
+        except Interrupted:
+            pass
+        else:
+            assert kill_at > 1
+            break
+        cluster.interrupt_at = None
+        assert stable_serving(cluster, case) == before, f"write {kill_at} changed the stable's template"
+        backend = backend_on(apis, case, served, pods=pods)  # the rerun: a new process
+        decision = rollout(backend, served, history, cand)
+        assert decision.decision == verdict, f"killed after write {kill_at}"
+        assert stable_serving(cluster, case) == before, "the promotion restarted the stable"
+        assert list(endpoint_weights(cluster, CASES[case][0]).values()) == [100]
+        assert backend.canary_fingerprint() is None and not {k for k in cluster.store if fingerprint[:8] in k[2]}
+        if verdict == "promote":
+            assert backend.stable_fingerprint() == fingerprint
+            assert stable_pods_serve(cluster, pods, case) == {fingerprint}
+            assert pointer_of(cluster) == {"uri": cand.draft, "fingerprint": fingerprint, "template": STABLE}
+            assert [d for _, d in pods.swaps] == [fingerprint]  # the one stable pod, swapped once
+        else:
+            assert backend.stable_fingerprint() == STABLE and pointer_of(cluster) is None
+            assert stable_pods_serve(cluster, pods, case) == {STABLE} and not pods.swaps
+    else:
+        pytest.fail("the rollout never finished")
+
+
+@pytest.mark.parametrize("case", SWAP_CASES)
+def test_the_next_rollout_after_a_swap_takes_either_values_and_pods_that_start_later_serve_the_promoted_draft(
+        tmp_path, case):
+    """After a promotion by swap the stable values may render the template's draft (what was deployed) or the
+    promoted one (what the pipeline renders from the newest promotion); the next promotion swaps again, over
+    the same template. A pod that starts later (here: the Deployment scaled to 3) serves the pointer's draft."""
+    cluster, apis, served, history = setup(tmp_path, case, "next")
+    pods = PodEndpoints(cluster, NS, TOKEN)
+    before = stable_serving(cluster, case)
+    assert rollout(backend_on(apis, case, served, pods=pods), served, history, candidate_for(case, GOOD)).decision \
+        == "promote"
+    routing, mode, extra = CASES[case]
+    promoted_values = merged(merged(BASE, extra), {"speculative": {"draftFingerprint": GOOD}})
+    as_promoted = RenderedOnce(name=NAME, namespace=NS, routing=routing, mode=mode, stable_values=promoted_values)
+    for objects in (objects_for(case), as_promoted):
+        backend = backend_on(apis, case, served, pods=pods, objects=objects)
+        assert backend.stable_fingerprint() == GOOD
+        backend.deploy_canary(candidate_for(case, BETTER), 25)  # writes the endpoint: never the stable predictor
+        assert stable_serving(cluster, case) == before
+        backend.remove_canary()
+    decision = rollout(backend_on(apis, case, served, pods=pods, objects=as_promoted), served, history,
+                       candidate_for(case, BETTER))
+    assert decision.decision == "promote" and stable_serving(cluster, case) == before
+    assert pointer_of(cluster)["fingerprint"] == BETTER and pointer_of(cluster)["template"] == STABLE
+    dep = f"{NAME}-predictor" if mode == "kserve" else NAME
+    if mode == "deployment":  # a new pod of the same template starts under the pointer
+        cluster.store[("Deployment", NS, dep)]["spec"]["replicas"] = 3
+        assert stable_pods_serve(cluster, pods, case) == {BETTER}
+
+
+@pytest.mark.parametrize("case", SWAP_CASES)
+def test_a_pod_that_refuses_the_swap_falls_back_to_the_restart_behind_the_canary(tmp_path, case):
+    """A refused swap (here every pod refuses the draft, as a damaged one is refused) leaves the stable serving
+    its draft; the promotion then restarts it with the candidate while the canary answers everything (the
+    watch checks no backend with traffic restarts), and the pointer, stale once the template names the
+    candidate, is deleted."""
+    cluster, apis, served, history = setup(tmp_path, case, "refused")
+    pods = PodEndpoints(cluster, NS, TOKEN, refuse=lambda uri: "sha256 mismatch")
+    before = stable_serving(cluster, case)
+    backend = backend_on(apis, case, served, pods=pods)
+    assert rollout(backend, served, history, candidate_for(case, GOOD)).decision == "promote"
+    assert stable_serving(cluster, case) != before and backend.stable_fingerprint() == GOOD
+    assert pointer_of(cluster) is None and not pods.swaps
+    assert stable_pods_serve(cluster, pods, case) == {GOOD}  # new pods of the candidate's template
+
+
+def test_a_stable_serving_the_swap_endpoint_needs_its_token_or_swap_off(tmp_path):
+    from peagle.rollout.settings import RolloutSettings
+
+    objects = objects_for("route-swap")
+    with pytest.raises(RolloutError, match="PEAGLE_SWAP_TOKEN is not set.*rollout.in_place=false"):
+        pod_swap(objects, RolloutSettings(), environ={})
+    assert pod_swap(objects, RolloutSettings(in_place=False), environ={}) is None
+    assert pod_swap(objects_for("route"), RolloutSettings(), environ={}) is None  # no endpoint: restart
+    swap = pod_swap(objects, RolloutSettings(), environ={"PEAGLE_SWAP_TOKEN": TOKEN})
+    assert swap.token == TOKEN and swap.port == objects.serving_port() == 8080
