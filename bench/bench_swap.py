@@ -18,8 +18,9 @@ decision:
   another architecture (the candidate's spec with one more decoder layer). Each must leave the old draft
   serving, and the replay must lose no request.
 
-The replay sends every prompt once. Per mode: failed requests; the promotion's seconds
-(the decision to the stable serving the candidate with the canary gone, all traffic on the candidate's draft);
+The replay sends every prompt once. Per mode: failed requests; seconds from the decision until the stable
+serves the candidate (every server on the new draft, at full capacity again) and until the canary is gone
+too (its requests in flight drained);
 requests that arrived after the decision and were answered by the old draft (the capture labels each with the
 draft serving when it arrived); p50/p99 latency of the requests that arrived before the decision and of those
 that arrived during the promotion. ``swap.json`` and the table.
@@ -71,11 +72,14 @@ def table(rows: Mapping[str, Mapping[str, Any]]) -> str:
     def s(v):
         return "-" if v is None else f"{v:.2f}"
 
-    body = [[mode, f"{r['failed']} of {r['sent']}", str(r["refused"]), f"{r['promotion_s']:.1f}",
+    body = [[mode, f"{r['failed']} of {r['sent']}", str(r["refused"]),
+             "-" if r.get("new_draft_everywhere_s") is None else f"{r['new_draft_everywhere_s']:.1f}",
+             f"{r['promotion_s']:.1f}",
              str(r["old_draft_after_decision"]), f"{s(r['latency_before']['p50_s'])} / {s(r['latency_before']['p99_s'])}",
              f"{s(r['latency_during']['p50_s'])} / {s(r['latency_during']['p99_s'])} (n={r['latency_during']['n']})"]
             for mode, r in rows.items()]
-    return format_table(["promotion by", "failed requests", "refused", "decision -> done (s)",
+    return format_table(["promotion by", "failed requests", "refused", "decision -> new draft everywhere (s)",
+                         "decision -> canary gone (s)",
                          "old draft after decision", "latency before p50/p99 (s)", "latency during p50/p99 (s)"], body)
 
 
@@ -112,6 +116,7 @@ def run_mode(mode: str, plan: "bt.Plan", candidate_draft: str, prompts: list, a:
         if not backend.swaps_in_place:  # as the controller promotes (peagle.rollout.controller.run_rollout)
             backend.set_weight(candidate, 100)
         backend.update_stable(candidate)
+        serving_at = time.time()  # the stable serves the candidate: every server on the new draft, full capacity
         backend.remove_canary()
         done_at = time.time()
         print(f"[{mode}] promoted in {done_at - decision_at:.1f} s", flush=True)
@@ -123,6 +128,7 @@ def run_mode(mode: str, plan: "bt.Plan", candidate_draft: str, prompts: list, a:
                            done_at=done_at, old=stable.fingerprint, new=candidate.fingerprint)
     figures["errors"] = sorted({r.error[:160] for r in rows if r.error})[:5]
     figures["swaps"] = backend.swaps
+    figures["new_draft_everywhere_s"] = round(serving_at - decision_at, 2)
     figures["swap_answers"] = answers  # the server's own seconds, and where they went (phases)
     return figures
 

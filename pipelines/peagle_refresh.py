@@ -27,12 +27,15 @@ their own steps, ``trigger`` and ``rollout``); train runs on one GPU of the pool
 """
 from types import SimpleNamespace
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
 from components import refresh
 from peagle.pipeline.params import pipeline_docstring, pipeline_signature
 from peagle.pipeline.profile import IN_PROCESS_RETRY, ClusterProfile, apply_step
 from peagle.pipeline.refresh_params import REFRESH_MODELS, ROLLOUT_DEADLINE_ENV, refresh_parameters
+from peagle.rollout.settings import RolloutSettings
+
+SWAP_TOKEN_ENV = RolloutSettings().swap_token_env  # where the rollout step finds the swap endpoint's token
 
 PIPELINE_NAME = "peagle-refresh"
 DESCRIPTION = ("Refresh a served P-EAGLE draft from the traffic it served, when needed (enough new traffic, or "
@@ -46,6 +49,7 @@ TRAIN_GPUS = 1  # a refresh fine-tunes on a traffic window: one GPU of the pool
 def build_pipeline(profile: ClusterProfile):
     """The refresh pipeline function for ``profile`` (compile it)."""
     c = refresh.build(profile)
+    swap_secret = profile.swap_token_secret()
     signature = pipeline_signature(REFRESH_MODELS)
 
     def peagle_refresh(*args):
@@ -77,11 +81,14 @@ def build_pipeline(profile: ClusterProfile):
             gate = step(c.refresh_gate(refresh_uri=uri, candidate_uri=train.outputs["Output"]), "refresh_gate",
                         "gate (vLLM, paired)")
             with dsl.If(gate.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
-                step(c.refresh_rollout(refresh_uri=uri, candidate_uri=train.outputs["Output"],
-                                       rollout_routing=p.rollout_routing, deploy_name=p.deploy_name,
-                                       deploy_namespace=p.deploy_namespace, deploy_mode=p.deploy_mode,
-                                       data_connection=p.data_connection, serving=profile.serving_json()),
-                     "refresh_rollout", "roll out (canary, live decision)")
+                roll = step(c.refresh_rollout(refresh_uri=uri, candidate_uri=train.outputs["Output"],
+                                              rollout_routing=p.rollout_routing, deploy_name=p.deploy_name,
+                                              deploy_namespace=p.deploy_namespace, deploy_mode=p.deploy_mode,
+                                              data_connection=p.data_connection, serving=profile.serving_json()),
+                            "refresh_rollout", "roll out (canary, live decision)")
+                if swap_secret is not None:  # the stable serves the swap endpoint: promotion swaps, with its token
+                    kubernetes.use_secret_as_env(roll, secret_name=swap_secret[0],
+                                                 secret_key_to_env={swap_secret[1]: SWAP_TOKEN_ENV})
 
     peagle_refresh.__signature__ = signature
     peagle_refresh.__doc__ = pipeline_docstring(DESCRIPTION, REFRESH_MODELS)

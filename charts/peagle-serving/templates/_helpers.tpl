@@ -232,11 +232,13 @@ so a record names its draft the same way whichever path deployed it). tests/inte
 {{- end -}}
 
 {{/* S3 credentials as env, every key of a Secret (a data connection): the capture's (an s3:// capture URI)
-     and the swap's (swap.s3SecretName: the promoted drafts it reads). */}}
+     and the swap's (swap.s3SecretName, else the model's data connection: the promoted drafts it reads). */}}
 {{- define "peagle-serving.captureEnvFrom" -}}
 {{- $secrets := list -}}
 {{- if and .Values.capture.enabled (hasPrefix "s3://" .Values.capture.uri) }}{{ $secrets = append $secrets .Values.capture.s3SecretName }}{{ end -}}
-{{- if and .Values.swap.enabled .Values.swap.s3SecretName }}{{ $secrets = append $secrets .Values.swap.s3SecretName }}{{ end -}}
+{{- if .Values.swap.enabled }}
+{{- with (.Values.swap.s3SecretName | default (include "peagle-serving.connectionName" .)) }}{{ $secrets = append $secrets . }}{{ end -}}
+{{- end -}}
 {{- with $secrets | uniq }}
 envFrom:
   {{- range . }}

@@ -318,6 +318,19 @@ class ClusterProfile(StrictModel):
         s.values = deep_merge(pool, s.values)
         return s
 
+    def swap_token_secret(self) -> tuple[str, str] | None:
+        """(Secret, key) of the swap endpoint's token when the serving values enable the draft swap (chart
+        ``swap.enabled``, ``swap.tokenSecret``): the refresh's rollout step gets it as ``PEAGLE_SWAP_TOKEN``
+        to promote by swap (:func:`peagle.rollout.assemble.pod_swap`); None otherwise."""
+        swap = self.serving.values.get("swap")
+        if not isinstance(swap, dict) or not swap.get("enabled"):
+            return None
+        secret = swap.get("tokenSecret") or {}
+        if not isinstance(secret, dict) or not secret.get("name"):
+            raise ConfigError("serving.values.swap.enabled: swap.tokenSecret.name is required (the Secret holding the "
+                              "swap endpoint's bearer token)")
+        return str(secret["name"]), str(secret.get("key") or "token")
+
     def serving_json(self) -> str:
         """The serving settings as the deploy component's ``serving`` input (GPU pool filled in)."""
         return json.dumps(self.resolved_serving().model_dump(mode="json"), sort_keys=True)

@@ -87,4 +87,9 @@ def test_the_swap_reads_s3_drafts_with_the_credentials_of_its_secret():
     same = container("kserve", swap={**SWAP, "s3SecretName": "t"},
                      capture={"enabled": True, "uri": "s3://traffic/q/", "s3SecretName": "t"})
     assert same["envFrom"] == [{"secretRef": {"name": "t"}}]
-    assert "envFrom" not in container("kserve", swap=SWAP)
+    # by default the model's data connection: the promoted drafts live beside the models
+    assert container("kserve", swap=SWAP)["envFrom"] == [{"secretRef": {"name": "aws-connection-models"}}]
+    pvc = {"type": "pvc", "pvc": {"claimName": "models"}}
+    assert "envFrom" not in {o["kind"]: o for o in render({"mode": "deployment", "storage": pvc, "swap": SWAP},
+                                                          "q", "ml", CHART)}["Deployment"]["spec"]["template"][
+        "spec"]["containers"][0]

@@ -1,4 +1,5 @@
-"""The draft swap endpoint of ``peagle serve --swap`` on a real vLLM OpenAI server (issue #41): the token, the
+"""The draft swap endpoint of ``peagle serve --swap`` on a real vLLM OpenAI server (issue #41): a server that
+starts under a draft pointer serves its draft before it is ready, the token, the
 refusals, a swap under steady traffic (no request fails), and what follows the swap -- the workers' draft, the
 served model name carrying the draft, the capture's labels, the swap counter. (That the swapped draft drafts
 as one started with it: tests/integration/vllm/test_draft_swap_vllm.py.)"""
@@ -14,6 +15,7 @@ from peagle.model.adapter import Draft
 from peagle.net.json_client import HttpError, JsonHttpClient
 from peagle.traffic import serve as S
 from peagle.traffic.settings import CaptureSettings
+from peagle.swap.pointer import POINTER_ENV, TEMPLATE_ENV, DraftPointer
 from peagle.traffic.swap import SWAP_PATH
 from support.swap_drafts import damaged_copy, two_token_drafts
 from support.traffic_prompts import serve_prompts
@@ -21,6 +23,7 @@ from support.traffic_prompts import serve_prompts
 pytestmark = pytest.mark.vllm
 TOKEN = "swap-test-token"
 STEADY = 40  # requests of the steady replay, 4 at a time: the swap lands mid-way
+TEMPLATE = "0123456789ab"  # the pod template's draft fingerprint (the chart's label)
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +33,17 @@ def server(qwen3_target, tmp_path_factory):
     fp_a, fp_b = Draft.open(a).identity.fingerprint, Draft.open(b).identity.fingerprint
     capture = CaptureSettings(enabled=True, uri=str(root / "traffic"), batch_records=1, flush_interval_s=0.2,
                               redact=[])
-    argv, env = S.server_command(str(qwen3_target), str(a), port=S.free_port(), served_model_name="tiny",
+    # The pod starts from its template's draft, B, under a draft pointer naming A over that template (a promotion
+    # by swap happened before it started): it must serve A before it reports ready.
+    argv, env = S.server_command(str(qwen3_target), str(b), port=S.free_port(), served_model_name="tiny",
                                  engine=EngineSettings(max_model_len=512, max_num_seqs=4), capture=capture,
                                  swap_token=TOKEN)
-    argv.insert(argv.index("--served-model-name") + 2, f"tiny:draft-{fp_a}")  # the chart's second name
+    argv.insert(argv.index("--served-model-name") + 2, f"tiny:draft-{fp_b}")  # the chart's second name
+    pointer = root / "pointer"  # the ConfigMap as the chart mounts it: one file per key
+    pointer.mkdir()
+    for key, value in DraftPointer(uri=str(a), fingerprint=fp_a, template=TEMPLATE).as_data().items():
+        (pointer / key).write_text(value)
+    env = {**env, POINTER_ENV: str(pointer), TEMPLATE_ENV: TEMPLATE}
     with S.ServerProcess(argv, env, root / "server.log", start_timeout_s=600) as srv:
         yield {"srv": srv, "a": a, "b": b, "fp": (fp_a, fp_b), "damaged": damaged_copy(b, root / "damaged"),
                "traffic": capture.uri}
@@ -46,6 +56,15 @@ def call(srv, method: str, body=None, token: str | None = TOKEN) -> tuple[int, d
         import json
 
         return exc.status, json.loads(exc.body) if exc.body.startswith("{") else {"body": exc.body}
+
+
+def test_a_server_started_under_a_draft_pointer_serves_its_draft_once_ready(server):
+    """Started from draft B's files, under a pointer naming A over its template: ready (ServerProcess waited for
+    /health, answered 503 until then) means A serves, and the served name and the swap counter say so."""
+    srv, (fp_a, fp_b) = server["srv"], server["fp"]
+    assert call(srv, "GET") == (200, {"fingerprint": fp_a})
+    models = JsonHttpClient(timeout_s=30).request_json("GET", srv.url + "/v1/models")
+    assert {m["id"] for m in models["data"]} == {"tiny", f"tiny:draft-{fp_a}"}
 
 
 def test_the_endpoint_needs_its_token_and_refuses_what_cannot_serve(server):
@@ -96,5 +115,5 @@ def test_a_swap_under_steady_traffic_fails_no_request_and_everything_follows_it(
     late = [r for r in records if r.received_at_dt.timestamp() > swapped_at]  # arrived after the answer
     assert late and all(r.draft_fingerprint == fp_b for r in late)
     metrics = JsonHttpClient(timeout_s=30, accept="text/plain").request("GET", srv.url + "/metrics").decode()
-    assert 'peagle_draft_swaps_total{outcome="swapped"} 1.0' in metrics
+    assert 'peagle_draft_swaps_total{outcome="swapped"} 2.0' in metrics  # the pointer's at start, then this one
     assert 'peagle_draft_swaps_total{outcome="refused"}' in metrics

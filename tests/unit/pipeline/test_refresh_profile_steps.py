@@ -152,3 +152,27 @@ def test_a_hardware_profile_named_without_its_namespace_is_refused(tmp_path):
 def test_the_default_profile_shows_a_hardware_profile_with_its_namespace():
     text = DEFAULT_PROFILE.read_text()
     assert f"{HW_NAME}: <name>" in text and f"{HW_NAMESPACE}: redhat-ods-applications" in text
+
+
+# ---- promotion by swap (issue #41): the rollout step gets the swap endpoint's token -----------------------
+
+
+def test_a_profile_serving_the_swap_endpoint_gives_the_rollout_step_its_token(tmp_path):
+    from peagle.pipeline.build import compile_pipeline
+
+    assert ClusterProfile().swap_token_secret() is None
+    prof = tmp_path / "swap.yaml"
+    prof.write_text("name: swap\nserving:\n  values:\n    swap:\n      enabled: true\n"
+                    "      tokenSecret: {name: peagle-swap, key: bearer}\n")
+    assert load_profile(prof).swap_token_secret() == ("peagle-swap", "bearer")
+    _, platform = list(yaml.safe_load_all(compile_pipeline(prof, tmp_path / "p.yaml", pipeline="refresh").read_text()))
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert k8s["exec-refresh-rollout"]["secretAsEnv"] == [{"keyToEnv": [{"envVar": "PEAGLE_SWAP_TOKEN",
+                                                                         "secretKey": "bearer"}],
+                                                           "optional": False, "secretName": "peagle-swap",
+                                                           "secretNameParameter": {"runtimeValue": {"constant": "peagle-swap"}}}]
+    assert not any("secretAsEnv" in cfg for name, cfg in k8s.items() if name != "exec-refresh-rollout")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nserving:\n  values:\n    swap: {enabled: true}\n")
+    with pytest.raises(ConfigError, match="swap.tokenSecret.name is required"):
+        load_profile(bad).swap_token_secret()

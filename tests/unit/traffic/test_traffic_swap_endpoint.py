@@ -54,3 +54,57 @@ def test_the_served_name_carrying_the_draft_follows_the_swap():
     assert rename_served_draft(state, "aaaaaaaaaaaa", "bbbbbbbbbbbb") == ["tiny", "tiny:draft-bbbbbbbbbbbb"]
     assert rename_served_draft(state, "cccccccccccc", "dddddddddddd") == ["tiny", "tiny:draft-bbbbbbbbbbbb"]
     assert rename_served_draft(types.SimpleNamespace(), None, "x") == []
+
+
+# ---- a pod that starts under a draft pointer (peagle.swap.pointer, peagle.traffic.swap.StartupSwap) ----------
+
+
+def through_startup(startup, path: str = "/health") -> tuple[bool, int | None, dict | None]:
+    """One request through ``startup.hold`` (the engine client None: it would raise if asked anything)."""
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def run():
+        scope = {"type": "http", "method": "GET", "path": path, "headers": [],
+                 "app": types.SimpleNamespace(state=types.SimpleNamespace(engine_client=None))}
+        held = await startup.hold(scope, send)
+        if startup._task is not None and not startup._task.done():
+            await asyncio.gather(startup._task, return_exceptions=True)
+        return held
+
+    held = asyncio.run(run())
+    return held, (sent[0]["status"] if sent else None), (json.loads(sent[1]["body"]) if sent else None)
+
+
+def write_pointer(d, **data) -> str:
+    d.mkdir(exist_ok=True)
+    for k, v in data.items():
+        (d / k).write_text(v)
+    return str(d)
+
+
+def test_a_pod_without_a_pointer_or_under_another_templates_pointer_serves_its_template(tmp_path):
+    from peagle.swap.pointer import DraftPointer, read_pointer
+    from peagle.traffic.swap import StartupSwap
+
+    assert StartupSwap.from_env({}) is None
+    empty = StartupSwap.from_env({"PEAGLE_DRAFT_POINTER": str(tmp_path / "none"), "PEAGLE_TEMPLATE_DRAFT": "aaaaaaaa"})
+    assert through_startup(empty)[0] is False and empty.done  # the optional ConfigMap is absent: an empty mount
+    other = write_pointer(tmp_path / "p", uri="s3://m/d", fingerprint="bbbbbbbbbbbb", template="cccccccccccc")
+    assert read_pointer(other) == DraftPointer(uri="s3://m/d", fingerprint="bbbbbbbbbbbb", template="cccccccccccc")
+    stale = StartupSwap(other, "aaaaaaaaaaaa")  # a deploy replaced the template the promotion was made over
+    assert through_startup(stale)[0] is False and stale.done
+
+
+def test_a_pointer_that_cannot_be_read_keeps_the_pod_unready_saying_why(tmp_path):
+    from peagle.traffic.swap import StartupSwap
+
+    half = write_pointer(tmp_path / "p", uri="s3://m/d", fingerprint="not-hex")
+    startup = StartupSwap(half, "aaaaaaaaaaaa")
+    held, status, doc = through_startup(startup)
+    assert held and status == 503 and not startup.done
+    held, status, doc = through_startup(startup, "/v1/models")  # every path, until the draft serves
+    assert held and status == 503
+    assert "the draft pointer cannot be read" in doc["error"] and "without template" in doc["error"]
