@@ -64,7 +64,10 @@ def test_a_server_started_under_a_draft_pointer_serves_its_draft_once_ready(serv
     srv, (fp_a, fp_b) = server["srv"], server["fp"]
     assert call(srv, "GET") == (200, {"fingerprint": fp_a})
     models = JsonHttpClient(timeout_s=30).request_json("GET", srv.url + "/v1/models")
-    assert {m["id"] for m in models["data"]} == {"tiny", f"tiny:draft-{fp_a}"}
+    assert {m["id"] for m in models["data"]} == {"tiny", f"tiny:draft-{fp_a}"}  # not tiny:draft-<fp_b> any more
+    assert f"tiny:draft-{fp_b}" not in {m["id"] for m in models["data"]}
+    metrics = JsonHttpClient(timeout_s=30, accept="text/plain").request("GET", srv.url + "/metrics").decode()
+    assert 'peagle_draft_swaps_total{outcome="swapped"} 1.0' in metrics
 
 
 def test_the_endpoint_needs_its_token_and_refuses_what_cannot_serve(server):
