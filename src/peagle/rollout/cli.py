@@ -19,6 +19,11 @@ decision is recorded in the loop history (rollout.history, default <traffic>/_lo
 <out>/rollout/decision.json, and a promotion under <out>/promotion/. A rerun after an interruption
 finishes the rollout or removes the canary.
 
+Where the stable release serves the draft swap endpoint (chart swap.enabled), promotion swaps the draft inside
+its running pods, one at a time, instead of restarting it (rollout.in_place, on by default): the endpoint's
+token must be in PEAGLE_SWAP_TOKEN (rollout.swap_token_env), and the pods' IPs reachable from where this runs.
+A pod that refuses falls back to the restart. docs/traffic.md, "Swapping the draft in place".
+
 Exit status: 0 promoted (or --render-only / --abort done), 1 rolled back, 2 bad input, 3 failed.
 """
 from __future__ import annotations
