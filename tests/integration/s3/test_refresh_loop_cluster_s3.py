@@ -77,6 +77,9 @@ class Traffic:
     def drafts(self) -> tuple[str, str | None, int]:
         isvc = self.cluster.store[("InferenceService", NS, NAME)]
         stable = kube.fingerprint_of(isvc)
+        pointer = self.cluster.store.get(("ConfigMap", NS, f"{NAME}-draft"))  # a promotion by swap's
+        if pointer is not None and pointer["data"]["template"] == stable:
+            stable = pointer["data"]["fingerprint"]
         phase = self.cluster.store.get(("ConfigMap", NS, phase_record_name(NAME)))
         canary = ((phase or {}).get("data") or {}).get("candidate")
         split = served_split(self.cluster.store, NS, ("Route", NAME))
@@ -99,7 +102,7 @@ class Traffic:
 
 
 def scheduled_run(root: str, run_name: str, base: str, traffic: Traffic, candidate_seed: float, apis: Apis,
-                  history: str) -> tuple[str, str, str]:
+                  history: str, serving_settings: str = SERVING, **swap_io) -> tuple[str, str, str]:
     """One scheduled run with the schedule's fixed parameters: trigger; a candidate published as train would,
     with its lineage as gate would (passed, warm-started from the serving draft the trigger chose); the rollout
     step. Returns (the serving draft the run used, the candidate's fingerprint, the rollout's decision)."""
@@ -124,12 +127,12 @@ def scheduled_run(root: str, run_name: str, base: str, traffic: Traffic, candida
     open_store(uri).put_bytes("lineage.json", json.dumps(lineage).encode())
     traffic.quality[fp] = [1, 3, 5, 7 + int(candidate_seed)]  # each candidate accepts more than the one before
     verdict = rollout(uri, candidate, routing="route", name=NAME, namespace=NS, mode="kserve", data_connection=DC,
-                      serving=SERVING, apis=apis, clock=traffic.clock, sleep=traffic.sleep)
+                      serving=serving_settings, apis=apis, clock=traffic.clock, sleep=traffic.sleep, **swap_io)
     assert LoopHistory(history).latest("decision")["versions"]["stable"]["draft"] == serving
     return serving, fp, verdict
 
 
-def deployed(seaweed_server, monkeypatch, tmp_path):
+def deployed(seaweed_server, monkeypatch, tmp_path, serving: str = SERVING):
     """A base run published on S3 and deployed (as the default pipeline's deploy step applies it) on a stand-in
     cluster with KServe's webhook; its traffic log."""
     for k, v in seaweed_server.env(AWS_S3_BUCKET=BUCKET).items():
@@ -151,7 +154,7 @@ def deployed(seaweed_server, monkeypatch, tmp_path):
     cluster.storage_check = storage_failure  # a canary whose model cannot be fetched never serves
     apis = Apis(core=cluster, apps=cluster, custom=cluster)
     # what the default pipeline's deploy step applies (its smoke test needs a server: not here)
-    kube.apply(apis, serving_objects(base, NAME, "kserve", DC, 3, ServingSettings.model_validate(json.loads(SERVING)),
+    kube.apply(apis, serving_objects(base, NAME, "kserve", DC, 3, ServingSettings.model_validate(json.loads(serving)),
                                      NS, draft_fingerprint=base_fp))
     log = str(tmp_path / "traffic")
     traffic = Traffic(log, cluster, target, {base_fp: [4, 4, 4, 4]})
@@ -181,6 +184,33 @@ def test_two_scheduled_runs_close_the_loop(seaweed_server, monkeypatch, tmp_path
     annotations = cluster.store[("InferenceService", NS, NAME)]["metadata"]["annotations"]
     assert annotations["opendatahub.io/connections"] == DC
     assert not [k for k in cluster.store if "-c" + fp1[:8] in k[2] or "-c" + fp2[:8] in k[2]], "a canary was left"
+
+
+def test_two_scheduled_runs_promote_by_swap_and_never_restart_the_stable(seaweed_server, monkeypatch, tmp_path):
+    """The same loop with the stable serving the swap endpoint (issue #41): each promotion swaps the draft in the
+    stable's pods (the token from the Secret the pipeline gives the step, PEAGLE_SWAP_TOKEN), the second run's
+    stable values render the draft the first promoted (the newest promotion) while the predictor still names
+    the deployed one, and the InferenceService's predictor is never written."""
+    from support.pod_swaps import PodEndpoints
+
+    serving = json.dumps({"gpus": 0, "values": {"route": {"allowUnauthenticated": True}, "swap": {
+        "enabled": True, "tokenSecret": {"name": "peagle-swap"}}}})
+    root, base, apis, cluster, traffic, history = deployed(seaweed_server, monkeypatch, tmp_path, serving)
+    monkeypatch.setenv("PEAGLE_SWAP_TOKEN", "t0ken")
+    pods = PodEndpoints(cluster, NS, "t0ken")
+    io = {"pod_swap_io": {"swapper": pods.swapper, "reader": pods.reader}}
+    base_fp = traffic.drafts()[0]
+    predictor = json.dumps(cluster.store[("InferenceService", NS, NAME)]["spec"]["predictor"], sort_keys=True)
+
+    _, fp1, verdict1 = scheduled_run(root, "r1", base, traffic, 1.0, apis, history, serving, **io)
+    assert verdict1 == "promote" and traffic.drafts() == (fp1, None, 0)
+    served2, fp2, verdict2 = scheduled_run(root, "r2", base, traffic, 2.0, apis, history, serving, **io)
+    assert served2 == f"{root}/refresh/r1/draft" and verdict2 == "promote" and traffic.drafts() == (fp2, None, 0)
+    assert [fp for _, fp in pods.swaps] == [fp1, fp2]  # one stable pod, swapped twice
+    assert json.dumps(cluster.store[("InferenceService", NS, NAME)]["spec"]["predictor"], sort_keys=True) == predictor
+    pointer = cluster.store[("ConfigMap", NS, f"{NAME}-draft")]["data"]
+    assert pointer == {"uri": f"{root}/refresh/r2/draft", "fingerprint": fp2, "template": base_fp}
+    assert [p["draft"]["fingerprint"] for p in LoopHistory(history).all("promotion")] == [fp1, fp2]
 
 
 @pytest.mark.parametrize("stop", ["sigterm", "error", "stuck"])
