@@ -198,7 +198,20 @@ def worker_fingerprint(worker=None) -> str | None:
 
 class DraftSwapWorker:
     """A vLLM worker extension (``--worker-extension-cls peagle.swap.engine.DraftSwapWorker``): the worker
-    answers ``collective_rpc("peagle_draft_fingerprint")`` -- by name, so a server needs no pickled callables."""
+    answers ``collective_rpc("peagle_draft_fingerprint")`` and ``collective_rpc("peagle_swap_draft")`` -- by
+    name, so a server needs no pickled callables."""
 
     def peagle_draft_fingerprint(self) -> str | None:
         return worker_fingerprint(self)
+
+    def peagle_swap_draft(self, uri: str, fingerprint: str = "") -> dict[str, str | None]:
+        """The draft update session in one call: ``start_draft_weight_update`` -> ``update_weights`` ->
+        ``finish_weight_update``, as the engine client's three calls would run them, then the draft now
+        serving. One RPC, so the engine core runs it between two steps once: under load each RPC waits for the
+        step in progress (seconds, on a CPU prefill), and the three calls plus asking before and after cost
+        up to five of those waits. A failed update ends the session itself (the worker's ``update_weights``)."""
+        previous = worker_fingerprint(self)
+        self.start_draft_weight_update()
+        self.update_weights({"uri": uri, "fingerprint": fingerprint})
+        self.finish_weight_update()
+        return {"previous": previous, "fingerprint": worker_fingerprint(self)}

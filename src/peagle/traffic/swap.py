@@ -7,11 +7,11 @@ answered (404, as any unknown path), so the swap is off by default. Not vLLM's d
 
 * ``GET /peagle/v1/draft`` -> ``{"fingerprint": FP}``: the draft every worker serves (each asked).
 * ``POST /peagle/v1/draft`` with ``{"uri": URI, "fingerprint": FP}`` (FP optional: the draft it must be)
-  swaps the draft through the engine's ``start_draft_weight_update`` -> ``update_weights`` ->
-  ``finish_weight_update`` (the ``peagle-draft`` weight-transfer engine, :mod:`peagle.swap.engine`: the
-  server must start with ``--weight-transfer-config '{"backend": "peagle-draft"}'`` and
-  ``--worker-extension-cls peagle.swap.engine.DraftSwapWorker``), then asks every worker which draft it
-  serves. 200 ``{"fingerprint", "previous", "seconds", "phases", "served_model_names"}``; a draft the engine refuses
+  swaps the draft through the worker's ``start_draft_weight_update`` -> ``update_weights`` ->
+  ``finish_weight_update``, run in one call to every worker (the ``peagle-draft`` weight-transfer engine,
+  :mod:`peagle.swap.engine`: the server must start with ``--weight-transfer-config '{"backend":
+  "peagle-draft"}'`` and ``--worker-extension-cls peagle.swap.engine.DraftSwapWorker``), each answering which
+  draft it served before and serves now. 200 ``{"fingerprint", "previous", "seconds", "phases", "served_model_names"}``; a draft the engine refuses
   or fails to load: 409 ``{"error", "fingerprint"}`` with the draft that still serves; 400 a bad request;
   401 without the token; 409 while another swap runs.
 
@@ -36,7 +36,8 @@ MAX_BODY = 64 * 1024
 DRAFT_NAME_MARK = ":draft-"
 # the worker extension peagle.swap.engine.DraftSwapWorker (--worker-extension-cls) and its method
 WORKER_EXTENSION = "peagle.swap.engine.DraftSwapWorker"
-FINGERPRINT_RPC = "peagle_draft_fingerprint"  # the chart's second served model name: <name>:draft-<fingerprint>
+FINGERPRINT_RPC = "peagle_draft_fingerprint"
+SWAP_RPC = "peagle_swap_draft"  # the draft update session in one call
 
 
 class ServedDraft:
@@ -182,35 +183,32 @@ class SwapRejected(RuntimeError):
 
 async def swap_in(state, client, uri: str, fingerprint: str) -> dict[str, Any]:
     """Swap the draft of the server whose app state is ``state`` (engine client ``client``) for the published
-    ``uri`` (which must be ``fingerprint``, unless ""): the engine's draft update session, then every worker
-    asked which draft it serves; the served names and the capture's label follow. Returns the endpoint's
-    200 answer; :class:`SwapRejected` with the draft still serving otherwise."""
-    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
+    ``uri`` (which must be ``fingerprint``, unless ""): the engine's draft update session in one call to every
+    worker (:meth:`peagle.swap.engine.DraftSwapWorker.peagle_swap_draft`), which answers the draft it served
+    before and serves now; the served names and the capture's label follow. Returns the endpoint's 200
+    answer; :class:`SwapRejected` with the draft still serving otherwise."""
     t0 = time.monotonic()
-    previous = await served_fingerprint(client)
-    t_asked = time.monotonic()
     try:
-        await client.start_draft_weight_update()
-        # a failed update ends the engine's session itself; finish only after a success
-        await client.update_weights(WeightTransferUpdateRequest(update_info={"uri": uri, "fingerprint": fingerprint}))
-        await client.finish_weight_update()
+        answers = await client.collective_rpc(SWAP_RPC, kwargs={"uri": uri, "fingerprint": fingerprint})
     except Exception as exc:  # noqa: BLE001 - the engine refused or failed: the old draft serves on
         now = await served_fingerprint(client)
         _count("refused")
         log.warning("peagle: draft swap to %s refused (%s); serving %s", uri, exc, now)
         raise SwapRejected(str(exc), now) from None
     t_loaded = time.monotonic()
-    now = await served_fingerprint(client)
+    served = {a.get("fingerprint") for a in answers}
+    previous = next(iter({a.get("previous") for a in answers}), None)
+    if len(served) != 1:
+        raise SwapRejected(f"the workers serve different drafts after the swap: {sorted(map(str, served))}", None)
+    now = served.pop()
     names = rename_served_draft(state, previous, now) if now else []
     ServedDraft.fingerprint = now
     _count("swapped")
-    t_end = time.monotonic()
-    seconds = round(t_end - t0, 3)
+    seconds = round(time.monotonic() - t0, 3)
     log.info("peagle: draft %s swapped in for %s in %.2f s (%s)", now, previous, seconds, uri)
-    # where the seconds went: asking the workers which draft serves, the engine's update session, confirming
-    phases = {"ask_s": round(t_asked - t0, 3), "load_s": round(t_loaded - t_asked, 3),
-              "confirm_s": round(t_end - t_loaded, 3)}
+    # where the seconds went: the workers' update session (waiting for the engine step in progress, reading,
+    # checking and loading the draft), then renaming
+    phases = {"load_s": round(t_loaded - t0, 3), "rename_s": round(time.monotonic() - t_loaded, 3)}
     return {"fingerprint": now, "previous": previous, "seconds": seconds, "phases": phases,
             "served_model_names": names}
 
