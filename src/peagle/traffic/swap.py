@@ -27,6 +27,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("peagle.traffic")
@@ -188,8 +189,16 @@ async def swap_in(state, client, uri: str, fingerprint: str) -> dict[str, Any]:
     before and serves now; the served names and the capture's label follow. Returns the endpoint's 200
     answer; :class:`SwapRejected` with the draft still serving otherwise."""
     t0 = time.monotonic()
+    try:  # a remote draft is downloaded (and verified) first, here: the engine does not wait for it
+        local = await asyncio.to_thread(stage_draft, uri)
+    except Exception as exc:  # noqa: BLE001 - unreadable, damaged or unfinished: the old draft serves on
+        now = await served_fingerprint(client)
+        _count("refused")
+        log.warning("peagle: draft swap to %s refused (%s); serving %s", uri, exc, now)
+        raise SwapRejected(f"{uri}: {exc}", now) from None
+    t_staged = time.monotonic()
     try:
-        answers = await client.collective_rpc(SWAP_RPC, kwargs={"uri": uri, "fingerprint": fingerprint})
+        answers = await client.collective_rpc(SWAP_RPC, kwargs={"uri": local, "fingerprint": fingerprint})
     except Exception as exc:  # noqa: BLE001 - the engine refused or failed: the old draft serves on
         now = await served_fingerprint(client)
         _count("refused")
@@ -206,11 +215,45 @@ async def swap_in(state, client, uri: str, fingerprint: str) -> dict[str, Any]:
     _count("swapped")
     seconds = round(time.monotonic() - t0, 3)
     log.info("peagle: draft %s swapped in for %s in %.2f s (%s)", now, previous, seconds, uri)
-    # where the seconds went: the workers' update session (waiting for the engine step in progress, reading,
-    # checking and loading the draft), then renaming
-    phases = {"load_s": round(t_loaded - t0, 3), "rename_s": round(time.monotonic() - t_loaded, 3)}
+    if local != uri:
+        forget_staged(keep=local)
+    # where the seconds went: downloading a remote draft (the engine serving on meanwhile), the workers' update
+    # session (waiting for the engine step in progress, then checking and loading the draft: the engine waits
+    # for this part), renaming
+    phases = {"stage_s": round(t_staged - t0, 3), "load_s": round(t_loaded - t_staged, 3),
+              "rename_s": round(time.monotonic() - t_loaded, 3)}
     return {"fingerprint": now, "previous": previous, "seconds": seconds, "phases": phases,
             "served_model_names": names}
+
+
+STAGE_DIR = "swap-drafts"  # under PEAGLE_CACHE (else ~/.cache/peagle): remote drafts, downloaded for a swap
+
+
+def staging_root() -> Path:
+    import os
+
+    return Path(os.environ.get("PEAGLE_CACHE") or Path.home() / ".cache" / "peagle") / STAGE_DIR
+
+
+def stage_draft(uri: str) -> str:
+    """A local copy of the published draft ``uri`` (every byte checked against its manifest), or ``uri`` itself
+    when it is local. A draft's bytes are read from storage before the engine is asked to load them: the engine
+    runs a swap between two steps and serves nothing meanwhile, so it reads a local copy."""
+    from ..stage_io import fetched_input, is_remote
+
+    if not is_remote(uri):
+        return uri
+    return str(fetched_input(uri, staging_root()))
+
+
+def forget_staged(keep: str) -> None:
+    """Delete the downloaded drafts but ``keep`` (the one serving: a failed swap loads it back from memory)."""
+    import shutil
+
+    root = staging_root()
+    for entry in root.iterdir() if root.is_dir() else ():
+        if entry.is_dir() and str(entry) != keep:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 class StartupSwap:
