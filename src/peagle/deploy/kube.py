@@ -292,7 +292,7 @@ def _predictor_status(isvc: dict) -> dict:
     return ((isvc.get("status") or {}).get("components") or {}).get("predictor") or {}
 
 
-def _pod_ready(pod: dict) -> bool:
+def pod_ready(pod: dict) -> bool:
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False  # terminating: no longer what answers
     conds = (pod.get("status") or {}).get("conditions") or []
@@ -326,7 +326,7 @@ def _serverless_rollout(apis: Apis, isvc: dict, namespace: str,
     if not fingerprint:
         return True, None, ""
     listing = to_dict(apis.core.list_namespaced_pod(namespace=namespace, label_selector=f"{REVISION_LABEL}={created}"))
-    pods = [p for p in listing.get("items") or [] if _pod_ready(p)]
+    pods = [p for p in listing.get("items") or [] if pod_ready(p)]
     carried = sorted({((p.get("metadata") or {}).get("labels") or {}).get(FINGERPRINT_LABEL) or "none" for p in pods})
     if carried != [fingerprint]:
         return False, None, (f"a ready pod of revision {created} serving draft {fingerprint}"

@@ -78,7 +78,7 @@ def swap_pods(apis: kube.Apis, namespace: str, deployment_name: str, candidate: 
         if dep is None:
             raise SwapFailed(f"Deployment/{deployment_name} not found in {namespace}")
         pods = deployment_pods(apis, namespace, dep)
-        ready = [p for p in pods if kube._pod_ready(p)]
+        ready = [p for p in pods if kube.pod_ready(p)]
         for pod in ready:
             name, url = pod["metadata"]["name"], swap.url(pod)
             if swap.reader(url, swap.token) == candidate.fingerprint:
