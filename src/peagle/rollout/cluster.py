@@ -88,9 +88,11 @@ class ClusterBackend:
     def stable_fingerprint(self) -> str | None:
         """The draft the stable serves: its draft pointer's, when one names the live template, else the template's."""
         live = self._read(self._stable_main)
-        if live is None:
-            return None
-        template = kube.fingerprint_of(live)
+        return None if live is None else self._serving(kube.fingerprint_of(live))
+
+    def _serving(self, template: str | None) -> str | None:
+        """What a stable whose template names draft ``template`` serves: its pointer's draft, when the pointer
+        names that template."""
         pointer = self.draft_pointer()
         return pointer.fingerprint if pointer is not None and pointer.applies_to(template) else template
 
@@ -219,7 +221,7 @@ class ClusterBackend:
             raise RolloutError(f"{self._stable_main['kind']}/{self.objects.name} not found in {self.ns}: "
                                "deploy the stable first (peagle deploy)")
         template = kube.fingerprint_of(obj)
-        live = self.stable_fingerprint()
+        live = self._serving(template)
         if self._rendered_stable not in (template, live):
             raise RolloutError(f"the stable values render draft {self._rendered_stable} but "
                                f"{self._stable_main['kind']}/{self.objects.name} serves {live}: give the model "

@@ -188,22 +188,22 @@ async def swap_in(state, client, uri: str, fingerprint: str) -> dict[str, Any]:
     worker (:meth:`peagle.swap.engine.DraftSwapWorker.peagle_swap_draft`), which answers the draft it served
     before and serves now; the served names and the capture's label follow. Returns the endpoint's 200
     answer; :class:`SwapRejected` with the draft still serving otherwise."""
+    async def refused(message: str) -> SwapRejected:
+        now = await served_fingerprint(client)
+        _count("refused")
+        log.warning("peagle: draft swap to %s refused (%s); serving %s", uri, message, now)
+        return SwapRejected(message, now)
+
     t0 = time.monotonic()
     try:  # a remote draft is downloaded (and verified) first, here: the engine does not wait for it
         local = await asyncio.to_thread(stage_draft, uri)
     except Exception as exc:  # noqa: BLE001 - unreadable, damaged or unfinished: the old draft serves on
-        now = await served_fingerprint(client)
-        _count("refused")
-        log.warning("peagle: draft swap to %s refused (%s); serving %s", uri, exc, now)
-        raise SwapRejected(f"{uri}: {exc}", now) from None
+        raise await refused(f"{uri}: {exc}") from None
     t_staged = time.monotonic()
     try:
         answers = await client.collective_rpc(SWAP_RPC, kwargs={"uri": local, "fingerprint": fingerprint})
     except Exception as exc:  # noqa: BLE001 - the engine refused or failed: the old draft serves on
-        now = await served_fingerprint(client)
-        _count("refused")
-        log.warning("peagle: draft swap to %s refused (%s); serving %s", uri, exc, now)
-        raise SwapRejected(str(exc), now) from None
+        raise await refused(str(exc)) from None
     t_loaded = time.monotonic()
     served = {a.get("fingerprint") for a in answers}
     previous = next(iter({a.get("previous") for a in answers}), None)
@@ -297,10 +297,9 @@ class StartupSwap:
         return True
 
     async def _run(self, state) -> None:
-        self._failed_at = time.monotonic()  # (the task ends here unless it succeeds)
         try:
             await self._swap_to_pointer(state)
-        finally:
+        finally:  # when it ended (a retry counts from a failure)
             self._failed_at = time.monotonic()
 
     async def _swap_to_pointer(self, state) -> None:
